@@ -67,7 +67,9 @@ float vec_dot(Type t, const void* w_row, const void* act, size_t n);
 
 // Bytes the activation for vec_dot(t, ..., n) occupies (floats for float weight types).
 size_t act_bytes(Type t, size_t n);
-// Converts a float activation into the format vec_dot(t, ...) expects.
+// Converts a float activation into the format vec_dot(t, ...) expects. Q8_0 activations are
+// GGUF Q8_0 blocks (d = amax/127 stored as f16, q = round_half_even(x * (1/d))); Q8_K follows
+// model-spec §2.2. Activation codes are always within [-127, 127] (the SIMD kernels rely on it).
 void quantize_act(Type t, const float* x, void* dst, size_t n);
 
 }  // namespace dsv4::quant

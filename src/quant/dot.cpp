@@ -1,0 +1,433 @@
+// vec_dot: one weight row times an activation in traits(t).vec_dot_type.
+//
+// The quantised dot products follow the reference (ggml/ds4) structure: integer sums of
+// weight codes times activation codes inside each (sub-)block, scaled by the integer
+// sub-block scales, then one float multiply-add per block with the block scales. Hence they
+// equal the dot of the dequantised weight row with the dequantised activation, up to float
+// summation order. The AVX2 K-quant and IQ2_XXS kernels compute exactly the same integers
+// and the same per-block float operations as the scalar ones, so they agree bit for bit;
+// the float and Q8_0 kernels keep vector accumulators and agree up to summation order.
+// Per-block accumulations use explicit std::fma so that compilers' multiply-add contraction
+// (on with -march=native, impossible without FMA) cannot make builds disagree.
+//
+// Activation codes are never -128 (the Q8_0/Q8_K activation quantisers produce |q| <= 127),
+// which the SIMD kernels rely on (_mm256_sign_epi8 and _mm256_maddubs_epi16 stay exact).
+#include <cmath>
+#include <cstring>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "dsv4/common.h"
+#include "dsv4/quant.h"
+#include "quant/blocks.h"
+#include "quant/iq2_tables.h"
+
+namespace dsv4::quant {
+
+using namespace detail;
+
+namespace {
+
+// ---- scalar -------------------------------------------------------------------------------
+
+// Weight rows are read with memcpy: a row may sit at any address inside a mapping.
+float dot_f32(const uint8_t* w, const float* x, size_t n) {
+    float s = 0.0f;
+    for (size_t i = 0; i < n; ++i) s += load_f32(w + 4 * i) * x[i];
+    return s;
+}
+
+float dot_f16(const uint8_t* w, const float* x, size_t n) {
+    float s = 0.0f;
+    for (size_t i = 0; i < n; ++i) s += load_f16(w + 2 * i) * x[i];
+    return s;
+}
+
+float dot_bf16(const uint8_t* w, const float* x, size_t n) {
+    float s = 0.0f;
+    for (size_t i = 0; i < n; ++i) s += bf16_to_fp32(load_u16(w + 2 * i)) * x[i];
+    return s;
+}
+
+float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; ++j) sumi += int(w[i].qs[j]) * int(x[i].qs[j]);
+        s = std::fma(load_f16(w[i].d) * load_f16(x[i].d), float(sumi), s);
+    }
+    return s;
+}
+
+float dot_q8_k(const BlockQ8_K* w, const BlockQ8_K* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        int sumi = 0;
+        for (int j = 0; j < QK_K; ++j) sumi += int(w[i].qs[j]) * int(x[i].qs[j]);
+        s = std::fma(load_f32(w[i].d) * load_f32(x[i].d), float(sumi), s);
+    }
+    return s;
+}
+
+// Sum over sub-blocks of min * (sum of the activation codes under it), from the bsums.
+int q2k_mins(const BlockQ2_K& w, const BlockQ8_K& x) {
+    int summs = 0;
+    for (int k = 0; k < 16; ++k) summs += int(load_i16(x.bsums + 2 * k)) * (w.scales[k] >> 4);
+    return summs;
+}
+
+float dot_q2_k(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        const float dx = load_f32(x[i].d);
+        const float dall = dx * load_f16(w[i].d);
+        const float dmin = dx * load_f16(w[i].dmin);
+        int isum = 0;
+        for (int h = 0; h < 2; ++h)
+            for (int j = 0; j < 4; ++j)
+                for (int sb = 0; sb < 2; ++sb) {
+                    const uint8_t* q = w[i].qs + 32 * h + 16 * sb;
+                    const int8_t* q8 = x[i].qs + 128 * h + 32 * j + 16 * sb;
+                    int sumi = 0;
+                    for (int t = 0; t < 16; ++t) sumi += ((q[t] >> (2 * j)) & 3) * int(q8[t]);
+                    isum += (w[i].scales[8 * h + 2 * j + sb] & 0xF) * sumi;
+                }
+        s += std::fma(dall, float(isum), -(dmin * float(q2k_mins(w[i], x[i]))));
+    }
+    return s;
+}
+
+void q4k_unpack_scales(const BlockQ4_K& w, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 8; ++j) q4k_scale_min(w.scales, j, sc[j], m[j]);
+}
+
+int q4k_mins(const uint8_t m[8], const BlockQ8_K& x) {
+    int summs = 0;
+    for (int j = 0; j < 8; ++j)
+        summs += m[j] * (int(load_i16(x.bsums + 4 * j)) + int(load_i16(x.bsums + 4 * j + 2)));
+    return summs;
+}
+
+float dot_q4_k(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        uint8_t sc[8], m[8];
+        q4k_unpack_scales(w[i], sc, m);
+        const float dx = load_f32(x[i].d);
+        const float dall = dx * load_f16(w[i].d);
+        const float dmin = dx * load_f16(w[i].dmin);
+        int isum = 0;
+        for (int c = 0; c < 4; ++c)
+            for (int half = 0; half < 2; ++half) {
+                const uint8_t* q = w[i].qs + 32 * c;
+                const int8_t* q8 = x[i].qs + 64 * c + 32 * half;
+                int sumi = 0;
+                for (int t = 0; t < 32; ++t) sumi += ((q[t] >> (4 * half)) & 0xF) * int(q8[t]);
+                isum += sc[2 * c + half] * sumi;
+            }
+        s += std::fma(dall, float(isum), -(dmin * float(q4k_mins(m, x[i]))));
+    }
+    return s;
+}
+
+// Group scale (0.5 + ls) / 4 = (2 ls + 1) / 8: integer (2 ls + 1) inside, 1/8 at the end.
+float dot_iq2_xxs(const BlockIQ2_XXS* w, const BlockQ8_K* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        const float d = load_f16(w[i].d) * load_f32(x[i].d);
+        int bsum = 0;
+        for (int g = 0; g < 8; ++g) {
+            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
+            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
+            const int8_t* q8 = x[i].qs + 32 * g;
+            int sumi = 0;
+            for (int l = 0; l < 4; ++l) {
+                const uint32_t idx = (a0 >> (8 * l)) & 0xFF;
+                const uint8_t signs = kSignsIq2xs[(a1 >> (7 * l)) & 127];
+                for (int t = 0; t < 8; ++t) {
+                    const int v = iq2xxs_grid_value(idx, t) * int(q8[8 * l + t]);
+                    sumi += (signs >> t) & 1 ? -v : v;
+                }
+            }
+            bsum += sumi * int(2 * (a1 >> 28) + 1);
+        }
+        s = std::fma(d, float(bsum), s);
+    }
+    return 0.125f * s;
+}
+
+float dot_mxfp4(const BlockMXFP4* w, const BlockQ8_0* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        int sumi = 0;
+        for (int j = 0; j < QK_MXFP4 / 2; ++j) {
+            sumi += kMxfp4Values[w[i].qs[j] & 0xF] * int(x[i].qs[j]);
+            sumi += kMxfp4Values[w[i].qs[j] >> 4] * int(x[i].qs[j + QK_MXFP4 / 2]);
+        }
+        s = std::fma(e8m0_to_fp32_half(w[i].e) * load_f16(x[i].d), float(sumi), s);
+    }
+    return s;
+}
+
+// ---- AVX2 ---------------------------------------------------------------------------------
+#if defined(__AVX2__)
+
+inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+inline int hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+inline __m256 madd(__m256 a, __m256 b, __m256 c) {
+#if defined(__FMA__)
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return _mm256_add_ps(_mm256_mul_ps(a, b), c);
+#endif
+}
+
+float dot_f32_avx2(const uint8_t* wb, const float* x, size_t n) {
+    const float* w = reinterpret_cast<const float*>(wb);  // only through unaligned loads
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = madd(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+        a1 = madd(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = madd(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = madd(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = madd(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; ++i) s += load_f32(wb + 4 * i) * x[i];
+    return s;
+}
+
+#if defined(__F16C__)
+float dot_f16_avx2(const uint8_t* w, const float* x, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    auto ld = [w](size_t i) {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * i)));
+    };
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a0 = madd(ld(i), _mm256_loadu_ps(x + i), a0);
+        a1 = madd(ld(i + 8), _mm256_loadu_ps(x + i + 8), a1);
+        a2 = madd(ld(i + 16), _mm256_loadu_ps(x + i + 16), a2);
+        a3 = madd(ld(i + 24), _mm256_loadu_ps(x + i + 24), a3);
+    }
+    for (; i + 8 <= n; i += 8) a0 = madd(ld(i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    for (; i < n; ++i) s += load_f16(w + 2 * i) * x[i];
+    return s;
+}
+#endif
+
+float dot_bf16_avx2(const uint8_t* w, const float* x, size_t n) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    auto ld = [w](size_t i) {
+        const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2 * i)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+    };
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = madd(ld(i), _mm256_loadu_ps(x + i), a0);
+        a1 = madd(ld(i + 8), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    for (; i + 8 <= n; i += 8) a0 = madd(ld(i), _mm256_loadu_ps(x + i), a0);
+    float s = hsum_ps(_mm256_add_ps(a0, a1));
+    for (; i < n; ++i) s += bf16_to_fp32(load_u16(w + 2 * i)) * x[i];
+    return s;
+}
+
+// Signed 8-bit dot of 32 lanes into 8 int32 lanes: |w| * (x with w's sign).
+inline __m256i dot_i8_32(__m256i w, __m256i x) {
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+float dot_q8_0_avx2(const BlockQ8_0* w, const BlockQ8_0* x, size_t nb) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i p0 = dot_i8_32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)),
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+        const __m256i p1 = dot_i8_32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i + 1].qs)),
+                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs)));
+        acc0 = madd(_mm256_set1_ps(load_f16(w[i].d) * load_f16(x[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+        acc1 = madd(_mm256_set1_ps(load_f16(w[i + 1].d) * load_f16(x[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
+    }
+    for (; i < nb; ++i) {
+        const __m256i p = dot_i8_32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)),
+                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
+        acc0 = madd(_mm256_set1_ps(load_f16(w[i].d) * load_f16(x[i].d)), _mm256_cvtepi32_ps(p), acc0);
+    }
+    return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// Two 16-lane int16 scale halves: lanes 0..7 get lo, lanes 8..15 get hi (matching the
+// 128-bit halves of a maddubs result over 32 bytes).
+inline __m256i scale_pair(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16(short(hi)), _mm_set1_epi16(short(lo)));
+}
+
+float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        const float dx = load_f32(x[i].d);
+        const float dall = dx * load_f16(w[i].d);
+        const float dmin = dx * load_f16(w[i].dmin);
+        __m256i acc = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * h));
+            for (int j = 0; j < 4; ++j) {
+                const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), m3);
+                const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 128 * h + 32 * j));
+                const __m256i p16 = _mm256_maddubs_epi16(q2, q8);
+                const int k = 8 * h + 2 * j;
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale_pair(w[i].scales[k] & 0xF, w[i].scales[k + 1] & 0xF)));
+            }
+        }
+        s += std::fma(dall, float(hsum_epi32(acc)), -(dmin * float(q2k_mins(w[i], x[i]))));
+    }
+    return s;
+}
+
+float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        uint8_t sc[8], m[8];
+        q4k_unpack_scales(w[i], sc, m);
+        const float dx = load_f32(x[i].d);
+        const float dall = dx * load_f16(w[i].d);
+        const float dmin = dx * load_f16(w[i].dmin);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c) {
+            const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(bytes, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), m4);
+            const __m256i q8a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 64 * c));
+            const __m256i q8b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 64 * c + 32));
+            const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, q8a), _mm256_set1_epi16(short(sc[2 * c])));
+            const __m256i pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q8b), _mm256_set1_epi16(short(sc[2 * c + 1])));
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(pa, pb));
+        }
+        s += std::fma(dall, float(hsum_epi32(acc)), -(dmin * float(q4k_mins(m, x[i]))));
+    }
+    return s;
+}
+
+float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* x, size_t nb) {
+    float s = 0.0f;
+    for (size_t i = 0; i < nb; ++i) {
+        const float d = load_f16(w[i].d) * load_f32(x[i].d);
+        __m256i acc = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
+            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
+            const __m256i grid = _mm256_set_epi64x(
+                int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
+                int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF]));
+            const __m256i signs = _mm256_set_epi64x(
+                int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
+                int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
+            const __m256i q8 = _mm256_sign_epi8(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * g)), signs);
+            const __m256i p16 = _mm256_maddubs_epi16(grid, q8);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(short(2 * (a1 >> 28) + 1))));
+        }
+        s = std::fma(d, float(hsum_epi32(acc)), s);
+    }
+    return 0.125f * s;
+}
+
+#endif  // __AVX2__
+
+}  // namespace
+
+namespace detail {
+
+float vec_dot_scalar(Type t, const void* w_row, const void* act, size_t n) {
+    const size_t nb = n / traits(t).block_elems;
+    const auto* w = static_cast<const uint8_t*>(w_row);
+    switch (t) {
+        case Type::F32: return dot_f32(w, static_cast<const float*>(act), n);
+        case Type::F16: return dot_f16(w, static_cast<const float*>(act), n);
+        case Type::BF16: return dot_bf16(w, static_cast<const float*>(act), n);
+        case Type::Q8_0:
+            return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), static_cast<const BlockQ8_0*>(act), nb);
+        case Type::Q8_K:
+            return dot_q8_k(static_cast<const BlockQ8_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+        case Type::Q2_K:
+            return dot_q2_k(static_cast<const BlockQ2_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+        case Type::Q4_K:
+            return dot_q4_k(static_cast<const BlockQ4_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+        case Type::IQ2_XXS:
+            return dot_iq2_xxs(static_cast<const BlockIQ2_XXS*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+        case Type::MXFP4:
+            return dot_mxfp4(static_cast<const BlockMXFP4*>(w_row), static_cast<const BlockQ8_0*>(act), nb);
+        case Type::I32: break;
+    }
+    fail("vec_dot: type ", traits(t).name, " has no dot product");
+}
+
+bool vec_dot_simd(Type t, const void* w_row, const void* act, size_t n, float* out) {
+#if defined(__AVX2__)
+    const size_t nb = n / traits(t).block_elems;
+    switch (t) {
+        case Type::F32:
+            *out = dot_f32_avx2(static_cast<const uint8_t*>(w_row), static_cast<const float*>(act), n);
+            return true;
+#if defined(__F16C__)
+        case Type::F16:
+            *out = dot_f16_avx2(static_cast<const uint8_t*>(w_row), static_cast<const float*>(act), n);
+            return true;
+#endif
+        case Type::BF16:
+            *out = dot_bf16_avx2(static_cast<const uint8_t*>(w_row), static_cast<const float*>(act), n);
+            return true;
+        case Type::Q8_0:
+            *out = dot_q8_0_avx2(static_cast<const BlockQ8_0*>(w_row), static_cast<const BlockQ8_0*>(act), nb);
+            return true;
+        case Type::Q2_K:
+            *out = dot_q2_k_avx2(static_cast<const BlockQ2_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+            return true;
+        case Type::Q4_K:
+            *out = dot_q4_k_avx2(static_cast<const BlockQ4_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+            return true;
+        case Type::IQ2_XXS:
+            *out = dot_iq2_xxs_avx2(static_cast<const BlockIQ2_XXS*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+            return true;
+        default: break;
+    }
+#else
+    (void)t, (void)w_row, (void)act, (void)n, (void)out;
+#endif
+    return false;
+}
+
+}  // namespace detail
+
+float vec_dot(Type t, const void* w_row, const void* act, size_t n) {
+    const TypeTraits& tr = traits(t);
+    if (n % tr.block_elems != 0)
+        fail("vec_dot: ", n, " values is not a multiple of the ", tr.name, " block (", tr.block_elems, ")");
+    float r;
+    if (detail::vec_dot_simd(t, w_row, act, n, &r)) return r;
+    return detail::vec_dot_scalar(t, w_row, act, n);
+}
+
+}  // namespace dsv4::quant
