@@ -141,3 +141,37 @@ struct Model {
 };
 
 }  // namespace dsv4::model
+
+namespace dsv4::model {
+
+// ---- synthetic models (`dsv4 synth`) -----------------------------------------------------
+
+// Stored type per tensor role. Presets: "f32" (every float tensor F32: the llama.cpp
+// comparison), "f16", "q8_0", "flash" (the shipped 2-bit mix: IQ2_XXS gate/up and Q2_K down
+// experts, Q8_0 attention/shared/output, F16 embedding/HC/compressor/indexer/router, F32
+// norms), "q4k" (flash mix with Q4_K experts), "mxfp4" (flash mix with MXFP4 experts).
+struct TypeMix {
+    quant::Type embedding, output, attn, compressor, router, hc_fn, shared, gate_up, down, mtp;
+    static TypeMix preset(const std::string& name);
+};
+
+struct Vocab {
+    std::vector<std::string> tokens;
+    std::vector<std::string> merges;
+    std::vector<int32_t> token_types;   // 1 normal, 3 control (specials), 6 byte...
+    std::string pre = "deepseek-v3";
+    int32_t bos = 0, eos = 1;
+};
+
+// Config of a named preset: "tiny" (a few MB; unit tests), "small" (tens of MB: window,
+// ratio-4 and ratio-128 layers, hash layers, indexer top_k below the compressed rows of a
+// few hundred tokens), "flash" (full Flash widths). `layers` overrides the layer count
+// (0 keeps the preset's); the schedule is Flash's 0,0,4,128,4,128,...
+Config synth_config(const std::string& preset, uint32_t layers, uint32_t n_vocab);
+
+// Writes a random-weight GGUF: deterministic for (config, mix, vocab, seed). Weights are
+// scaled so activations keep a realistic range through many layers.
+void synth_write(const Config& c, const TypeMix& mix, const Vocab& vocab, uint64_t seed, const std::string& path,
+                 bool with_mtp = false);
+
+}  // namespace dsv4::model

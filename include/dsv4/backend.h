@@ -1,0 +1,69 @@
+// The interface every backend (cpu, cuda) implements: run one step — a prefill chunk or a
+// decode step — for one or several sessions, writing their KV and returning logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dsv4/kv.h"
+#include "dsv4/model.h"
+
+namespace dsv4 {
+
+// Which quantisation simulations the forward pass applies (design.md "Numerics").
+enum class Numerics {
+    Official,  // FP8 simulation of KV rows, Hadamard + FP4 in the indexer: as the weights were trained
+    Plain,     // none: what llama.cpp and transformers compute
+};
+Numerics parse_numerics(const std::string& s);   // "official" | "plain"
+const char* numerics_name(Numerics n);
+
+struct BackendOptions {
+    Numerics numerics = Numerics::Official;
+    uint32_t threads = 0;          // 0: all cores
+    uint32_t prefill_chunk = 512;  // tokens per layer-major chunk (also sizes the raw ring)
+};
+
+// One session's part of a step: its KV and the tokens to append at positions
+// kv.n_tokens() .. kv.n_tokens() + tokens.size() - 1.
+struct StepInput {
+    kv::SessionKV* kv = nullptr;
+    std::span<const int32_t> tokens;
+    // Logits wanted: for every token (rows in order) or only for the last one.
+    bool all_logits = false;
+    float* logits = nullptr;       // [tokens.size() or 1][n_vocab], host memory
+    // Set by forward() when this session's step was refused (KV growth or budget, context
+    // full): nothing of it was written; the other sessions of the step ran normally.
+    std::string error;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    virtual const model::Config& config() const = 0;
+    virtual const BackendOptions& options() const = 0;
+    // Regions for this backend's KV (host memory for cpu, device memory for cuda).
+    virtual kv::RegionFactory region_factory() = 0;
+    // Runs one step. Every session's KV is grown (ensure_tokens) and guarded before any
+    // work; a session whose growth fails gets `error` set and is left as it was.
+    // Inputs longer than the prefill chunk are split into chunks.
+    virtual void forward(std::span<StepInput> inputs) = 0;
+
+    // One session; throws Error when its step is refused.
+    void forward_one(kv::SessionKV& kv, std::span<const int32_t> tokens, bool all_logits, float* logits) {
+        StepInput in{&kv, tokens, all_logits, logits, {}};
+        forward(std::span<StepInput>(&in, 1));
+        if (!in.error.empty()) throw Error(in.error);
+    }
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const model::Model& m, const BackendOptions& opt);
+// nullptr and a reason when CUDA is not compiled in or no device is present.
+std::unique_ptr<Backend> make_cuda_backend(const model::Model& m, const BackendOptions& opt, std::string* why);
+bool cuda_available();
+
+}  // namespace dsv4
