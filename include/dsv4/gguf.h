@@ -65,6 +65,15 @@ struct TensorInfo {
     uint64_t n_elements() const;
 };
 
+// Bytes a tensor of this ggml type and shape occupies: ceil(ne0 / block) * block_bytes per
+// row times the other dims. Throws Error for a type that cannot be stored (unknown, or the
+// activation-only Q8_K), 0 or more than 8 dims, a zero dim, ne0 not a multiple of the
+// block size, or an element/byte count beyond 2^63 - 1.
+uint64_t tensor_nbytes(uint32_t type, const std::vector<uint64_t>& ne);
+
+// Deepest array nesting accepted (an array of arrays of u8 is nesting 2).
+inline constexpr int kMaxArrayNesting = 8;
+
 // Read-only view of a GGUF v3 file. The file is mmap'd; tensor data is never copied.
 // Construction validates the whole header and directory; any inconsistency throws Error
 // naming the file, the byte offset and the key or tensor involved.
@@ -103,6 +112,8 @@ public:
 private:
     File() = default;
     void parse_all();
+    const Value& need(std::string_view key, size_t* index) const;
+    [[noreturn]] void type_error(size_t index, const char* expected, const std::string& found) const;
 
     std::string path_;
     const uint8_t* base_ = nullptr;
@@ -113,6 +124,7 @@ private:
     uint64_t data_offset_ = 0;
     std::vector<std::pair<std::string, Value>> kv_;
     std::map<std::string, size_t, std::less<>> kv_index_;
+    std::vector<uint64_t> kv_offsets_;  // file offset of each key, for error messages
     std::vector<TensorInfo> tensors_;
     std::map<std::string, size_t, std::less<>> tensor_index_;
 };
@@ -122,9 +134,13 @@ private:
 // multi-gigabyte files (synth flash) never sit in memory whole.
 class Writer {
 public:
+    // alignment: a power of two; general.alignment is written when it is not 32.
     explicit Writer(uint64_t alignment = 32);
 
-    void set(std::string key, Value v);   // replaces an existing key, keeps order otherwise
+    // Replaces an existing key in place, appends otherwise. Values are checked now (item
+    // types match the array's, integers fit their type, nesting <= kMaxArrayNesting);
+    // setting general.alignment (a power of two) changes the writer's alignment.
+    void set(std::string key, Value v);
     // Tensor with bytes given now (copied).
     void add_tensor(std::string name, uint32_t type, std::vector<uint64_t> ne, std::vector<uint8_t> bytes);
     // Tensor whose bytes are produced at write time into `dst` (nbytes long).
@@ -138,9 +154,15 @@ public:
 
 private:
     struct Pending;
+    using Sink = std::function<void(const uint8_t* data, size_t n)>;
+    // Header, metadata and directory, padded to the data section when there are tensors.
+    std::vector<uint8_t> encode_header(std::vector<uint64_t>* offsets) const;
+    void emit(const Sink& sink) const;
+
     uint64_t alignment_;
     std::vector<std::pair<std::string, Value>> kv_;
     std::vector<std::shared_ptr<Pending>> tensors_;
+    std::map<std::string, size_t, std::less<>> tensor_index_;
 };
 
 }  // namespace dsv4::gguf
