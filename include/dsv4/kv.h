@@ -138,7 +138,9 @@ struct Layout {
 
 struct Options {
     bool eager = false;                // commit everything at creation (--kv-eager)
-    uint64_t initial_rows = 4096;      // compressed rows per stream committed at creation
+    // Compressed rows committed at creation for the ratio-4 streams (the seed's 4096); the
+    // ratio-128 stream gets the rows covering the same tokens (initial_rows * 4 / 128).
+    uint64_t initial_rows = 4096;
     double growth = 2.0;               // geometric growth factor
     bool allow_growth = true;          // tests switch this off to exercise the guard
     std::string label = "kv";          // prefix of region labels in messages ("kv comp4")

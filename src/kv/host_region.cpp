@@ -150,7 +150,9 @@ std::unique_ptr<Region> make_host_region(uint64_t reserve_bytes, Budget* budget,
 
 RegionFactory host_region_factory() {
     return [](uint64_t reserve_bytes, Budget* budget, std::string label) {
-        return make_host_region(reserve_bytes, budget, std::move(label));
+        // Host memory commits at page granularity: growth is geometric, so calls stay few
+        // while small sessions commit only what they hold.
+        return make_host_region(reserve_bytes, budget, std::move(label), uint64_t(sysconf(_SC_PAGESIZE)));
     };
 }
 

@@ -49,7 +49,10 @@ SessionKV::SessionKV(const model::Config& c, const Layout& layout, const Options
     };
     commit(fixed_.get(), layout_.fixed_bytes);
     const uint64_t rows4 = opt_.eager ? layout_.rows4_cap : std::min(opt_.initial_rows, layout_.rows4_cap);
-    const uint64_t rows128 = opt_.eager ? layout_.rows128_cap : std::min(opt_.initial_rows, layout_.rows128_cap);
+    // The ratio-128 stream gets the rows that cover the same tokens as the ratio-4 rows: 4096
+    // ratio-128 rows would cover 512K tokens, and a short conversation should commit little.
+    const uint64_t rows128 = opt_.eager ? layout_.rows128_cap
+                                        : std::min((opt_.initial_rows * 4 + 127) / 128, layout_.rows128_cap);
     commit(comp4_.get(), rows4 * layout_.comp4_row_group_bytes());
     commit(index_.get(), rows4 * layout_.index_row_group_bytes());
     commit(comp128_.get(), rows128 * layout_.comp128_row_group_bytes());
