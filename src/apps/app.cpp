@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 
 namespace dsv4::apps {
 
@@ -100,6 +101,27 @@ model::Vocab synth_vocab(size_t pad_to, bool allow_real, bool* is_real) {
     const std::string json = allow_real ? find_tokenizer_json() : "";
     if (!json.empty()) {
         v = text::load_hf_tokenizer_json(json, pad_to);
+        // The package holds the V3 vocabulary; V4 adds <think>, </think> and ｜DSML｜. Give
+        // them the first placeholder ids (or new ids) so synthetic models tokenize chat
+        // text like V4 (ids are always resolved by spelling, never hard-coded).
+        size_t next = v.tokens.size();
+        for (size_t id = 0; id < v.tokens.size(); ++id)
+            if (v.types.size() > id && v.types[id] == text::TokenType::Unused) {
+                next = id;
+                break;
+            }
+        for (std::string_view sp : {text::kThinkOpen, text::kThinkClose, text::kDsml}) {
+            if (std::find(v.tokens.begin(), v.tokens.end(), sp) != v.tokens.end()) continue;
+            if (next < v.tokens.size()) {
+                v.tokens[next] = std::string(sp);
+                v.types[next] = text::TokenType::Control;
+                ++next;
+            } else {
+                v.tokens.emplace_back(sp);
+                v.types.push_back(text::TokenType::Control);
+                next = v.tokens.size();
+            }
+        }
     } else {
         v = text::builtin_byte_vocab();
         // Pad so that configs with a fixed vocabulary size (flash) keep their shapes.
@@ -134,7 +156,7 @@ std::string default_model_path() {
     const std::string json = find_tokenizer_json();
     real = !json.empty();
     // Versioned name: a change of the default model's recipe gets a new file.
-    const fs::path path = dir / (real ? "default-small-v1-realvocab.gguf" : "default-small-v1-bytevocab.gguf");
+    const fs::path path = dir / (real ? "default-small-v2-realvocab.gguf" : "default-small-v1-bytevocab.gguf");
     if (fs::exists(path, ec)) return path.string();
     std::fprintf(stderr, "dsv4: synthesising the built-in default model once into %s ...\n", path.c_str());
     model::Vocab vocab = synth_vocab(0, true, &real);
