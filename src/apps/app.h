@@ -53,5 +53,6 @@ Runner add_logits(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_chat(CLI::App& app);
+Runner add_bench(CLI::App& app);
 
 }  // namespace dsv4::apps

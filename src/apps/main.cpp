@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     reg(add_tokenize);
     reg(add_run);
     reg(add_chat);
+    reg(add_bench);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
