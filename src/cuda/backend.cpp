@@ -1,6 +1,7 @@
-// The CUDA backend: device discovery and the factory. The forward pass lives in forward.cu.
+// The CUDA backend's entry points: device discovery and the factory.
 #include <cuda_runtime.h>
 
+#include "cuda/backend_impl.h"
 #include "dsv4/backend.h"
 
 namespace dsv4 {
@@ -14,13 +15,17 @@ bool cuda_available() {
     return n > 0;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const model::Model&, const BackendOptions&, std::string* why) {
+std::unique_ptr<Backend> make_cuda_backend(const model::Model& m, const BackendOptions& opt, std::string* why) {
     if (!cuda_available()) {
         if (why) *why = "no CUDA device is present (cudaGetDeviceCount found none)";
         return nullptr;
     }
-    if (why) *why = "the CUDA backend is not implemented yet";
-    return nullptr;
+    try {
+        return cuda::make_cuda_backend_impl(m, opt);
+    } catch (const std::exception& e) {
+        if (why) *why = cat("the CUDA backend cannot start: ", e.what());
+        return nullptr;
+    }
 }
 
 }  // namespace dsv4

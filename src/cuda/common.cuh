@@ -1,0 +1,112 @@
+// Device helpers shared by the kernel files.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/kernels.h"
+
+namespace dsv4::cuda {
+
+constexpr uint32_t kWarp = 32;
+
+// quant::Type ids (kept numeric here so no C++20 header reaches nvcc).
+enum : uint32_t {
+    T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_Q8_K = 15, T_IQ2_XXS = 16, T_I32 = 26,
+    T_BF16 = 30, T_MXFP4 = 39,
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Block-wide sum (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ __forceinline__ double block_sum_d(double v) {
+    __shared__ double part[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < nw; ++i) t += part[i];
+    return t;
+}
+__device__ __forceinline__ float block_max(float v) {
+    __shared__ float part[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[w] = v;
+    __syncthreads();
+    float t = part[0];
+    for (int i = 1; i < nw; ++i) t = fmaxf(t, part[i]);
+    return t;
+}
+
+// expf as the CPU's std::exp(float) gives it (correctly rounded in glibc nearly always):
+// the double exponential rounded once to float.
+__device__ __forceinline__ float exp_cr(float x) { return float(exp(double(x))); }
+__device__ __forceinline__ float sigmoid_cr(float z) { return 1.0f / (1.0f + exp_cr(-z)); }
+__device__ __forceinline__ float silu_cr(float x) { return x * sigmoid_cr(x); }
+__device__ __forceinline__ float softplus_cr(float x) {
+    return x > 20 ? x : (x < -20 ? exp_cr(x) : float(log1p(double(exp_cr(x)))));
+}
+
+__device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float f16_round(float f) { return __half2float(__float2half_rn(f)); }
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
+__device__ __forceinline__ uint32_t ld_u32_2(const uint8_t* p) {   // 2-byte aligned
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+    return uint32_t(q[0]) | (uint32_t(q[1]) << 16);
+}
+
+// ggml's E8M0 "half" scale: 2^(e-128), exact for every e.
+__device__ __forceinline__ float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t(e - 1) << 23;
+    return __uint_as_float(bits);
+}
+__device__ __constant__ const int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// 2^ceil(log2(x)) for x > 0, exactly (cpu::pow2_ceil).
+__device__ __forceinline__ float pow2_ceil_d(float x) {
+    int e;
+    const float m = frexpf(x, &e);
+    return m == 0.5f ? ldexpf(1.0f, e - 1) : ldexpf(1.0f, e);
+}
+// Nearest E4M3FN value, ties to the even code (|v| <= 448): a power-of-two step, so
+// rint (ties to even) on v/step picks the code of even mantissa.
+__device__ __forceinline__ float e4m3_round_d(float v) {
+    const float a = fabsf(v);
+    float step;
+    if (a < 0.015625f) {
+        step = 0.001953125f;   // 2^-9: subnormals
+    } else {
+        int e;
+        frexpf(a, &e);           // a in [2^(e-1), 2^e)
+        step = ldexpf(1.0f, e - 4);
+    }
+    const float r = rintf(a / step) * step;
+    return copysignf(fminf(r, 448.0f), v);
+}
+// Nearest E2M1 value of {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to the even code.
+__device__ __forceinline__ float e2m1_round_d(float v) {
+    const float a = fabsf(v);
+    const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+    const float r = rintf(a / step) * step;
+    return copysignf(fminf(r, 6.0f), v);
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,190 @@
+// The CUDA backend's kernels, behind host-callable launchers (plain C++ types and a stream),
+// so the backend (forward.cpp) and the tests (tests/cuda/) call them without nvcc.
+// Each launcher computes what the CPU reference computes (src/cpu/forward.cpp,
+// src/quant/dot.cpp), up to float summation order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// Throws dsv4::Error naming `what` and the CUDA error when e != cudaSuccess.
+void check(cudaError_t e, const char* what);
+// Checks the last launch (cudaGetLastError).
+void check_launch(const char* what);
+[[noreturn]] void throw_too_small(const char* what, uint64_t need, uint64_t have);
+[[noreturn]] void throw_mismatch(const char* what, uint32_t type, uint64_t weight_k, uint64_t act_k);
+
+// ---- weights --------------------------------------------------------------------------
+// A weight matrix on the device: `rows` rows of K values (a 3-D expert tensor is flattened:
+// expert e's rows start at e * rows_per_expert). Every type keeps its GGUF block layout in
+// `data`, except Q8_0, which is repacked at upload into `qs` (rows x K int8, 16-byte
+// aligned rows) and `d` (rows x K/32 f16 scales) for wide, aligned loads.
+struct DevWeight {
+    uint32_t type = 0;          // quant::Type
+    uint64_t K = 0, rows = 0, row_bytes = 0;
+    const uint8_t* data = nullptr;
+    const int8_t* qs = nullptr;
+    const uint16_t* d = nullptr;
+};
+
+// Repacks n_rows Q8_0 rows of K values (GGUF blocks) into qs/d form (host memory).
+void repack_q8_0(const uint8_t* src, uint64_t n_rows, uint64_t K, int8_t* qs, uint16_t* d);
+
+// The IQ2_XXS grid lives in constant memory: call once per process before any IQ2_XXS
+// kernel (the backend does it at construction). grid: 256 u64 entries.
+void upload_iq2xxs_grid(const uint64_t* grid);
+
+// ---- activations ----------------------------------------------------------------------
+// The activation a weight type's dot product wants (quant::traits(t).vec_dot_type):
+// floats for float weights, Q8_0 blocks (Q8_0, MXFP4), Q8_K blocks (K-quants, IQ2_XXS).
+enum class ActKind : uint32_t { F32 = 0, Q8_0 = 1, Q8_K = 2 };
+ActKind act_kind(uint32_t weight_type);
+
+// Quantised activations of R rows of K values: q[r*K + i]; d[r*(K/bs) + b] (the scale the
+// CPU's dot product uses: the f16-rounded Q8_0 scale, or Q8_K's f32 scale); bsum[r*(K/16)+j]
+// (Q8_K only). For F32, f/f_stride point at the float rows themselves.
+struct DevAct {
+    ActKind kind = ActKind::F32;
+    uint64_t K = 0;
+    const float* f = nullptr;
+    uint64_t f_stride = 0;
+    const int8_t* q = nullptr;
+    const float* d = nullptr;
+    const int32_t* bsum = nullptr;
+};
+
+// Scratch for quantised activations (device memory, owned by the caller).
+struct ActBuf {
+    int8_t* q = nullptr;
+    float* d = nullptr;
+    int32_t* bsum = nullptr;
+    uint64_t cap_values = 0;   // q holds cap_values; d cap_values/32; bsum cap_values/16
+};
+
+// Quantises R rows (x + r*x_stride, K values each) for weights of type wtype into buf
+// (buf.cap_values >= R*K for the quantised kinds). Q8_0: d = amax/127 (f16-rounded for the
+// dot), q = round_half_even(x * (1/d)); Q8_K: model-spec §2.2.
+DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t R, uint64_t K, const ActBuf& buf,
+                    cudaStream_t s);
+
+// y[r*y_stride + n] = W[row0 + n] · act[r / act_div] for n < N, r < R.
+// With `expert` (device, one entry per r), row row0 + n of expert expert[r] is used
+// (rows_per_expert apart). Act row r/act_div (gate/up of pairs r = row*K + k share one
+// activation row: act_div = K).
+void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
+            cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1);
+
+// Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
+void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);
+
+// ---- the batch ------------------------------------------------------------------------
+struct DevRow {
+    int64_t pos;
+    int32_t token;
+    int32_t sess;     // index into the session tables of this step
+};
+
+// One session's KV for one layer (device pointers from kv::SessionKV).
+struct DevLayerKV {
+    float* raw = nullptr;      // ring base: row of position p at (p % raw_cap) * head_dim
+    float* comp = nullptr;     // compressed row c at comp + c * comp_stride
+    float* index = nullptr;    // indexer row c at index + c * index_stride
+    float* skv = nullptr;
+    float* ssc = nullptr;
+    float* iskv = nullptr;
+    float* issc = nullptr;
+    uint64_t comp_stride = 0, index_stride = 0;
+    uint32_t raw_cap = 0, pad = 0;
+};
+
+// ---- per-row primitives ---------------------------------------------------------------
+// y = x / sqrt(mean(x^2) + eps) * w (w may be null); sum of squares in double.
+void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, uint32_t R, uint32_t n, float eps,
+              const float* w, cudaStream_t s);
+
+// X [R][H*E] = embedding row of each row's token, replicated into the H streams.
+void embed(const DevWeight& emb, const DevRow* rows, uint32_t R, uint32_t E, uint32_t H, float* X, cudaStream_t s);
+
+// mHC pre after the mix product (mix [R][2H+H*H]): pre/post gates, Sinkhorn, x_sub.
+void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
+                   uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s);
+// X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place.
+void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
+             cudaStream_t s);
+// Output head collapse: x[r] = Σ_h (sigmoid(pre[r][h]*scale + base[h]) + eps) · X[rows[r]][h].
+void output_collapse(const float* pre, const float* scale, const float* base, const float* X, const uint32_t* want,
+                     uint32_t NW, uint32_t H, uint32_t E, float eps, float* x, cudaStream_t s);
+// Gathers rows want[i] of X (width n) into dst[i].
+void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, float* dst, cudaStream_t s);
+
+// Per-head RMSNorm (no weight) and tail RoPE of q [R][n_head][D] at each row's position.
+// inv_freq: device, n_rot/2 doubles. inverse: rotate by -pos (no norm then).
+void head_norm_rope(float* q, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_rot, float eps, bool norm,
+                    bool inverse, const double* inv_freq, const DevRow* rows, cudaStream_t s);
+
+// KV path tail: RMSNorm(kv_norm) → RoPE → (official: FP8 sim of dims < n_nope, f16 round)
+// → raw ring of the row's session at its position.
+void kv_finalize(float* kvr, uint32_t R, uint32_t D, uint32_t n_rot, float eps, const float* norm_w,
+                 const double* inv_freq, const DevRow* rows, bool official, uint32_t n_nope, const DevLayerKV* lkv,
+                 uint32_t n_layer, uint32_t il, cudaStream_t s);
+
+// Compressor state machine (§5.9) for every session of the batch: rows of session s are
+// rows sess_begin[s] .. sess_end[s]-1, in position order. kvp/scp: [R][coff*D]. ape:
+// [ratio][coff*D]. Rows that complete a group get their pooled (pre-norm) row in pooled[r].
+void compressor_state(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+                      const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t S, uint32_t ratio, uint32_t D,
+                      bool indexer, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, float* pooled,
+                      cudaStream_t s);
+// Finishes the emitted rows: RMSNorm(norm) → RoPE at c*ratio → FP8 sim (attention) or
+// Hadamard+FP4 (indexer) when official → comp/index row c = pos/ratio.
+void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t D, uint32_t n_rot,
+                     uint32_t n_nope, float eps, const float* norm_w, const double* inv_freq, bool indexer,
+                     bool official, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, cudaStream_t s);
+
+// Indexer queries: RoPE of each head's tail, then (official) Hadamard + FP4; wi *= wscale.
+void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
+                    const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s);
+// score[r][c] = Σ_h max(0, qi[r][h]·Kidx[c]) · wi[r][h] for c < n_vis(r) = (pos+1)/4, for rows
+// with n_vis > top_k (others untouched). ld: floats per score row.
+void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
+                    const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
+                    float* score, uint64_t ld, cudaStream_t s);
+// sel[r][0..top_k) = the top_k scores' indices (ties: lower index), ascending, for rows
+// with n_vis > top_k.
+void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
+                 uint32_t* sel, cudaStream_t s);
+// Plain top-k of n values (tests): same selection rule, ascending indices.
+void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s);
+
+// Sink attention (§5.12) for every (row, head): keys = raw window + visible compressed
+// rows (ratio 128, or ratio 4 with n_vis <= top_k) or the selected rows (sel); K = V.
+// Output o [R][n_head][D], inverse-RoPE'd.
+void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+               uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
+               uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s);
+
+// Router (§5.13): probs in place (sqrt(softplus)), selection (hash table or biased top-K,
+// ties to the lower id), weights. experts/weights: [R][K].
+void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
+            const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,
+            cudaStream_t s);
+// mid[p][n] = silu(min(g, c)) * clamp(u, -c, c) * (w ? w[p] : 1), c <= 1e-6: no clamp.
+void swiglu(const float* g, const float* u, float* mid, uint32_t P, uint32_t F, float clamp, const float* w,
+            cudaStream_t s);
+// y[r][e] = y[r][e] + Σ_k down[r*K+k][e] (or Σ_k alone when y_init is false).
+void moe_combine(const float* down, uint32_t R, uint32_t K, uint32_t E, bool y_init, float* y, cudaStream_t s);
+
+// ---- numerics (tests and the kernels above) -------------------------------------------
+// In place on n values of each of R rows (row stride `stride`): FP8 sim of the first n,
+// FP4 sim, Hadamard (n a power of two, <= 1024).
+void fp8_sim_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s);
+void fp4_sim_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s);
+void hadamard_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s);
+// y[i] = e4m3_round(x[i]) / e2m1_round(x[i]) (tests).
+void e4m3_round_n(const float* x, float* y, uint64_t n, cudaStream_t s);
+void e2m1_round_n(const float* x, float* y, uint64_t n, cudaStream_t s);
+
+}  // namespace dsv4::cuda

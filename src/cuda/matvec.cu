@@ -1,0 +1,533 @@
+// Activation quantisation and the dequantising matrix-vector products for every weight
+// type, with the CPU's dot-product math (src/quant/dot.cpp): integer sums of weight codes
+// times activation codes inside each (sub-)block, then one float multiply-add per block.
+// A warp computes one output row for up to RB activation rows, so a batch reads each
+// weight row once per RB rows.
+#include <algorithm>
+
+#include "cuda/common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+__device__ uint64_t g_iq2_grid[256];
+
+__device__ __forceinline__ uint32_t ksigns(uint32_t i) { return i | ((uint32_t(__popc(i)) & 1u) << 7); }
+
+__device__ __forceinline__ int mxfp4_val(uint32_t c) {
+    const int m = int(c & 7);
+    const int v = m < 4 ? m : (m < 6 ? 4 + 2 * (m - 4) : 8 + 4 * (m - 6));
+    return (c & 8) ? -v : v;
+}
+
+__device__ __forceinline__ int8_t q_clamp(float v) {
+    float r = rintf(v);
+    if (r != r) r = 0.0f;
+    r = fminf(fmaxf(r, -128.0f), 127.0f);
+    return int8_t(int(r));
+}
+
+// ---- activation quantisation ------------------------------------------------------------
+
+// One warp per 32-value block.
+__global__ void quant_q8_0_kernel(const float* __restrict__ x, uint64_t x_stride, uint64_t K, int8_t* __restrict__ q,
+                                  float* __restrict__ d) {
+    const uint32_t r = blockIdx.y, lane = threadIdx.x & 31;
+    const uint64_t b = uint64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= K / 32) return;
+    const float v = x[r * x_stride + b * 32 + lane];
+    const float amax = warp_max(fabsf(v));
+    const float dd = amax / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    q[r * K + b * 32 + lane] = q_clamp(v * id);
+    if (lane == 0) d[r * (K / 32) + b] = f16_round(dd);
+}
+
+// One warp per 256-value block; lane l holds values 8l .. 8l+7.
+__global__ void quant_q8_k_kernel(const float* __restrict__ x, uint64_t x_stride, uint64_t K, int8_t* __restrict__ q,
+                                  float* __restrict__ d, int32_t* __restrict__ bsum) {
+    const uint32_t r = blockIdx.y, lane = threadIdx.x & 31;
+    const uint64_t b = uint64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    if (b >= K / 256) return;
+    const float* xb = x + r * x_stride + b * 256 + lane * 8;
+    float v[8];
+    float amax = 0.0f, mx = 0.0f;
+    for (int t = 0; t < 8; ++t) {
+        v[t] = xb[t];
+        const float ax = fabsf(v[t]);
+        if (ax > amax) {
+            amax = ax;
+            mx = v[t];
+        }
+    }
+    // The first value of the largest magnitude (lowest index on ties) gives the sign.
+    uint32_t who = lane;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+        const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+        const uint32_t ow = __shfl_xor_sync(0xffffffffu, who, o);
+        if (oa > amax || (oa == amax && ow < who)) {
+            amax = oa;
+            mx = om;
+            who = ow;
+        }
+    }
+    int8_t* qb = q + r * K + b * 256 + lane * 8;
+    if (amax == 0.0f) {
+        for (int t = 0; t < 8; ++t) qb[t] = 0;
+        if (!(lane & 1)) bsum[r * (K / 16) + b * 16 + lane / 2] = 0;
+        if (lane == 0) d[r * (K / 256) + b] = 0.0f;
+        return;
+    }
+    const float iscale = -127.0f / mx;
+    int s = 0;
+    for (int t = 0; t < 8; ++t) {
+        const int8_t qi = q_clamp(iscale * v[t]);
+        qb[t] = qi;
+        s += qi;
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    if (!(lane & 1)) bsum[r * (K / 16) + b * 16 + lane / 2] = s;
+    if (lane == 0) d[r * (K / 256) + b] = 1.0f / iscale;
+}
+
+// ---- matvec -----------------------------------------------------------------------------
+
+struct MV {
+    const uint8_t* w;
+    const int8_t* wqs;
+    const uint16_t* wd;
+    uint64_t K, row_bytes;
+    const float* af;
+    uint64_t af_stride;
+    const int8_t* aq;
+    const float* ad;
+    const int32_t* absum;
+    uint32_t R;
+    float* y;
+    uint64_t y_stride, N, row0;
+    const int32_t* expert;
+    uint64_t rows_per_expert;
+    uint32_t act_div;
+};
+
+constexpr int kRowsPerBlock = 4;   // warps per block, one output row each
+
+template <uint32_t T>
+__device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
+    if (T == T_F32) return reinterpret_cast<const float*>(wr)[k];
+    if (T == T_F16) return f16_to_f32(reinterpret_cast<const uint16_t*>(wr)[k]);
+    return bf16_to_f32(reinterpret_cast<const uint16_t*>(wr)[k]);
+}
+
+template <uint32_t T, int RB, bool VEC>
+__global__ void __launch_bounds__(128) matvec_kernel(MV p) {
+    __shared__ uint64_t s_grid[T == T_IQ2_XXS ? 256 : 1];
+    if (T == T_IQ2_XXS) {
+        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) s_grid[i] = g_iq2_grid[i];
+        __syncthreads();
+    }
+    const uint64_t n = uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const uint32_t lane = threadIdx.x & 31;
+    if (n >= p.N) return;
+    const uint32_t r0 = blockIdx.y * RB;
+    const int nr = int(min(uint32_t(RB), p.R - r0));
+    uint64_t wrow = p.row0 + n;
+    if (p.expert) wrow += uint64_t(p.expert[r0]) * p.rows_per_expert;
+    uint64_t ar[RB];
+    for (int i = 0; i < RB; ++i) ar[i] = uint64_t(r0 + min(i, nr - 1)) / p.act_div;
+    float acc[RB];
+    for (int i = 0; i < RB; ++i) acc[i] = 0.0f;
+    const uint64_t K = p.K;
+
+    if constexpr (T == T_F32 || T == T_F16 || T == T_BF16) {
+        const uint8_t* wr = p.w + wrow * p.row_bytes;
+        if constexpr (VEC) {
+            // 8 values (F16/BF16: 16 bytes; F32: two 16-byte loads) per step.
+            for (uint64_t u = lane; u < K / 8; u += 32) {
+                float wf[8];
+                if constexpr (T == T_F32) {
+                    const float4 a = reinterpret_cast<const float4*>(wr)[2 * u];
+                    const float4 b = reinterpret_cast<const float4*>(wr)[2 * u + 1];
+                    wf[0] = a.x, wf[1] = a.y, wf[2] = a.z, wf[3] = a.w, wf[4] = b.x, wf[5] = b.y, wf[6] = b.z,
+                    wf[7] = b.w;
+                } else {
+                    const uint4 v = reinterpret_cast<const uint4*>(wr)[u];
+                    const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+                    for (int j = 0; j < 4; ++j) {
+                        const uint16_t lo = uint16_t(ws[j] & 0xFFFF), hi = uint16_t(ws[j] >> 16);
+                        wf[2 * j] = T == T_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+                        wf[2 * j + 1] = T == T_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+                    }
+                }
+                for (int i = 0; i < RB; ++i) {
+                    if (i >= nr) break;
+                    const float4* a4 = reinterpret_cast<const float4*>(p.af + ar[i] * p.af_stride) + 2 * u;
+                    const float4 a = a4[0], b = a4[1];
+                    float s = acc[i];
+                    s = fmaf(wf[0], a.x, s);
+                    s = fmaf(wf[1], a.y, s);
+                    s = fmaf(wf[2], a.z, s);
+                    s = fmaf(wf[3], a.w, s);
+                    s = fmaf(wf[4], b.x, s);
+                    s = fmaf(wf[5], b.y, s);
+                    s = fmaf(wf[6], b.z, s);
+                    s = fmaf(wf[7], b.w, s);
+                    acc[i] = s;
+                }
+            }
+        } else {
+            for (uint64_t k = lane; k < K; k += 32) {
+                const float wv = float_weight<T>(wr, k);
+                for (int i = 0; i < RB; ++i) {
+                    if (i >= nr) break;
+                    acc[i] = fmaf(wv, p.af[ar[i] * p.af_stride + k], acc[i]);
+                }
+            }
+        }
+    } else if constexpr (T == T_Q8_0) {
+        const int8_t* wq = p.wqs + wrow * K;
+        const uint16_t* wd = p.wd + wrow * (K / 32);
+        for (uint64_t b = lane; b < K / 32; b += 32) {
+            const int4 w0 = reinterpret_cast<const int4*>(wq + b * 32)[0];
+            const int4 w1 = reinterpret_cast<const int4*>(wq + b * 32)[1];
+            const float dw = f16_to_f32(wd[b]);
+            for (int i = 0; i < RB; ++i) {
+                if (i >= nr) break;
+                const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * K + b * 32);
+                const int4 a0 = a4[0], a1 = a4[1];
+                int s = __dp4a(w0.x, a0.x, 0);
+                s = __dp4a(w0.y, a0.y, s);
+                s = __dp4a(w0.z, a0.z, s);
+                s = __dp4a(w0.w, a0.w, s);
+                s = __dp4a(w1.x, a1.x, s);
+                s = __dp4a(w1.y, a1.y, s);
+                s = __dp4a(w1.z, a1.z, s);
+                s = __dp4a(w1.w, a1.w, s);
+                acc[i] = fmaf(dw * p.ad[ar[i] * (K / 32) + b], float(s), acc[i]);
+            }
+        }
+    } else if constexpr (T == T_MXFP4) {
+        const uint8_t* wr = p.w + wrow * p.row_bytes;
+        for (uint64_t b = lane; b < K / 32; b += 32) {
+            const uint8_t* blk = wr + b * 17;
+            const float de = e8m0_half(blk[0]);
+            int wlo[4], whi[4];   // signed byte codes of values 0..15 and 16..31
+            for (int w = 0; w < 4; ++w) {
+                uint32_t lo = 0, hi = 0;
+                for (int t = 0; t < 4; ++t) {
+                    const uint8_t c = blk[1 + 4 * w + t];
+                    lo |= (uint32_t(mxfp4_val(c & 0xF)) & 0xFF) << (8 * t);
+                    hi |= (uint32_t(mxfp4_val(c >> 4)) & 0xFF) << (8 * t);
+                }
+                wlo[w] = int(lo);
+                whi[w] = int(hi);
+            }
+            for (int i = 0; i < RB; ++i) {
+                if (i >= nr) break;
+                const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * K + b * 32);
+                const int4 a0 = a4[0], a1 = a4[1];
+                int s = __dp4a(wlo[0], a0.x, 0);
+                s = __dp4a(wlo[1], a0.y, s);
+                s = __dp4a(wlo[2], a0.z, s);
+                s = __dp4a(wlo[3], a0.w, s);
+                s = __dp4a(whi[0], a1.x, s);
+                s = __dp4a(whi[1], a1.y, s);
+                s = __dp4a(whi[2], a1.z, s);
+                s = __dp4a(whi[3], a1.w, s);
+                acc[i] = fmaf(de * p.ad[ar[i] * (K / 32) + b], float(s), acc[i]);
+            }
+        }
+    } else {
+        // Super-blocks of 256: a group of 8 lanes shares one, each lane an eighth of it;
+        // the integer partial sums are combined exactly before the per-block float step.
+        const uint8_t* wr = p.w + wrow * p.row_bytes;
+        const uint64_t nsb = K / 256;
+        const uint32_t sub = lane & 7;
+        for (uint64_t base = 0; base < nsb; base += 4) {
+            const uint64_t sb = base + (lane >> 3);
+            const bool ok = sb < nsb;
+            for (int i = 0; i < RB; ++i) {
+                if (i >= nr) break;
+                int isum = 0, mins = 0;
+                float dw = 0.0f, dmw = 0.0f;
+                if (ok) {
+                    const int8_t* a = p.aq + ar[i] * K + sb * 256;
+                    if constexpr (T == T_Q2_K) {
+                        const uint8_t* blk = wr + sb * 84;
+                        const uint32_t h = sub >> 2, j = sub & 3;
+                        const uint32_t* qw = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * h);
+                        const int4* a4 = reinterpret_cast<const int4*>(a + 128 * h + 32 * j);
+                        const int4 a0 = a4[0], a1 = a4[1];
+                        const uint32_t sh = 2 * j;
+                        int s0 = __dp4a(int((qw[0] >> sh) & 0x03030303u), a0.x, 0);
+                        s0 = __dp4a(int((qw[1] >> sh) & 0x03030303u), a0.y, s0);
+                        s0 = __dp4a(int((qw[2] >> sh) & 0x03030303u), a0.z, s0);
+                        s0 = __dp4a(int((qw[3] >> sh) & 0x03030303u), a0.w, s0);
+                        int s1 = __dp4a(int((qw[4] >> sh) & 0x03030303u), a1.x, 0);
+                        s1 = __dp4a(int((qw[5] >> sh) & 0x03030303u), a1.y, s1);
+                        s1 = __dp4a(int((qw[6] >> sh) & 0x03030303u), a1.z, s1);
+                        s1 = __dp4a(int((qw[7] >> sh) & 0x03030303u), a1.w, s1);
+                        const uint8_t sc0 = blk[8 * h + 2 * j], sc1 = blk[8 * h + 2 * j + 1];
+                        isum = int(sc0 & 0xF) * s0 + int(sc1 & 0xF) * s1;
+                        const int32_t* bs = p.absum + ar[i] * (K / 16) + sb * 16 + 8 * h + 2 * j;
+                        mins = bs[0] * int(sc0 >> 4) + bs[1] * int(sc1 >> 4);
+                        dw = f16_to_f32(ld_u16(blk + 80));
+                        dmw = f16_to_f32(ld_u16(blk + 82));
+                    } else if constexpr (T == T_Q4_K) {
+                        const uint8_t* blk = wr + sb * 144;
+                        const uint8_t* s = blk + 4;
+                        const uint32_t j = sub;
+                        uint32_t sc, m;
+                        if (j < 4) {
+                            sc = s[j] & 63;
+                            m = s[j + 4] & 63;
+                        } else {
+                            sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                            m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                        }
+                        const uint32_t* qw = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * (j >> 1));
+                        const uint32_t sh = 4 * (j & 1);
+                        const int4* a4 = reinterpret_cast<const int4*>(a + 32 * j);
+                        const int4 a0 = a4[0], a1 = a4[1];
+                        int sm = __dp4a(int((qw[0] >> sh) & 0x0F0F0F0Fu), a0.x, 0);
+                        sm = __dp4a(int((qw[1] >> sh) & 0x0F0F0F0Fu), a0.y, sm);
+                        sm = __dp4a(int((qw[2] >> sh) & 0x0F0F0F0Fu), a0.z, sm);
+                        sm = __dp4a(int((qw[3] >> sh) & 0x0F0F0F0Fu), a0.w, sm);
+                        sm = __dp4a(int((qw[4] >> sh) & 0x0F0F0F0Fu), a1.x, sm);
+                        sm = __dp4a(int((qw[5] >> sh) & 0x0F0F0F0Fu), a1.y, sm);
+                        sm = __dp4a(int((qw[6] >> sh) & 0x0F0F0F0Fu), a1.z, sm);
+                        sm = __dp4a(int((qw[7] >> sh) & 0x0F0F0F0Fu), a1.w, sm);
+                        isum = int(sc) * sm;
+                        const int32_t* bs = p.absum + ar[i] * (K / 16) + sb * 16 + 2 * j;
+                        mins = int(m) * (bs[0] + bs[1]);
+                        dw = f16_to_f32(ld_u16(blk));
+                        dmw = f16_to_f32(ld_u16(blk + 2));
+                    } else {   // IQ2_XXS
+                        const uint8_t* blk = wr + sb * 66;
+                        const uint32_t g = sub;
+                        const uint32_t a0w = ld_u32_2(blk + 2 + 8 * g), a1w = ld_u32_2(blk + 2 + 8 * g + 4);
+                        const int* aw = reinterpret_cast<const int*>(a + 32 * g);
+                        int sm = 0;
+                        for (int l = 0; l < 4; ++l) {
+                            const uint64_t gv = s_grid[(a0w >> (8 * l)) & 0xFF];
+                            const uint32_t sg = ksigns((a1w >> (7 * l)) & 127);
+                            uint32_t w0 = 0, w1 = 0;
+                            for (int t = 0; t < 4; ++t) {
+                                int b0 = int((gv >> (8 * t)) & 0xFF), b1 = int((gv >> (8 * (t + 4))) & 0xFF);
+                                if ((sg >> t) & 1) b0 = -b0;
+                                if ((sg >> (t + 4)) & 1) b1 = -b1;
+                                w0 |= (uint32_t(b0) & 0xFF) << (8 * t);
+                                w1 |= (uint32_t(b1) & 0xFF) << (8 * t);
+                            }
+                            sm = __dp4a(int(w0), aw[2 * l], sm);
+                            sm = __dp4a(int(w1), aw[2 * l + 1], sm);
+                        }
+                        isum = sm * int(2 * (a1w >> 28) + 1);
+                        dw = f16_to_f32(ld_u16(blk));
+                    }
+                }
+                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                isum += __shfl_xor_sync(0xffffffffu, isum, 4);
+                if constexpr (T != T_IQ2_XXS) {
+                    mins += __shfl_xor_sync(0xffffffffu, mins, 1);
+                    mins += __shfl_xor_sync(0xffffffffu, mins, 2);
+                    mins += __shfl_xor_sync(0xffffffffu, mins, 4);
+                }
+                if (ok && sub == 0) {
+                    const float dx = p.ad[ar[i] * (K / 256) + sb];
+                    if constexpr (T == T_IQ2_XXS) {
+                        acc[i] = fmaf(dw * dx, float(isum), acc[i]);
+                    } else {
+                        const float dall = dx * dw, dmin = dx * dmw;
+                        acc[i] += fmaf(dall, float(isum), -(dmin * float(mins)));
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < RB; ++i) {
+        if (i >= nr) break;
+        float v = warp_sum(acc[i]);
+        if (T == T_IQ2_XXS) v *= 0.125f;
+        if (lane == 0) p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
+    }
+}
+
+template <uint32_t T, bool VEC>
+void launch_rb(const MV& p, cudaStream_t s) {
+    const dim3 block(32 * kRowsPerBlock);
+    const uint32_t gx = uint32_t((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
+    int rb = p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
+    const dim3 grid(gx, (p.R + rb - 1) / rb);
+    switch (rb) {
+        case 8: matvec_kernel<T, 8, VEC><<<grid, block, 0, s>>>(p); break;
+        case 4: matvec_kernel<T, 4, VEC><<<grid, block, 0, s>>>(p); break;
+        case 2: matvec_kernel<T, 2, VEC><<<grid, block, 0, s>>>(p); break;
+        default: matvec_kernel<T, 1, VEC><<<grid, block, 0, s>>>(p); break;
+    }
+}
+
+// ---- dequantisation ----------------------------------------------------------------------
+
+__device__ float weight_elem(const DevWeight& W, uint64_t row, uint64_t i) {
+    const uint8_t* wr = W.data + row * W.row_bytes;
+    switch (W.type) {
+        case T_F32: return reinterpret_cast<const float*>(wr)[i];
+        case T_F16: return f16_to_f32(ld_u16(wr + 2 * i));
+        case T_BF16: return bf16_to_f32(ld_u16(wr + 2 * i));
+        case T_Q8_0: return f16_to_f32(W.d[row * (W.K / 32) + i / 32]) * float(W.qs[row * W.K + i]);
+        case T_Q2_K: {
+            const uint8_t* blk = wr + (i / 256) * 84;
+            const uint32_t w = uint32_t(i % 256), h = w / 128, j = (w % 128) / 32, s = (w % 32) / 16, t = w % 16;
+            const uint8_t sc = blk[8 * h + 2 * j + s];
+            const float dl = f16_to_f32(ld_u16(blk + 80)) * float(sc & 0xF);
+            const float ml = f16_to_f32(ld_u16(blk + 82)) * float(sc >> 4);
+            return fmaf(dl, float((blk[16 + 32 * h + 16 * s + t] >> (2 * j)) & 3), -ml);
+        }
+        case T_Q4_K: {
+            const uint8_t* blk = wr + (i / 256) * 144;
+            const uint32_t w = uint32_t(i % 256), j = w / 32, t = w % 32;
+            const uint8_t* s = blk + 4;
+            uint32_t sc, m;
+            if (j < 4) {
+                sc = s[j] & 63;
+                m = s[j + 4] & 63;
+            } else {
+                sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+                m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+            }
+            const float dl = f16_to_f32(ld_u16(blk)) * float(sc);
+            const float ml = f16_to_f32(ld_u16(blk + 2)) * float(m);
+            return fmaf(dl, float((blk[16 + 32 * (j / 2) + t] >> (4 * (j & 1))) & 0xF), -ml);
+        }
+        case T_IQ2_XXS: {
+            const uint8_t* blk = wr + (i / 256) * 66;
+            const uint32_t w = uint32_t(i % 256), g = w / 32, l = (w % 32) / 8, t = w % 8;
+            const uint32_t a0 = ld_u32_2(blk + 2 + 8 * g), a1 = ld_u32_2(blk + 2 + 8 * g + 4);
+            const float db = f16_to_f32(ld_u16(blk)) * (0.5f + float(a1 >> 28)) * 0.25f;
+            const float v = db * float((g_iq2_grid[(a0 >> (8 * l)) & 0xFF] >> (8 * t)) & 0xFF);
+            return (ksigns((a1 >> (7 * l)) & 127) >> t) & 1 ? -v : v;
+        }
+        case T_MXFP4: {
+            const uint8_t* blk = wr + (i / 32) * 17;
+            const uint32_t j = uint32_t(i % 32);
+            const uint8_t c = j < 16 ? (blk[1 + j] & 0xF) : (blk[1 + j - 16] >> 4);
+            return e8m0_half(blk[0]) * float(mxfp4_val(c));
+        }
+        default: return 0.0f;
+    }
+}
+
+__global__ void dequant_rows_kernel(DevWeight W, uint64_t r0, float* dst) {
+    const uint64_t row = r0 + blockIdx.y;
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < W.K; i += uint64_t(gridDim.x) * blockDim.x)
+        dst[uint64_t(blockIdx.y) * W.K + i] = weight_elem(W, row, i);
+}
+
+__global__ void embed_kernel(DevWeight W, const DevRow* rows, uint32_t E, uint32_t H, float* X) {
+    const uint32_t r = blockIdx.y;
+    const uint64_t tok = uint64_t(rows[r].token);
+    for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < E; e += gridDim.x * blockDim.x) {
+        const float v = weight_elem(W, tok, e);
+        for (uint32_t h = 0; h < H; ++h) X[(uint64_t(r) * H + h) * E + e] = v;
+    }
+}
+
+}  // namespace
+
+void upload_iq2xxs_grid(const uint64_t* grid) {
+    check(cudaMemcpyToSymbol(g_iq2_grid, grid, 256 * sizeof(uint64_t)), "upload of the IQ2_XXS grid");
+}
+
+ActKind act_kind(uint32_t t) {
+    switch (t) {
+        case T_Q8_0:
+        case T_MXFP4: return ActKind::Q8_0;
+        case T_Q2_K:
+        case T_Q4_K:
+        case T_IQ2_XXS: return ActKind::Q8_K;
+        default: return ActKind::F32;
+    }
+}
+
+DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t R, uint64_t K, const ActBuf& buf,
+                    cudaStream_t s) {
+    DevAct a;
+    a.kind = act_kind(wtype);
+    a.K = K;
+    if (a.kind == ActKind::F32) {
+        a.f = x;
+        a.f_stride = x_stride;
+        return a;
+    }
+    if (uint64_t(R) * K > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * K, buf.cap_values);
+    a.q = buf.q;
+    a.d = buf.d;
+    a.bsum = buf.bsum;
+    if (R == 0) return a;
+    if (a.kind == ActKind::Q8_0) {
+        const uint32_t blocks = uint32_t(K / 32);
+        quant_q8_0_kernel<<<dim3((blocks + 7) / 8, R), 256, 0, s>>>(x, x_stride, K, buf.q, buf.d);
+    } else {
+        const uint32_t blocks = uint32_t(K / 256);
+        quant_q8_k_kernel<<<dim3((blocks + 7) / 8, R), 256, 0, s>>>(x, x_stride, K, buf.q, buf.d, buf.bsum);
+    }
+    check_launch("quantize_act");
+    return a;
+}
+
+void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
+            cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div) {
+    if (R == 0 || N == 0) return;
+    MV p{};
+    p.w = W.data;
+    p.wqs = W.qs;
+    p.wd = W.d;
+    p.K = W.K;
+    p.row_bytes = W.row_bytes;
+    p.af = a.f;
+    p.af_stride = a.f_stride;
+    p.aq = a.q;
+    p.ad = a.d;
+    p.absum = a.bsum;
+    p.R = R;
+    p.y = y;
+    p.y_stride = y_stride;
+    p.N = N;
+    p.row0 = row0;
+    p.expert = expert;
+    p.rows_per_expert = rows_per_expert;
+    p.act_div = act_div ? act_div : 1;
+    if (act_kind(W.type) != a.kind || a.K != W.K) throw_mismatch("matvec", W.type, W.K, a.K);
+    const bool fvec = (W.K % 8 == 0) && (reinterpret_cast<uintptr_t>(W.data) % 16 == 0) && (W.row_bytes % 16 == 0) &&
+                      (reinterpret_cast<uintptr_t>(a.f) % 16 == 0) && (a.f_stride % 4 == 0);
+    switch (W.type) {
+        case T_F32: fvec ? launch_rb<T_F32, true>(p, s) : launch_rb<T_F32, false>(p, s); break;
+        case T_F16: fvec ? launch_rb<T_F16, true>(p, s) : launch_rb<T_F16, false>(p, s); break;
+        case T_BF16: fvec ? launch_rb<T_BF16, true>(p, s) : launch_rb<T_BF16, false>(p, s); break;
+        case T_Q8_0: launch_rb<T_Q8_0, false>(p, s); break;
+        case T_MXFP4: launch_rb<T_MXFP4, false>(p, s); break;
+        case T_Q2_K: launch_rb<T_Q2_K, false>(p, s); break;
+        case T_Q4_K: launch_rb<T_Q4_K, false>(p, s); break;
+        case T_IQ2_XXS: launch_rb<T_IQ2_XXS, false>(p, s); break;
+        default: throw_mismatch("matvec: no kernel for this weight type", W.type, W.K, a.K);
+    }
+    check_launch("matvec");
+}
+
+void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s) {
+    if (n == 0) return;
+    const uint32_t gx = uint32_t(std::min<uint64_t>((W.K + 255) / 256, 64));
+    dequant_rows_kernel<<<dim3(gx, uint32_t(n)), 256, 0, s>>>(W, r0, dst);
+    check_launch("dequantize_rows");
+}
+
+void embed(const DevWeight& emb, const DevRow* rows, uint32_t R, uint32_t E, uint32_t H, float* X, cudaStream_t s) {
+    if (R == 0) return;
+    embed_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(emb, rows, E, H, X);
+    check_launch("embed");
+}
+
+}  // namespace dsv4::cuda

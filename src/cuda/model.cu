@@ -1,0 +1,777 @@
+// The forward pass's kernels other than the matrix products (model-spec §5): norms, mHC,
+// RoPE, KV finalisation, compressors, the lightning indexer and its top-k, sink attention,
+// routing and the SwiGLU/MoE glue. Where the CPU reference's result is decided by rounding
+// (exp, the FP8/FP4 simulations, RoPE), the same float operations are used, unfused.
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr float kNegInf = -1e30f;
+
+// ---- block-level helpers (every thread of the block calls them) -------------------------
+
+// RMSNorm of x[0, n) into y (may alias x); double sum of squares like the CPU.
+__device__ void rms_norm_block(const float* x, float* y, uint32_t n, float eps, const float* w) {
+    double ss = 0;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += double(x[i]) * double(x[i]);
+    ss = block_sum_d(ss);
+    const float r = float(1.0 / sqrt(ss / n + double(eps)));
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = __fmul_rn(__fmul_rn(x[i], r), w ? w[i] : 1.0f);
+    __syncthreads();
+}
+
+// Rotates the last n_rot dims of x (width D) by pos (or -pos), interleaved pairs.
+__device__ void rope_block(float* x, uint32_t D, uint32_t n_rot, int64_t pos, const double* inv_freq, bool inverse) {
+    float* t = x + (D - n_rot);
+    for (uint32_t i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
+        const double th = double(pos) * inv_freq[i];
+        const float c = float(cos(th));
+        const float s = inverse ? -float(sin(th)) : float(sin(th));
+        const float x0 = t[2 * i], x1 = t[2 * i + 1];
+        t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+    __syncthreads();
+}
+
+// Block-quantisation round trip of x[0, n) in blocks of `block` (<= 64): FP8 (E4M3, qmax
+// 448) or FP4 (E2M1, qmax 6). One warp per block.
+__device__ void sim_block(float* x, uint32_t n, uint32_t block, bool fp8) {
+    const float qmax = fp8 ? 448.0f : 6.0f;
+    const float floor_ = fp8 ? 1e-4f : 7.052966104933725e-38f;
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (uint32_t b = w * block; b < n; b += nw * block) {
+        const uint32_t e = min(n, b + block);
+        float amax = 0.0f;
+        for (uint32_t i = b + lane; i < e; i += 32) amax = fmaxf(amax, fabsf(x[i]));
+        amax = fmaxf(warp_max(amax), floor_);
+        const float scale = pow2_ceil_d(amax / qmax);
+        for (uint32_t i = b + lane; i < e; i += 32) {
+            const float v = fminf(fmaxf(x[i] / scale, -qmax), qmax);
+            x[i] = (fp8 ? e4m3_round_d(v) : e2m1_round_d(v)) * scale;
+        }
+    }
+    __syncthreads();
+}
+
+// Normalised Sylvester Walsh-Hadamard transform of x[0, n), n a power of two.
+__device__ void hadamard_block(float* x, uint32_t n) {
+    for (uint32_t stride = 1; stride < n; stride <<= 1) {
+        for (uint32_t p = threadIdx.x; p < n / 2; p += blockDim.x) {
+            const uint32_t i = (p / stride) * 2 * stride + (p % stride);
+            const float a = x[i], b = x[i + stride];
+            x[i] = a + b;
+            x[i + stride] = a - b;
+        }
+        __syncthreads();
+    }
+    const float s = float(1.0 / sqrt(double(n)));
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] *= s;
+    __syncthreads();
+}
+
+// ---- kernels ------------------------------------------------------------------------------
+
+__global__ void rms_norm_kernel(const float* x, uint64_t xs, float* y, uint64_t ys, uint32_t n, float eps,
+                                const float* w) {
+    rms_norm_block(x + blockIdx.x * xs, y + blockIdx.x * ys, n, eps, w);
+}
+
+__global__ void hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
+                                     uint32_t H, uint32_t E, float eps, uint32_t iters, float* post, float* comb,
+                                     float* x_sub) {
+    const uint32_t r = blockIdx.x, M = 2 * H + H * H;
+    __shared__ float pre_s[16];
+    if (threadIdx.x == 0) {
+        const float* m = mix + uint64_t(r) * M;
+        float* po = post + r * H;
+        float* C = comb + r * H * H;
+        for (uint32_t i = 0; i < H; ++i) {
+            pre_s[i] = sigmoid_cr(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])) + eps;
+            po[i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));
+        }
+        for (uint32_t a = 0; a < H; ++a) {
+            float mx = -INFINITY;
+            for (uint32_t c = 0; c < H; ++c) {
+                C[a * H + c] = __fadd_rn(__fmul_rn(m[2 * H + a * H + c], scale[2]), base[2 * H + a * H + c]);
+                mx = fmaxf(mx, C[a * H + c]);
+            }
+            float sum = 0;
+            for (uint32_t c = 0; c < H; ++c) sum += (C[a * H + c] = exp_cr(C[a * H + c] - mx));
+            for (uint32_t c = 0; c < H; ++c) C[a * H + c] = C[a * H + c] / sum + eps;
+        }
+        auto col_norm = [&] {
+            for (uint32_t c = 0; c < H; ++c) {
+                float sum = 0;
+                for (uint32_t a = 0; a < H; ++a) sum += C[a * H + c];
+                for (uint32_t a = 0; a < H; ++a) C[a * H + c] /= (sum + eps);
+            }
+        };
+        auto row_norm = [&] {
+            for (uint32_t a = 0; a < H; ++a) {
+                float sum = 0;
+                for (uint32_t c = 0; c < H; ++c) sum += C[a * H + c];
+                for (uint32_t c = 0; c < H; ++c) C[a * H + c] /= (sum + eps);
+            }
+        };
+        col_norm();
+        for (uint32_t it = 1; it < iters; ++it) {
+            row_norm();
+            col_norm();
+        }
+    }
+    __syncthreads();
+    const float* Xr = X + uint64_t(r) * H * E;
+    for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
+        float acc = 0;
+        for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(pre_s[h], Xr[h * E + e]));
+        x_sub[uint64_t(r) * E + e] = acc;
+    }
+}
+
+__global__ void hc_post_kernel(float* X, const float* y, const float* post, const float* comb, uint32_t H,
+                               uint32_t E) {
+    const uint32_t r = blockIdx.y;
+    const uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    float* Xr = X + uint64_t(r) * H * E;
+    const float* po = post + r * H;
+    const float* C = comb + r * H * H;
+    float in[16];
+    for (uint32_t i = 0; i < H; ++i) in[i] = Xr[i * E + e];
+    const float yv = y[uint64_t(r) * E + e];
+    for (uint32_t j = 0; j < H; ++j) {
+        float acc = __fmul_rn(po[j], yv);
+        for (uint32_t i = 0; i < H; ++i) acc = __fadd_rn(acc, __fmul_rn(C[i * H + j], in[i]));
+        Xr[j * E + e] = acc;
+    }
+}
+
+__global__ void output_collapse_kernel(const float* pre, const float* scale, const float* base, const float* X,
+                                       const uint32_t* want, uint32_t H, uint32_t E, float eps, float* x) {
+    const uint32_t i = blockIdx.x;
+    __shared__ float wgt[16];
+    if (threadIdx.x < H)
+        wgt[threadIdx.x] =
+            sigmoid_cr(__fadd_rn(__fmul_rn(pre[i * H + threadIdx.x], scale[0]), base[threadIdx.x])) + eps;
+    __syncthreads();
+    const float* Xr = X + uint64_t(want[i]) * H * E;
+    for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
+        float acc = 0;
+        for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(wgt[h], Xr[h * E + e]));
+        x[uint64_t(i) * E + e] = acc;
+    }
+}
+
+__global__ void gather_rows_kernel(const float* X, uint64_t n, const uint32_t* want, float* dst) {
+    const uint32_t i = blockIdx.y;
+    for (uint64_t k = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += uint64_t(gridDim.x) * blockDim.x)
+        dst[uint64_t(i) * n + k] = X[uint64_t(want[i]) * n + k];
+}
+
+__global__ void head_norm_rope_kernel(float* q, uint32_t n_head, uint32_t D, uint32_t n_rot, float eps, bool norm,
+                                      bool inverse, const double* inv_freq, const DevRow* rows) {
+    const uint32_t r = blockIdx.x / n_head;
+    float* qh = q + uint64_t(blockIdx.x) * D;
+    if (norm) rms_norm_block(qh, qh, D, eps, nullptr);
+    rope_block(qh, D, n_rot, rows[r].pos, inv_freq, inverse);
+}
+
+__global__ void kv_finalize_kernel(float* kvr, uint32_t D, uint32_t n_rot, float eps, const float* norm_w,
+                                   const double* inv_freq, const DevRow* rows, bool official, uint32_t n_nope,
+                                   const DevLayerKV* lkv, uint32_t n_layer, uint32_t il) {
+    const uint32_t r = blockIdx.x;
+    float* x = kvr + uint64_t(r) * D;
+    rms_norm_block(x, x, D, eps, norm_w);
+    rope_block(x, D, n_rot, rows[r].pos, inv_freq, false);
+    if (official) {
+        sim_block(x, n_nope, 64, true);
+        for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) x[i] = f16_round(x[i]);
+        __syncthreads();
+    }
+    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    float* dst = L.raw + uint64_t(rows[r].pos % L.raw_cap) * D;
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) dst[i] = x[i];
+}
+
+// One thread per pooled dimension d of one session: the per-token state machine over the
+// session's rows of this batch (columns d and, for ratio 4, D+d are this thread's alone).
+__global__ void compressor_state_kernel(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+                                        const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t ratio,
+                                        uint32_t D, bool indexer, const DevLayerKV* lkv, uint32_t n_layer,
+                                        uint32_t il, float* pooled) {
+    const uint32_t s = blockIdx.y;
+    const uint32_t d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    const uint32_t b = sess_begin[s], e = sess_end[s];
+    if (b >= e) return;
+    const DevLayerKV& L = lkv[uint64_t(rows[b].sess) * n_layer + il];
+    float* skv = indexer ? L.iskv : L.skv;
+    float* ssc = indexer ? L.issc : L.ssc;
+    const uint32_t coff = ratio == 4 ? 2 : 1, width = coff * D;
+    for (uint32_t r = b; r < e; ++r) {
+        const int64_t pos = rows[r].pos;
+        const uint32_t ph = uint32_t(pos % ratio);
+        const uint32_t slot = ratio == 4 ? 4 + ph : ph;
+        for (uint32_t k = 0; k < coff; ++k) {
+            const uint32_t col = d + k * D;
+            skv[uint64_t(slot) * width + col] = kvp[uint64_t(r) * width + col];
+            ssc[uint64_t(slot) * width + col] = scp[uint64_t(r) * width + col] + ape[uint64_t(ph) * width + col];
+        }
+        if ((pos + 1) % ratio != 0) continue;
+        const uint32_t nc = ratio == 4 ? 8 : ratio;
+        auto cand = [&](uint32_t k, float& v, float& sc) {
+            const uint64_t off = uint64_t(k) * width + (ratio == 4 && k >= 4 ? D + d : d);
+            v = skv[off];
+            sc = ssc[off];
+        };
+        float mx = kNegInf;
+        for (uint32_t k = 0; k < nc; ++k) {
+            float v, sc;
+            cand(k, v, sc);
+            mx = fmaxf(mx, sc);
+        }
+        float den = 0, num = 0;
+        if (mx > kNegInf * 0.5f)
+            for (uint32_t k = 0; k < nc; ++k) {
+                float v, sc;
+                cand(k, v, sc);
+                if (sc <= kNegInf * 0.5f) continue;
+                const float ex = exp_cr(sc - mx);
+                den = __fadd_rn(den, ex);
+                num = __fadd_rn(num, __fmul_rn(ex, v));
+            }
+        pooled[uint64_t(r) * D + d] = den > 0 ? num / den : 0.0f;
+        if (ratio == 4)
+            for (uint32_t k = 0; k < 4; ++k)
+                for (uint32_t h = 0; h < 2; ++h) {
+                    const uint32_t col = d + h * D;
+                    skv[uint64_t(k) * width + col] = skv[uint64_t(k + 4) * width + col];
+                    ssc[uint64_t(k) * width + col] = ssc[uint64_t(k + 4) * width + col];
+                }
+    }
+}
+
+__global__ void compressor_emit_kernel(const float* pooled, const DevRow* rows, uint32_t ratio, uint32_t D,
+                                       uint32_t n_rot, uint32_t n_nope, float eps, const float* norm_w,
+                                       const double* inv_freq, bool indexer, bool official, const DevLayerKV* lkv,
+                                       uint32_t n_layer, uint32_t il) {
+    extern __shared__ float xs[];
+    const uint32_t r = blockIdx.x;
+    const int64_t pos = rows[r].pos;
+    if ((pos + 1) % ratio != 0) return;
+    const int64_t c = pos / ratio;
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) xs[i] = pooled[uint64_t(r) * D + i];
+    __syncthreads();
+    rms_norm_block(xs, xs, D, eps, norm_w);
+    rope_block(xs, D, n_rot, c * ratio, inv_freq, false);
+    if (official) {
+        if (indexer) {
+            hadamard_block(xs, D);
+            sim_block(xs, D, 32, false);
+        } else {
+            sim_block(xs, n_nope, 64, true);
+        }
+    }
+    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    float* dst = indexer ? L.index + uint64_t(c) * L.index_stride : L.comp + uint64_t(c) * L.comp_stride;
+    for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) dst[i] = xs[i];
+}
+
+__global__ void indexer_q_prep_kernel(float* qi, float* wi, uint32_t NH, uint32_t DI, uint32_t n_rot,
+                                      const double* inv_freq, const DevRow* rows, bool official, float wscale) {
+    extern __shared__ float xs[];
+    const uint32_t r = blockIdx.x / NH;
+    float* qh = qi + uint64_t(blockIdx.x) * DI;
+    for (uint32_t i = threadIdx.x; i < DI; i += blockDim.x) xs[i] = qh[i];
+    __syncthreads();
+    rope_block(xs, DI, n_rot, rows[r].pos, inv_freq, false);
+    if (official) {
+        hadamard_block(xs, DI);
+        sim_block(xs, DI, 32, false);
+    }
+    for (uint32_t i = threadIdx.x; i < DI; i += blockDim.x) qh[i] = xs[i];
+    if (threadIdx.x == 0) wi[blockIdx.x] *= wscale;
+}
+
+constexpr uint32_t kScoreTile = 16;   // compressed rows per indexer-score block
+
+__global__ void indexer_scores_kernel(const float* qi, const float* wi, uint32_t NH, uint32_t DI, const DevRow* rows,
+                                      const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k,
+                                      float* score, uint64_t ld) {
+    extern __shared__ float sm[];
+    const uint32_t r = blockIdx.y;
+    const uint64_t n_vis = uint64_t(rows[r].pos + 1) / 4;
+    if (n_vis <= top_k) return;
+    const uint64_t c0 = uint64_t(blockIdx.x) * kScoreTile;
+    if (c0 >= n_vis) return;
+    const uint32_t P = DI + 1;
+    float* q_s = sm;              // [NH][P]
+    float* k_s = sm + NH * P;     // [kScoreTile][P]
+    float* w_s = k_s + kScoreTile * P;
+    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    for (uint32_t i = threadIdx.x; i < NH * DI; i += blockDim.x)
+        q_s[(i / DI) * P + i % DI] = qi[uint64_t(r) * NH * DI + i];
+    for (uint32_t i = threadIdx.x; i < NH; i += blockDim.x) w_s[i] = wi[uint64_t(r) * NH + i];
+    const uint32_t nt = uint32_t(n_vis - c0 < kScoreTile ? n_vis - c0 : kScoreTile);
+    for (uint32_t i = threadIdx.x; i < nt * DI; i += blockDim.x)
+        k_s[(i / DI) * P + i % DI] = L.index[(c0 + i / DI) * L.index_stride + i % DI];
+    __syncthreads();
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (uint32_t j = w; j < nt; j += nw) {
+        float s = 0;
+        for (uint32_t h = lane; h < NH; h += 32) {
+            float dot = 0;
+            for (uint32_t d = 0; d < DI; ++d) dot = fmaf(q_s[h * P + d], k_s[j * P + d], dot);
+            s += fmaxf(0.0f, dot) * w_s[h];
+        }
+        s = warp_sum(s);
+        if (lane == 0) score[uint64_t(r) * ld + c0 + j] = s;
+    }
+}
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+    if (f == 0.0f) f = 0.0f;   // -0 ties with +0, as in the CPU's comparisons
+    const uint32_t u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum over the block (blockDim.x == 256) of v; total in *total.
+__device__ uint32_t block_excl_scan(uint32_t v, uint32_t* total) {
+    __shared__ uint32_t warp_tot[8];
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint32_t incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= uint32_t(o)) incl += t;
+    }
+    __syncthreads();
+    if (lane == 31) warp_tot[w] = incl;
+    __syncthreads();
+    uint32_t off = 0, tot = 0;
+    for (uint32_t i = 0; i < 8; ++i) {
+        if (i < w) off += warp_tot[i];
+        tot += warp_tot[i];
+    }
+    *total = tot;
+    return off + incl - v;
+}
+
+// Top-k by radix select on order-preserving keys: the k-th largest key T, then every key
+// > T and the lowest-index keys == T, written in index order.
+__device__ void topk_block(const float* sc, uint32_t n, uint32_t k, uint32_t* out) {
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t s_prefix, s_remaining;
+    uint32_t prefix = 0, mask = 0;
+    if (threadIdx.x == 0) s_remaining = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+            const uint32_t u = order_key(sc[i]);
+            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t cum = 0, rem = s_remaining;
+            for (int dg = 255; dg >= 0; --dg) {
+                if (cum + hist[dg] >= rem) {
+                    s_prefix = prefix | (uint32_t(dg) << shift);
+                    s_remaining = rem - cum;
+                    break;
+                }
+                cum += hist[dg];
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= 255u << shift;
+    }
+    const uint32_t T = prefix, need_eq = s_remaining;
+    uint32_t base_out = 0, base_eq = 0;
+    for (uint32_t start = 0; start < n; start += blockDim.x) {
+        const uint32_t i = start + threadIdx.x;
+        const uint32_t u = i < n ? order_key(sc[i]) : 0;
+        const bool gt = i < n && u > T, eq = i < n && u == T;
+        uint32_t tot_eq, tot_take;
+        const uint32_t eq_rank = base_eq + block_excl_scan(eq ? 1u : 0u, &tot_eq);
+        const bool take = gt || (eq && eq_rank < need_eq);
+        const uint32_t pos = base_out + block_excl_scan(take ? 1u : 0u, &tot_take);
+        if (take) out[pos] = i;
+        base_eq += tot_eq;
+        base_out += tot_take;
+    }
+}
+
+__global__ void topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows, uint32_t ratio, uint32_t k,
+                                   uint32_t* sel) {
+    const uint32_t r = blockIdx.x;
+    const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
+    if (n <= k) return;
+    topk_block(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k);
+}
+
+__global__ void topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel) {
+    topk_block(score, n, k, sel);
+}
+
+constexpr uint32_t kAttnTile = 1024;
+constexpr uint32_t kAttnThreads = 128;
+
+// One block per (row, head): scores of a tile of keys in shared memory, then an online
+// (tile-wise rescaled) softmax; a single tile (<= 1024 keys) computes exactly the CPU's
+// two-pass form.
+__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const float* q, const float* sinks, uint32_t n_head,
+                                                                 uint32_t D, uint32_t n_swa, uint32_t ratio,
+                                                                 uint32_t top_k, const uint32_t* sel,
+                                                                 const DevRow* rows, const DevLayerKV* lkv,
+                                                                 uint32_t n_layer, uint32_t il, uint32_t n_rot,
+                                                                 const double* inv_freq, float* o) {
+    extern __shared__ float sm[];
+    float* q_s = sm;                  // D
+    float* o_s = q_s + D;             // D
+    float* sc_s = o_s + D;            // kAttnTile
+    const float** kp_s = reinterpret_cast<const float**>(sc_s + kAttnTile);   // kAttnTile pointers
+    const uint32_t r = blockIdx.x / n_head, h = blockIdx.x % n_head;
+    const int64_t p = rows[r].pos;
+    const int64_t lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
+    const uint64_t n_raw = uint64_t(p + 1 - lo);
+    const uint64_t n_vis = ratio ? uint64_t(p + 1) / ratio : 0;
+    const bool use_sel = ratio == 4 && n_vis > top_k;
+    const uint64_t n_comp = use_sel ? top_k : n_vis;
+    const uint64_t NK = n_raw + n_comp;
+    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    const float* qh = q + (uint64_t(r) * n_head + h) * D;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        q_s[d] = qh[d];
+        o_s[d] = 0.0f;
+    }
+    const float sink = sinks[h];
+    const float scale = float(1.0 / sqrt(double(D)));
+    float m = sink, den = 1.0f;   // exp(sink - m)
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    for (uint64_t t0 = 0; t0 < NK; t0 += kAttnTile) {
+        const uint32_t nt = uint32_t(NK - t0 < kAttnTile ? NK - t0 : kAttnTile);
+        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) {
+            const uint64_t g = t0 + j;
+            const float* kp;
+            if (g < n_raw) {
+                kp = L.raw + uint64_t((lo + int64_t(g)) % L.raw_cap) * D;
+            } else {
+                const uint64_t c = use_sel ? sel[uint64_t(r) * top_k + (g - n_raw)] : g - n_raw;
+                kp = L.comp + c * L.comp_stride;
+            }
+            kp_s[j] = kp;
+        }
+        __syncthreads();
+        for (uint32_t j = w; j < nt; j += nw) {
+            const float* kp = kp_s[j];
+            float s = 0;
+            for (uint32_t d = lane; d < D; d += 32) s = fmaf(q_s[d], kp[d], s);
+            s = warp_sum(s);
+            if (lane == 0) sc_s[j] = s * scale;
+        }
+        __syncthreads();
+        float tmax = -INFINITY;
+        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) tmax = fmaxf(tmax, sc_s[j]);
+        tmax = block_max(tmax);
+        const float nm = fmaxf(m, tmax);
+        const float corr = exp_cr(m - nm);
+        __syncthreads();
+        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) sc_s[j] = exp_cr(sc_s[j] - nm);
+        __syncthreads();
+        den *= corr;
+        for (uint32_t j = 0; j < nt; ++j) den += sc_s[j];
+        for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+            float acc = o_s[d] * corr;
+            for (uint32_t j = 0; j < nt; ++j) acc = fmaf(sc_s[j], kp_s[j][d], acc);
+            o_s[d] = acc;
+        }
+        m = nm;
+        __syncthreads();
+    }
+    const float inv = 1.0f / den;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) o_s[d] *= inv;
+    __syncthreads();
+    rope_block(o_s, D, n_rot, p, inv_freq, true);
+    float* oh = o + (uint64_t(r) * n_head + h) * D;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) oh[d] = o_s[d];
+}
+
+__global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
+                              const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights,
+                              int32_t* bad) {
+    extern __shared__ uint8_t taken[];
+    const uint32_t r = blockIdx.x, lane = threadIdx.x;
+    float* prob = logits + uint64_t(r) * NE;
+    for (uint32_t e = lane; e < NE; e += 32) {
+        prob[e] = sqrtf(softplus_cr(prob[e]));
+        taken[e] = 0;
+    }
+    __syncwarp();
+    int32_t* sel = experts + uint64_t(r) * K;
+    if (tid2eid) {
+        for (uint32_t k = lane; k < K; k += 32) {
+            int32_t e = tid2eid[uint64_t(rows[r].token) * K + k];
+            if (e < 0 || uint32_t(e) >= NE) {
+                atomicExch(bad, 1);
+                e = 0;
+            }
+            sel[k] = e;
+        }
+    } else {
+        for (uint32_t k = 0; k < K; ++k) {
+            float best = -INFINITY;
+            int32_t be = -1;
+            for (uint32_t e = lane; e < NE; e += 32) {
+                if (taken[e]) continue;
+                const float key = prob[e] + (bias ? bias[e] : 0.0f);
+                if (be < 0 || key > best) {
+                    best = key;
+                    be = int32_t(e);
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+                if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
+                    best = ob;
+                    be = oe;
+                }
+            }
+            if (lane == 0) {
+                sel[k] = be;
+                taken[be] = 1;
+            }
+            __syncwarp();
+        }
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float sum = 0;
+        for (uint32_t k = 0; k < K; ++k) sum += prob[sel[k]];
+        const float nrm = norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+        for (uint32_t k = 0; k < K; ++k) weights[uint64_t(r) * K + k] = __fmul_rn(__fmul_rn(prob[sel[k]], nrm), scale);
+    }
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, float* mid, uint32_t F, float clamp, const float* w,
+                              uint64_t total) {
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += uint64_t(gridDim.x) * blockDim.x) {
+        float gv = g[i], uv = u[i];
+        if (clamp > 1e-6f) {
+            gv = fminf(gv, clamp);
+            uv = fminf(fmaxf(uv, -clamp), clamp);
+        }
+        float v = __fmul_rn(silu_cr(gv), uv);
+        if (w) v = __fmul_rn(v, w[i / F]);
+        mid[i] = v;
+    }
+}
+
+__global__ void moe_combine_kernel(const float* down, uint32_t K, uint32_t E, bool y_init, float* y) {
+    const uint32_t r = blockIdx.y;
+    const uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= E) return;
+    float acc = 0;
+    for (uint32_t k = 0; k < K; ++k) acc += down[(uint64_t(r) * K + k) * E + e];
+    y[uint64_t(r) * E + e] = y_init ? y[uint64_t(r) * E + e] + acc : acc;
+}
+
+__global__ void sim_rows_kernel(float* x, uint32_t n, uint64_t stride, int kind) {
+    extern __shared__ float xs[];
+    float* row = x + uint64_t(blockIdx.x) * stride;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = row[i];
+    __syncthreads();
+    if (kind == 0) sim_block(xs, n, 64, true);
+    else if (kind == 1) sim_block(xs, n, 32, false);
+    else hadamard_block(xs, n);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) row[i] = xs[i];
+}
+
+__global__ void round_kernel(const float* x, float* y, uint64_t n, bool fp8) {
+    const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fp8 ? e4m3_round_d(x[i]) : e2m1_round_d(x[i]);
+}
+
+uint32_t threads_for(uint32_t n) { return n >= 256 ? 256 : n > 64 ? 128 : 64; }
+
+}  // namespace
+
+void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, uint32_t R, uint32_t n, float eps,
+              const float* w, cudaStream_t s) {
+    if (!R) return;
+    rms_norm_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, y, y_stride, n, eps, w);
+    check_launch("rms_norm");
+}
+
+void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
+                   uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s) {
+    if (!R) return;
+    hc_pre_finish_kernel<<<R, 256, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub);
+    check_launch("hc_pre_finish");
+}
+
+void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
+             cudaStream_t s) {
+    if (!R) return;
+    hc_post_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(X, y, post, comb, H, E);
+    check_launch("hc_post");
+}
+
+void output_collapse(const float* pre, const float* scale, const float* base, const float* X, const uint32_t* want,
+                     uint32_t NW, uint32_t H, uint32_t E, float eps, float* x, cudaStream_t s) {
+    if (!NW) return;
+    output_collapse_kernel<<<NW, 256, 0, s>>>(pre, scale, base, X, want, H, E, eps, x);
+    check_launch("output_collapse");
+}
+
+void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, float* dst, cudaStream_t s) {
+    if (!NW) return;
+    gather_rows_kernel<<<dim3(uint32_t(std::min<uint64_t>((n + 255) / 256, 64)), NW), 256, 0, s>>>(X, n, want, dst);
+    check_launch("gather_rows");
+}
+
+void head_norm_rope(float* q, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_rot, float eps, bool norm,
+                    bool inverse, const double* inv_freq, const DevRow* rows, cudaStream_t s) {
+    if (!R) return;
+    head_norm_rope_kernel<<<R * n_head, 128, 0, s>>>(q, n_head, D, n_rot, eps, norm, inverse, inv_freq, rows);
+    check_launch("head_norm_rope");
+}
+
+void kv_finalize(float* kvr, uint32_t R, uint32_t D, uint32_t n_rot, float eps, const float* norm_w,
+                 const double* inv_freq, const DevRow* rows, bool official, uint32_t n_nope, const DevLayerKV* lkv,
+                 uint32_t n_layer, uint32_t il, cudaStream_t s) {
+    if (!R) return;
+    kv_finalize_kernel<<<R, 128, 0, s>>>(kvr, D, n_rot, eps, norm_w, inv_freq, rows, official, n_nope, lkv, n_layer,
+                                         il);
+    check_launch("kv_finalize");
+}
+
+void compressor_state(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+                      const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t S, uint32_t ratio, uint32_t D,
+                      bool indexer, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, float* pooled,
+                      cudaStream_t s) {
+    if (!S) return;
+    compressor_state_kernel<<<dim3((D + 127) / 128, S), 128, 0, s>>>(kvp, scp, ape, rows, sess_begin, sess_end, ratio,
+                                                                     D, indexer, lkv, n_layer, il, pooled);
+    check_launch("compressor_state");
+}
+
+void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t D, uint32_t n_rot,
+                     uint32_t n_nope, float eps, const float* norm_w, const double* inv_freq, bool indexer,
+                     bool official, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, cudaStream_t s) {
+    if (!R) return;
+    compressor_emit_kernel<<<R, 128, D * sizeof(float), s>>>(pooled, rows, ratio, D, n_rot, n_nope, eps, norm_w,
+                                                             inv_freq, indexer, official, lkv, n_layer, il);
+    check_launch("compressor_emit");
+}
+
+void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
+                    const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s) {
+    if (!R) return;
+    indexer_q_prep_kernel<<<R * NH, 64, DI * sizeof(float), s>>>(qi, wi, NH, DI, n_rot, inv_freq, rows, official,
+                                                                 wscale);
+    check_launch("indexer_q_prep");
+}
+
+void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
+                    const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
+                    float* score, uint64_t ld, cudaStream_t s) {
+    if (!R || max_vis <= top_k) return;
+    const size_t smem = (size_t(NH + kScoreTile) * (DI + 1) + NH) * sizeof(float);
+    static size_t raised = 0;
+    if (smem > 48 * 1024 && smem > raised) {
+        check(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+              "indexer_scores shared memory");
+        raised = smem;
+    }
+    const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
+    indexer_scores_kernel<<<grid, 256, smem, s>>>(qi, wi, NH, DI, rows, lkv, n_layer, il, top_k, score, ld);
+    check_launch("indexer_scores");
+}
+
+void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
+                 uint32_t* sel, cudaStream_t s) {
+    if (!R) return;
+    topk_select_kernel<<<R, 256, 0, s>>>(score, ld, rows, ratio, top_k, sel);
+    check_launch("topk_select");
+}
+
+void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
+    topk_plain_kernel<<<1, 256, 0, s>>>(score, n, k, sel);
+    check_launch("topk_plain");
+}
+
+void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+               uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
+               uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s) {
+    if (!R) return;
+    const size_t smem = (2 * size_t(D) + kAttnTile) * sizeof(float) + kAttnTile * sizeof(const float*);
+    static size_t raised = 0;
+    if (smem > 48 * 1024 && smem > raised) {
+        check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+              "attention shared memory");
+        raised = smem;
+    }
+    attention_kernel<<<R * n_head, kAttnThreads, smem, s>>>(q, sinks, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
+                                                            n_layer, il, n_rot, inv_freq, o);
+    check_launch("attention");
+}
+
+void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
+            const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,
+            cudaStream_t s) {
+    if (!R) return;
+    router_kernel<<<R, 32, NE, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
+    check_launch("router");
+}
+
+void swiglu(const float* g, const float* u, float* mid, uint32_t P, uint32_t F, float clamp, const float* w,
+            cudaStream_t s) {
+    const uint64_t total = uint64_t(P) * F;
+    if (!total) return;
+    const uint32_t blocks = uint32_t(std::min<uint64_t>((total + 255) / 256, 4096));
+    swiglu_kernel<<<blocks, 256, 0, s>>>(g, u, mid, F, clamp, w, total);
+    check_launch("swiglu");
+}
+
+void moe_combine(const float* down, uint32_t R, uint32_t K, uint32_t E, bool y_init, float* y, cudaStream_t s) {
+    if (!R) return;
+    moe_combine_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(down, K, E, y_init, y);
+    check_launch("moe_combine");
+}
+
+void fp8_sim_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s) {
+    if (!R) return;
+    sim_rows_kernel<<<R, 128, n * sizeof(float), s>>>(x, n, stride, 0);
+    check_launch("fp8_sim_rows");
+}
+void fp4_sim_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s) {
+    if (!R) return;
+    sim_rows_kernel<<<R, 128, n * sizeof(float), s>>>(x, n, stride, 1);
+    check_launch("fp4_sim_rows");
+}
+void hadamard_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s) {
+    if (!R) return;
+    sim_rows_kernel<<<R, 128, n * sizeof(float), s>>>(x, n, stride, 2);
+    check_launch("hadamard_rows");
+}
+void e4m3_round_n(const float* x, float* y, uint64_t n, cudaStream_t s) {
+    if (!n) return;
+    round_kernel<<<uint32_t((n + 255) / 256), 256, 0, s>>>(x, y, n, true);
+    check_launch("e4m3_round_n");
+}
+void e2m1_round_n(const float* x, float* y, uint64_t n, cudaStream_t s) {
+    if (!n) return;
+    round_kernel<<<uint32_t((n + 255) / 256), 256, 0, s>>>(x, y, n, false);
+    check_launch("e2m1_round_n");
+}
+
+}  // namespace dsv4::cuda
