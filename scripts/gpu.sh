@@ -46,9 +46,15 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 export DSV4_CUDA_TIMING=1
 if [[ $QUICK == 0 ]]; then export DSV4_CUDA_FLASH=1 DSV4_CUDA_BENCH=1; fi
 echo "== tests"
-"$BUILD/dsv4_cuda_tests" --gtest_filter="${GTEST_FILTER:-*}" 2>&1 | tee "$LOG/tests.log" | \
-  grep -E "^\[( +OK|  FAILED|  SKIPPED) |Failure|error|^\[cuda|Expected|Which is|actual|==|^(run|ctx|per layer|full|model file)"
+FILTER=${GTEST_FILTER:-*}
+SHOW='^\[( +OK|  FAILED|  SKIPPED) |Failure|rror|^\[cuda|Expected|Which is|actual|^== |^(run|ctx|per layer|full|model file)'
+timeout ${TEST_TIMEOUT:-480} "$BUILD/dsv4_cuda_tests" --gtest_filter="$FILTER:-CudaBench.*" 2>&1 | tee "$LOG/tests.log" | grep -E "$SHOW"
 RC=${PIPESTATUS[0]}
+if [[ $QUICK == 0 && "$FILTER" == "*" ]]; then
+  echo "== benchmarks"
+  timeout ${BENCH_TIMEOUT:-300} "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.*" 2>&1 | tee -a "$LOG/tests.log" | grep -E "$SHOW"
+  [[ ${PIPESTATUS[0]} == 0 ]] || RC=1
+fi
 
 echo
 echo "================================ summary ================================"
