@@ -408,7 +408,6 @@ void CpuBackend::attend(uint32_t il, uint32_t r) {
     const Rope& rope = ratio ? rope_comp_ : rope_plain_;
     const uint64_t p = row.pos;
     const uint64_t lo = p + 1 >= c_.n_swa ? p + 1 - c_.n_swa : 0;
-    const uint64_t n_raw = p + 1 - lo;
     const uint64_t n_vis = ratio ? (p + 1) / ratio : 0;
 
     // Per-row scratch: scores for n_raw + n_vis keys and, for the indexer, n_vis scores.
