@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <tuple>
 #include <unistd.h>
 
 #include "cpu/numerics.h"
@@ -25,10 +27,14 @@ namespace {
 using model::Tensor;
 
 StepTiming g_timing;
-const bool g_timing_on = [] {
-    const char* e = std::getenv("DSV4_CUDA_TIMING");
-    return e && e[0] == '1';
-}();
+bool env_on(const char* name, bool def) {
+    const char* e = std::getenv(name);
+    return e ? e[0] == '1' : def;
+}
+const bool g_timing_on = env_on("DSV4_CUDA_TIMING", false);
+bool g_profile_on = env_on("DSV4_CUDA_PROFILE", false);
+const bool g_graphs_on = env_on("DSV4_CUDA_GRAPHS", true);
+std::vector<ProfileEntry> g_profile;
 
 // A device buffer that only grows (contents are not kept across growth).
 template <typename T>
@@ -40,9 +46,10 @@ public:
     ~DBuf() {
         if (p_) cudaFree(p_);
     }
-    // Returns true when the buffer moved.
-    bool ensure(size_t n, const char* what) {
+    // Returns true when the buffer moved (and bumps *gen, which invalidates CUDA graphs).
+    bool ensure(size_t n, const char* what, uint64_t* gen = nullptr) {
         if (n <= n_) return false;
+        if (gen) ++*gen;
         if (p_) cudaFree(p_);
         p_ = nullptr;
         n_ = 0;
@@ -220,7 +227,7 @@ public:
     CudaBackend(const model::Model& m, const BackendOptions& opt)
         : m_(m), c_(m.config), w_(m.weights), opt_(opt) {
         check(cudaSetDevice(0), "cudaSetDevice");
-        check(cudaStreamCreate(&stream_), "cudaStreamCreate");
+        check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         upload_iq2xxs_grid(iq2xxs_grid_table());
         bind_weights();
         // RoPE frequencies of both flavours (cpu::Rope's YaRN blend), in double.
@@ -237,8 +244,11 @@ public:
     }
 
     ~CudaBackend() override {
+        clear_graphs();
         for (auto& e : ev_)
             if (e) cudaEventDestroy(e);
+        for (auto& e : prof_ev_) cudaEventDestroy(e);
+        if (pinned_) cudaFreeHost(pinned_);
         if (stream_) {
             cudaStreamSynchronize(stream_);
             cudaStreamDestroy(stream_);
@@ -261,10 +271,42 @@ private:
         const DevAct a = quantize_act(W.type, x, xs, R, W.K, act_, stream_);
         matvec(W, a, R, y, ys, N, row0, stream_);
     }
+    // xn_ in the activation format of a weight type, quantised once per sublayer and kind.
+    const DevAct& xn_act(uint32_t wtype, uint32_t R) {
+        const uint32_t k = uint32_t(act_kind(wtype));
+        if (!xn_have_[k]) {
+            xn_acts_[k] = quantize_act(wtype, xn_.get(), c_.n_embd, R, c_.n_embd, k == 1 ? xn8_ : xnk_, stream_);
+            xn_have_[k] = true;
+        }
+        return xn_acts_[k];
+    }
+    void mv_xn(const DevWeight& W, uint32_t R, float* y, uint64_t N, const char* what) {
+        matvec(W, xn_act(W.type, R), R, y, N, N, 0, stream_);
+        mark(what, double(N) * W.row_bytes);
+    }
+    // Profiling (DSV4_CUDA_PROFILE=1, no graphs): an event after each named group of work.
+    void mark(const char* name, double bytes = 0) {
+        if (!profiling_) return;
+        if (marks_ >= prof_ev_.size()) {
+            cudaEvent_t e;
+            check(cudaEventCreate(&e), "cudaEventCreate");
+            prof_ev_.push_back(e);
+        }
+        check(cudaEventRecord(prof_ev_[marks_], stream_), "cudaEventRecord");
+        if (prof_names_.size() <= marks_) prof_names_.resize(marks_ + 1);
+        prof_names_[marks_] = {name, bytes};
+        ++marks_;
+    }
     void hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R);
     void attention_layer(uint32_t il, uint32_t R, uint32_t S);
     void ffn_layer(uint32_t il, uint32_t R);
-    void output_head(std::span<StepInput> inputs, uint32_t R);
+    void run_layers(uint32_t R, uint32_t S);
+    void head_prepare(uint32_t NW);
+    void head_project(uint32_t i0, uint32_t n) {
+        mm(output_, xn_.get() + uint64_t(i0) * c_.n_embd, c_.n_embd, n, logits_.get(), c_.n_vocab, c_.n_vocab);
+        mark("output head", double(n) * c_.n_vocab * output_.row_bytes);
+    }
+    void clear_graphs();
 
     const model::Model& m_;
     const model::Config& c_;
@@ -281,7 +323,8 @@ private:
     std::vector<Row> rows_;
     std::vector<uint64_t> first_pos_;
     std::vector<int32_t> sess_of_input_;
-    uint64_t max_vis4_ = 0;
+    uint64_t max_vis4_ = 0, vis_ld_ = 0;
+    std::vector<uint32_t> want_host_;
 
     // Workspace (device), sized to the largest round seen.
     uint32_t cap_rows_ = 0;
@@ -295,7 +338,30 @@ private:
     DBuf<float> act_d_, act2_d_;
     DBuf<int32_t> act_b_, act2_b_;
     ActBuf act_, act2_;
+    DBuf<int8_t> xn8_q_, xnk_q_;
+    DBuf<float> xn8_d_, xnk_d_;
+    DBuf<int32_t> xn8_b_, xnk_b_;
+    ActBuf xn8_, xnk_;
+    DevAct xn_acts_[3];
+    bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
+    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width) ->
+    // the layers and the head, captured on the second round of that shape.
+    struct Graphs {
+        cudaGraphExec_t layers = nullptr, head = nullptr;
+        uint64_t gen = 0;
+        bool seen = false;
+    };
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t>, Graphs> graphs_;
+    uint64_t gen_ = 0;
+    // Pinned staging for the per-round uploads.
+    uint8_t* pinned_ = nullptr;
+    size_t pinned_bytes_ = 0;
+    // Profiling.
+    bool profiling_ = false;
+    size_t marks_ = 0;
+    std::vector<cudaEvent_t> prof_ev_;
+    std::vector<std::pair<const char*, double>> prof_names_;
 };
 
 }  // namespace
@@ -387,58 +453,78 @@ void CudaBackend::bind_weights() {
     for (auto& p : pi) *p.second = arena_.ints(p.first);
 }
 
+void CudaBackend::clear_graphs() {
+    for (auto& [k, g] : graphs_) {
+        if (g.layers) cudaGraphExecDestroy(g.layers);
+        if (g.head) cudaGraphExecDestroy(g.head);
+    }
+    graphs_.clear();
+}
+
 void CudaBackend::ensure_workspace(uint32_t R) {
     if (R <= cap_rows_) return;
     const uint64_t n = R;
     const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, D = c_.head_dim, DI = c_.indexer_head_dim;
     const uint32_t K = c_.n_expert_used, F = c_.n_ff_exp, FS = F * std::max(1u, c_.n_expert_shared);
-    X_.ensure(n * HD, "workspace");
-    flat_.ensure(n * HD, "workspace");
-    mix_.ensure(n * c_.hc_mix(), "workspace");
-    x_sub_.ensure(n * E, "workspace");
-    xn_.ensure(n * E, "workspace");
-    post_.ensure(n * H, "workspace");
-    comb_.ensure(n * H * H, "workspace");
-    qr_.ensure(n * c_.q_lora_rank, "workspace");
-    q_.ensure(n * c_.q_dim(), "workspace");
-    kvr_.ensure(n * D, "workspace");
-    ckv_.ensure(n * 2 * D, "workspace");
-    csc_.ensure(n * 2 * D, "workspace");
-    pooled_.ensure(n * D, "workspace");
-    ikv_.ensure(n * 2 * DI, "workspace");
-    isc_.ensure(n * 2 * DI, "workspace");
-    ipooled_.ensure(n * DI, "workspace");
-    qi_.ensure(n * c_.indexer_q_dim(), "workspace");
-    wi_.ensure(n * c_.n_indexer_head, "workspace");
-    o_.ensure(n * c_.q_dim(), "workspace");
-    low_.ensure(n * c_.n_out_group * c_.o_lora_rank, "workspace");
-    y_.ensure(n * E, "workspace");
-    rlog_.ensure(n * c_.n_expert, "workspace");
-    ew_.ensure(n * K, "workspace");
-    experts_.ensure(n * K, "workspace");
-    gate_.ensure(n * K * F, "workspace");
-    up_.ensure(n * K * F, "workspace");
-    mid_.ensure(n * K * F, "workspace");
-    down_.ensure(n * K * E, "workspace");
-    shg_.ensure(n * FS, "workspace");
-    shu_.ensure(n * FS, "workspace");
-    sel_.ensure(n * std::max(1u, c_.indexer_top_k), "workspace");
-    want_.ensure(n, "workspace");
-    rows_dev_.ensure(n, "workspace");
+    uint64_t* g = &gen_;
+    X_.ensure(n * HD, "workspace", g);
+    flat_.ensure(n * HD, "workspace", g);
+    mix_.ensure(n * c_.hc_mix(), "workspace", g);
+    x_sub_.ensure(n * E, "workspace", g);
+    xn_.ensure(n * E, "workspace", g);
+    post_.ensure(n * H, "workspace", g);
+    comb_.ensure(n * H * H, "workspace", g);
+    qr_.ensure(n * c_.q_lora_rank, "workspace", g);
+    q_.ensure(n * c_.q_dim(), "workspace", g);
+    kvr_.ensure(n * D, "workspace", g);
+    ckv_.ensure(n * 2 * D, "workspace", g);
+    csc_.ensure(n * 2 * D, "workspace", g);
+    pooled_.ensure(n * D, "workspace", g);
+    ikv_.ensure(n * 2 * DI, "workspace", g);
+    isc_.ensure(n * 2 * DI, "workspace", g);
+    ipooled_.ensure(n * DI, "workspace", g);
+    qi_.ensure(n * c_.indexer_q_dim(), "workspace", g);
+    wi_.ensure(n * c_.n_indexer_head, "workspace", g);
+    o_.ensure(n * c_.q_dim(), "workspace", g);
+    low_.ensure(n * c_.n_out_group * c_.o_lora_rank, "workspace", g);
+    y_.ensure(n * E, "workspace", g);
+    rlog_.ensure(n * c_.n_expert, "workspace", g);
+    ew_.ensure(n * K, "workspace", g);
+    experts_.ensure(n * K, "workspace", g);
+    gate_.ensure(n * K * F, "workspace", g);
+    up_.ensure(n * K * F, "workspace", g);
+    mid_.ensure(n * K * F, "workspace", g);
+    down_.ensure(n * K * E, "workspace", g);
+    shg_.ensure(n * FS, "workspace", g);
+    shu_.ensure(n * FS, "workspace", g);
+    sel_.ensure(n * std::max(1u, c_.indexer_top_k), "workspace", g);
+    want_.ensure(n, "workspace", g);
+    rows_dev_.ensure(n, "workspace", g);
+    sess_begin_.ensure(n, "workspace", g);
+    sess_end_.ensure(n, "workspace", g);
+    lkv_dev_.ensure(n * c_.n_layer, "workspace", g);
     // Activation buffers: the widest product input of any matrix, for every row (experts:
-    // every (row, slot) pair).
-    const uint64_t widest = std::max<uint64_t>({HD, E, c_.q_lora_rank, c_.group_dim(),
+    // every (row, slot) pair; the grouped output projection: the whole attention output).
+    const uint64_t widest = std::max<uint64_t>({HD, E, c_.q_lora_rank, c_.q_dim(),
                                                 uint64_t(c_.n_out_group) * c_.o_lora_rank, FS, uint64_t(K) * F});
     const uint64_t vals = (n * widest + 255) / 256 * 256;
-    act_q_.ensure(vals, "workspace");
-    act_d_.ensure(vals / 32, "workspace");
-    act_b_.ensure(vals / 16, "workspace");
+    act_q_.ensure(vals, "workspace", g);
+    act_d_.ensure(vals / 32, "workspace", g);
+    act_b_.ensure(vals / 16, "workspace", g);
     act_ = {act_q_.get(), act_d_.get(), act_b_.get(), vals};
     const uint64_t vals2 = (n * E + 255) / 256 * 256;
-    act2_q_.ensure(vals2, "workspace");
-    act2_d_.ensure(vals2 / 32, "workspace");
-    act2_b_.ensure(vals2 / 16, "workspace");
+    act2_q_.ensure(vals2, "workspace", g);
+    act2_d_.ensure(vals2 / 32, "workspace", g);
+    act2_b_.ensure(vals2 / 16, "workspace", g);
     act2_ = {act2_q_.get(), act2_d_.get(), act2_b_.get(), vals2};
+    xn8_q_.ensure(vals2, "workspace", g);
+    xn8_d_.ensure(vals2 / 32, "workspace", g);
+    xn8_b_.ensure(vals2 / 16, "workspace", g);
+    xn8_ = {xn8_q_.get(), xn8_d_.get(), xn8_b_.get(), vals2};
+    xnk_q_.ensure(vals2, "workspace", g);
+    xnk_d_.ensure(vals2 / 32, "workspace", g);
+    xnk_b_.ensure(vals2 / 16, "workspace", g);
+    xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2};
     cap_rows_ = R;
 }
 
@@ -450,6 +536,8 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     hc_pre_finish(mix_.get(), scale, base, X_.get(), R, H, E, c_.hc_eps, c_.n_sinkhorn_iter, post_.get(), comb_.get(),
                   x_sub_.get(), stream_);
     rms_norm(x_sub_.get(), E, xn_.get(), E, R, E, c_.rms_eps, norm_w, stream_);
+    xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
+    mark("hc_pre", double(M) * fn.row_bytes);
 }
 
 void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
@@ -463,52 +551,61 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
 
     hc_pre(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, R);
     // Q path
-    mm(L.q_a, xn_.get(), E, R, qr_.get(), QL, QL);
+    mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
     rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_);
     mm(L.q_b, qr_.get(), QL, R, q_.get(), c_.q_dim(), c_.q_dim());
+    mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
     head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
+    mark("q norm+rope");
     // KV path: one latent row per token into the raw ring
-    mm(L.kv, xn_.get(), E, R, kvr_.get(), D, D);
+    mv_xn(L.kv, R, kvr_.get(), D, "kv");
     kv_finalize(kvr_.get(), R, D, c_.n_rot, c_.rms_eps, L.kv_a_norm, invf, rows, official, c_.n_nope(), lkv, NL, il,
                 stream_);
+    mark("kv finalize");
     // compressors
     if (ratio != 0) {
         const uint32_t W = c_.coff(il) * D;
-        mm(L.comp_kv, xn_.get(), E, R, ckv_.get(), W, W);
-        mm(L.comp_gate, xn_.get(), E, R, csc_.get(), W, W);
+        mv_xn(L.comp_kv, R, ckv_.get(), W, "compressor proj");
+        mv_xn(L.comp_gate, R, csc_.get(), W, "compressor proj");
         compressor_state(ckv_.get(), csc_.get(), L.comp_ape, rows, sess_begin_.get(), sess_end_.get(), S, ratio, D,
                          false, lkv, NL, il, pooled_.get(), stream_);
         compressor_emit(pooled_.get(), R, rows, ratio, D, c_.n_rot, c_.n_nope(), c_.rms_eps, L.comp_norm, invf, false,
                         official, lkv, NL, il, stream_);
+        mark("compressor");
     }
     if (ratio == 4) {
         const uint32_t DI = c_.indexer_head_dim, Wi = 2 * DI, NIH = c_.n_indexer_head;
-        mm(L.icomp_kv, xn_.get(), E, R, ikv_.get(), Wi, Wi);
-        mm(L.icomp_gate, xn_.get(), E, R, isc_.get(), Wi, Wi);
+        mv_xn(L.icomp_kv, R, ikv_.get(), Wi, "indexer proj");
+        mv_xn(L.icomp_gate, R, isc_.get(), Wi, "indexer proj");
         compressor_state(ikv_.get(), isc_.get(), L.icomp_ape, rows, sess_begin_.get(), sess_end_.get(), S, ratio, DI,
                          true, lkv, NL, il, ipooled_.get(), stream_);
         compressor_emit(ipooled_.get(), R, rows, ratio, DI, c_.n_rot, c_.n_nope(), c_.rms_eps, L.icomp_norm, invf,
                         true, official, lkv, NL, il, stream_);
+        mark("compressor");
         mm(L.iq_b, qr_.get(), QL, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim());
-        mm(L.iproj, xn_.get(), E, R, wi_.get(), NIH, NIH);
+        mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
+        mv_xn(L.iproj, R, wi_.get(), NIH, "indexer proj");
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
         indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, stream_);
-        if (max_vis4_ > c_.indexer_top_k) {
-            score_.ensure(uint64_t(R) * max_vis4_, "indexer scores");
-            indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, max_vis4_,
-                           score_.get(), max_vis4_, stream_);
-            topk_select(score_.get(), max_vis4_, R, rows, 4, c_.indexer_top_k, sel_.get(), stream_);
+        if (vis_ld_) {
+            indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
+                           score_.get(), vis_ld_, stream_);
+            topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), stream_);
         }
+        mark("indexer scores+top-k");
     }
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
               c_.n_rot, invf, o_.get(), stream_);
-    // grouped low-rank output projection
-    const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank, GD = c_.group_dim();
-    for (uint32_t g = 0; g < G; ++g)
-        mm(L.out_a, o_.get() + uint64_t(g) * GD, c_.q_dim(), R, low_.get() + uint64_t(g) * OL, uint64_t(G) * OL, OL,
-           uint64_t(g) * OL);
+    mark("attention");
+    // grouped low-rank output projection: one quantisation of the whole output, one product
+    const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
+    const DevAct ao = quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
+    matvec_grouped(L.out_a, ao, R, low_.get(), uint64_t(G) * OL, uint64_t(G) * OL, OL, stream_);
+    mark("out_a", double(G) * OL * L.out_a.row_bytes);
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);
+    mark("out_b", double(E) * L.out_b.row_bytes);
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
+    mark("hc_post");
 }
 
 void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
@@ -516,66 +613,55 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const uint32_t E = c_.n_embd, H = c_.n_hc, F = c_.n_ff_exp, K = c_.n_expert_used, NE = c_.n_expert;
     hc_pre(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, R);
     // router
-    mm(L.gate_inp, xn_.get(), E, R, rlog_.get(), NE, NE);
+    mv_xn(L.gate_inp, R, rlog_.get(), NE, "router");
     const bool hash = c_.is_hash_layer(il);
     router(rlog_.get(), R, NE, K, hash ? nullptr : L.exp_probs_b, hash ? L.tid2eid : nullptr, rows_dev_.get(),
            c_.expert_weights_norm, c_.expert_weights_scale, experts_.get(), ew_.get(), bad_.get(), stream_);
+    mark("router");
     // routed experts: pair p = r*K + k
     const uint32_t P = R * K;
-    const DevAct ag = quantize_act(L.gate_exps.type, xn_.get(), E, R, E, act_, stream_);
-    DevAct au = ag;
-    if (act_kind(L.up_exps.type) != ag.kind) au = quantize_act(L.up_exps.type, xn_.get(), E, R, E, act2_, stream_);
+    const DevAct ag = xn_act(L.gate_exps.type, R);
+    const DevAct au = xn_act(L.up_exps.type, R);
     matvec(L.gate_exps, ag, P, gate_.get(), F, F, 0, stream_, experts_.get(), F, K);
     matvec(L.up_exps, au, P, up_.get(), F, F, 0, stream_, experts_.get(), F, K);
+    mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
     swiglu(gate_.get(), up_.get(), mid_.get(), P, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_);
     const DevAct ad = quantize_act(L.down_exps.type, mid_.get(), F, P, F, act_, stream_);
     matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1);
+    mark("experts down", double(P) * E * L.down_exps.row_bytes);
     // shared expert, then moe + shared summed in a fixed order
     const uint32_t FS = F * c_.n_expert_shared;
     if (FS) {
-        mm(L.gate_sh, xn_.get(), E, R, shg_.get(), FS, FS);
-        mm(L.up_sh, xn_.get(), E, R, shu_.get(), FS, FS);
+        mv_xn(L.gate_sh, R, shg_.get(), FS, "shared expert");
+        mv_xn(L.up_sh, R, shu_.get(), FS, "shared expert");
         swiglu(shg_.get(), shu_.get(), shg_.get(), R, FS, c_.swiglu_clamp_shexp[il], nullptr, stream_);
         mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E);
+        mark("shared expert", double(E) * L.down_sh.row_bytes);
     }
     moe_combine(down_.get(), R, K, E, FS != 0, y_.get(), stream_);
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
+    mark("hc_post");
 }
 
-void CudaBackend::output_head(std::span<StepInput> inputs, uint32_t R) {
-    const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, V = c_.n_vocab;
-    std::vector<uint32_t> want;
-    for (uint32_t r = 0; r < R; ++r) {
-        const StepInput& in = inputs[rows_[r].input];
-        const uint64_t first = first_pos_[rows_[r].input];
-        if (in.logits && (in.all_logits || rows_[r].pos == first + in.tokens.size() - 1)) want.push_back(r);
+void CudaBackend::run_layers(uint32_t R, uint32_t S) {
+    embed(token_embd_, rows_dev_.get(), R, c_.n_embd, c_.n_hc, X_.get(), stream_);
+    mark("embed");
+    for (uint32_t il = 0; il < c_.n_layer; ++il) {
+        attention_layer(il, R, S);
+        ffn_layer(il, R);
     }
-    if (want.empty()) return;
-    const uint32_t NW = uint32_t(want.size());
-    check(cudaMemcpyAsync(want_.get(), want.data(), NW * sizeof(uint32_t), cudaMemcpyHostToDevice, stream_),
-          "upload");
+}
+
+// §5.14 up to the vocabulary projection, for the rows want_[0, NW): xn_ rows.
+void CudaBackend::head_prepare(uint32_t NW) {
+    const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc;
     gather_rows(X_.get(), HD, want_.get(), NW, flat_.get(), stream_);
     rms_norm(flat_.get(), HD, flat_.get(), HD, NW, HD, c_.rms_eps, nullptr, stream_);
     mm(output_hc_fn_, flat_.get(), HD, NW, mix_.get(), H, H);
     output_collapse(mix_.get(), output_hc_scale_, output_hc_base_, X_.get(), want_.get(), NW, H, E, c_.hc_eps,
                     xn_.get(), stream_);
     rms_norm(xn_.get(), E, xn_.get(), E, NW, E, c_.rms_eps, output_norm_, stream_);
-    // Project in slices of rows so the logits buffer stays bounded.
-    const uint32_t slice = std::max<uint32_t>(1, uint32_t(std::min<uint64_t>(NW, (256ull << 20) / (4ull * V))));
-    logits_.ensure(uint64_t(slice) * V, "logits");
-    for (uint32_t i0 = 0; i0 < NW; i0 += slice) {
-        const uint32_t n = std::min(slice, NW - i0);
-        mm(output_, xn_.get() + uint64_t(i0) * E, E, n, logits_.get(), V, V);
-        for (uint32_t i = 0; i < n; ++i) {
-            const Row& row = rows_[want[i0 + i]];
-            StepInput& in = inputs[row.input];
-            float* out = in.all_logits ? in.logits + (row.pos - first_pos_[row.input]) * V : in.logits;
-            check(cudaMemcpyAsync(out, logits_.get() + uint64_t(i) * V, uint64_t(V) * sizeof(float),
-                                  cudaMemcpyDeviceToHost, stream_),
-                  "logits download");
-        }
-        check(cudaStreamSynchronize(stream_), "forward");
-    }
+    mark("output collapse");
 }
 
 void CudaBackend::forward(std::span<StepInput> inputs) {
@@ -601,6 +687,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             if (!st) in.error = st.message;
         }
     }
+    const uint32_t V = c_.n_vocab;
     std::vector<size_t> done(inputs.size(), 0);
     first_pos_.resize(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) first_pos_[i] = inputs[i].kv->n_tokens();
@@ -618,11 +705,11 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             StepInput& in = inputs[i];
             if (!in.error.empty() || done[i] >= in.tokens.size()) continue;
             take[i] = std::min<size_t>(chunk, in.tokens.size() - done[i]);
-            const int32_t s = int32_t(sb.size());
+            const int32_t sidx = int32_t(sb.size());
             sb.push_back(uint32_t(rows_.size()));
             for (size_t j = 0; j < take[i]; ++j) {
                 rows_.push_back({uint32_t(i), in.kv->n_tokens() + j, in.tokens[done[i] + j]});
-                drows.push_back({int64_t(in.kv->n_tokens() + j), in.tokens[done[i] + j], s});
+                drows.push_back({int64_t(in.kv->n_tokens() + j), in.tokens[done[i] + j], sidx});
             }
             se.push_back(uint32_t(rows_.size()));
             kv::SessionKV& kv = *in.kv;
@@ -649,47 +736,148 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             kv::Status st = inputs[i].kv->check(inputs[i].kv->n_tokens() + take[i]);
             if (!st) fail("KV guard: ", st.message);
         }
+        // Rows that produce logits: every row of an all_logits input, else its final token.
+        want_host_.clear();
+        for (uint32_t r = 0; r < R; ++r) {
+            const StepInput& in = inputs[rows_[r].input];
+            if (in.logits && (in.all_logits || rows_[r].pos == first_pos_[rows_[r].input] + in.tokens.size() - 1))
+                want_host_.push_back(r);
+        }
+        const uint32_t NW = uint32_t(want_host_.size());
+        // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
+        // up to a power of two so consecutive decode steps share one graph.
         max_vis4_ = 0;
         for (const Row& r : rows_) max_vis4_ = std::max<uint64_t>(max_vis4_, (r.pos + 1) / 4);
+        vis_ld_ = 0;
+        if (max_vis4_ > c_.indexer_top_k) {
+            vis_ld_ = 1024;
+            while (vis_ld_ < max_vis4_) vis_ld_ *= 2;
+            score_.ensure(uint64_t(R) * vis_ld_, "indexer scores", &gen_);
+        }
         ensure_workspace(R);
-        sess_begin_.ensure(S, "workspace");
-        sess_end_.ensure(S, "workspace");
-        lkv_dev_.ensure(lkv.size(), "workspace");
-        check(cudaMemcpyAsync(rows_dev_.get(), drows.data(), R * sizeof(DevRow), cudaMemcpyHostToDevice, stream_),
-              "upload");
-        check(cudaMemcpyAsync(sess_begin_.get(), sb.data(), S * sizeof(uint32_t), cudaMemcpyHostToDevice, stream_),
-              "upload");
-        check(cudaMemcpyAsync(sess_end_.get(), se.data(), S * sizeof(uint32_t), cudaMemcpyHostToDevice, stream_),
-              "upload");
-        check(cudaMemcpyAsync(lkv_dev_.get(), lkv.data(), lkv.size() * sizeof(DevLayerKV), cudaMemcpyHostToDevice,
-                              stream_),
-              "upload");
+        const uint32_t slice = std::max<uint32_t>(1, uint32_t(std::min<uint64_t>(NW, (256ull << 20) / (4ull * V))));
+        logits_.ensure(uint64_t(std::max(1u, slice)) * V, "logits", &gen_);
+        // Uploads through pinned memory.
+        auto r16 = [](size_t b) { return (b + 15) / 16 * 16; };
+        const size_t up_bytes = r16(R * sizeof(DevRow)) + 2 * r16(S * sizeof(uint32_t)) +
+                                r16(lkv.size() * sizeof(DevLayerKV)) + r16(NW * sizeof(uint32_t)) + 32;
+        if (up_bytes > pinned_bytes_) {
+            check(cudaStreamSynchronize(stream_), "forward");
+            if (pinned_) cudaFreeHost(pinned_);
+            pinned_ = nullptr;
+            pinned_bytes_ = 0;
+            check(cudaMallocHost(reinterpret_cast<void**>(&pinned_), up_bytes * 2), "pinned staging");
+            pinned_bytes_ = up_bytes * 2;
+        }
+        {
+            uint8_t* p = pinned_;
+            auto put = [&](void* dev, const void* src, size_t bytes) {
+                if (!bytes) return;
+                std::memcpy(p, src, bytes);
+                check(cudaMemcpyAsync(dev, p, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+                p += (bytes + 15) / 16 * 16;
+            };
+            put(rows_dev_.get(), drows.data(), R * sizeof(DevRow));
+            put(sess_begin_.get(), sb.data(), S * sizeof(uint32_t));
+            put(sess_end_.get(), se.data(), S * sizeof(uint32_t));
+            put(lkv_dev_.get(), lkv.data(), lkv.size() * sizeof(DevLayerKV));
+            put(want_.get(), want_host_.data(), NW * sizeof(uint32_t));
+        }
 
-        if (g_timing_on) {
-            if (!ev_[0]) {
-                for (auto& e : ev_) check(cudaEventCreate(&e), "cudaEventCreate");
+        profiling_ = g_profile_on;
+        marks_ = 0;
+        if (profiling_) mark("start");
+        const bool graphable = g_graphs_on && !profiling_ && R <= 64 && NW <= slice;
+        Graphs* gr = nullptr;
+        if (graphable) {
+            gr = &graphs_[{R, S, NW, vis_ld_}];
+            if (gr->layers && gr->gen != gen_) {
+                cudaGraphExecDestroy(gr->layers);
+                if (gr->head) cudaGraphExecDestroy(gr->head);
+                *gr = Graphs{};
             }
+            if (!gr->layers && gr->seen) {
+                // Second round of this shape: capture (the first ran eagerly and set every
+                // kernel attribute, so capture makes no other calls).
+                auto capture = [&](auto&& body) {
+                    cudaGraph_t g = nullptr;
+                    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+                    body();
+                    check(cudaStreamEndCapture(stream_, &g), "graph capture");
+                    cudaGraphExec_t e = nullptr;
+                    check(cudaGraphInstantiate(&e, g, 0), "graph instantiate");
+                    cudaGraphDestroy(g);
+                    return e;
+                };
+                gr->layers = capture([&] { run_layers(R, S); });
+                if (NW) gr->head = capture([&] {
+                    head_prepare(NW);
+                    head_project(0, NW);
+                });
+                gr->gen = gen_;
+            }
+            gr->seen = true;
+            if (!gr->layers) gr = nullptr;   // this round runs eagerly
+        }
+        if (g_timing_on) {
+            if (!ev_[0])
+                for (auto& e : ev_) check(cudaEventCreate(&e), "cudaEventCreate");
             check(cudaEventRecord(ev_[0], stream_), "cudaEventRecord");
         }
-        embed(token_embd_, rows_dev_.get(), R, c_.n_embd, c_.n_hc, X_.get(), stream_);
-        for (uint32_t il = 0; il < c_.n_layer; ++il) {
-            attention_layer(il, R, S);
-            ffn_layer(il, R);
-        }
+        if (gr) check(cudaGraphLaunch(gr->layers, stream_), "graph launch");
+        else run_layers(R, S);
         if (g_timing_on) check(cudaEventRecord(ev_[1], stream_), "cudaEventRecord");
-        output_head(inputs, R);
+        auto download = [&](uint32_t i0, uint32_t n) {
+            for (uint32_t i = 0; i < n; ++i) {
+                const Row& row = rows_[want_host_[i0 + i]];
+                StepInput& in = inputs[row.input];
+                float* out = in.all_logits ? in.logits + (row.pos - first_pos_[row.input]) * V : in.logits;
+                check(cudaMemcpyAsync(out, logits_.get() + uint64_t(i) * V, uint64_t(V) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_),
+                      "logits download");
+            }
+        };
+        if (NW) {
+            if (gr && gr->head) {
+                check(cudaGraphLaunch(gr->head, stream_), "graph launch");
+                download(0, NW);
+            } else {
+                head_prepare(NW);
+                for (uint32_t i0 = 0; i0 < NW; i0 += slice) {
+                    const uint32_t n = std::min(slice, NW - i0);
+                    head_project(i0, n);
+                    download(i0, n);
+                    if (i0 + n < NW) check(cudaStreamSynchronize(stream_), "forward");
+                }
+            }
+        }
+        int32_t* bad_host = reinterpret_cast<int32_t*>(pinned_ + pinned_bytes_ - 16);
+        check(cudaMemcpyAsync(bad_host, bad_.get(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "forward");
+        if (g_timing_on) check(cudaEventRecord(ev_[2], stream_), "cudaEventRecord");
+        check(cudaStreamSynchronize(stream_), "forward");
         if (g_timing_on) {
-            check(cudaEventRecord(ev_[2], stream_), "cudaEventRecord");
-            check(cudaEventSynchronize(ev_[2]), "cudaEventSynchronize");
             float a = 0, b = 0;
             cudaEventElapsedTime(&a, ev_[0], ev_[1]);
             cudaEventElapsedTime(&b, ev_[1], ev_[2]);
             g_timing = {a, b};
         }
-        int32_t bad = 0;
-        check(cudaMemcpyAsync(&bad, bad_.get(), sizeof(bad), cudaMemcpyDeviceToHost, stream_), "forward");
-        check(cudaStreamSynchronize(stream_), "forward");
-        if (bad) {
+        if (profiling_) {
+            for (size_t i = 1; i < marks_; ++i) {
+                float ms = 0;
+                cudaEventElapsedTime(&ms, prof_ev_[i - 1], prof_ev_[i]);
+                const char* name = prof_names_[i].first;
+                auto it = std::find_if(g_profile.begin(), g_profile.end(),
+                                       [&](const ProfileEntry& e) { return e.name == name; });
+                if (it == g_profile.end()) {
+                    g_profile.push_back({name, 0, 0, 0});
+                    it = g_profile.end() - 1;
+                }
+                it->ms += ms;
+                it->bytes += prof_names_[i].second;
+                it->calls += 1;
+            }
+        }
+        if (*bad_host) {
             check(cudaMemset(bad_.get(), 0, sizeof(int32_t)), "flag");
             fail("ffn_gate_tid2eid maps a token to an expert outside [0, ", c_.n_expert, ")");
         }
@@ -704,6 +892,9 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
 }  // namespace
 
 StepTiming last_step_timing() { return g_timing; }
+std::vector<ProfileEntry> profile_snapshot() { return g_profile; }
+void profile_reset() { g_profile.clear(); }
+void profile_enable(bool on) { g_profile_on = on; }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {
     return std::make_unique<CudaBackend>(m, opt);

@@ -77,6 +77,13 @@ DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t 
 void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
             cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1);
 
+// Grouped product (the attention output's low-rank A): output row n uses the activation's
+// group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).
+// Block-quantised activations of the whole row equal the per-group ones (groups are whole
+// blocks), so one quantisation serves every group.
+void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                    uint64_t rows_per_group, cudaStream_t s);
+
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);
 

@@ -109,6 +109,8 @@ struct MV {
     const int32_t* expert;
     uint64_t rows_per_expert;
     uint32_t act_div;
+    uint64_t act_len;   // values per activation row (K, or groups * K)
+    uint64_t rpg;       // grouped product: output rows per group (0: not grouped)
 };
 
 constexpr int kRowsPerBlock = 4;   // warps per block, one output row each
@@ -138,7 +140,9 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
     for (int i = 0; i < RB; ++i) ar[i] = uint64_t(r0 + min(i, nr - 1)) / p.act_div;
     float acc[RB];
     for (int i = 0; i < RB; ++i) acc[i] = 0.0f;
-    const uint64_t K = p.K;
+    const uint64_t K = p.K, AL = p.act_len;
+    // Grouped product: output row n reads the activation's group (row0 + n) / rpg.
+    const uint64_t goff = p.rpg ? ((p.row0 + n) / p.rpg) * K : 0;
 
     if constexpr (T == T_F32 || T == T_F16 || T == T_BF16) {
         const uint8_t* wr = p.w + wrow * p.row_bytes;
@@ -162,7 +166,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                 }
                 for (int i = 0; i < RB; ++i) {
                     if (i >= nr) break;
-                    const float4* a4 = reinterpret_cast<const float4*>(p.af + ar[i] * p.af_stride) + 2 * u;
+                    const float4* a4 = reinterpret_cast<const float4*>(p.af + ar[i] * p.af_stride + goff) + 2 * u;
                     const float4 a = a4[0], b = a4[1];
                     float s = acc[i];
                     s = fmaf(wf[0], a.x, s);
@@ -181,20 +185,21 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                 const float wv = float_weight<T>(wr, k);
                 for (int i = 0; i < RB; ++i) {
                     if (i >= nr) break;
-                    acc[i] = fmaf(wv, p.af[ar[i] * p.af_stride + k], acc[i]);
+                    acc[i] = fmaf(wv, p.af[ar[i] * p.af_stride + goff + k], acc[i]);
                 }
             }
         }
     } else if constexpr (T == T_Q8_0) {
         const int8_t* wq = p.wqs + wrow * K;
         const uint16_t* wd = p.wd + wrow * (K / 32);
+#pragma unroll 4
         for (uint64_t b = lane; b < K / 32; b += 32) {
             const int4 w0 = reinterpret_cast<const int4*>(wq + b * 32)[0];
             const int4 w1 = reinterpret_cast<const int4*>(wq + b * 32)[1];
             const float dw = f16_to_f32(wd[b]);
             for (int i = 0; i < RB; ++i) {
                 if (i >= nr) break;
-                const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * K + b * 32);
+                const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * AL + goff + b * 32);
                 const int4 a0 = a4[0], a1 = a4[1];
                 int s = __dp4a(w0.x, a0.x, 0);
                 s = __dp4a(w0.y, a0.y, s);
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                 s = __dp4a(w1.y, a1.y, s);
                 s = __dp4a(w1.z, a1.z, s);
                 s = __dp4a(w1.w, a1.w, s);
-                acc[i] = fmaf(dw * p.ad[ar[i] * (K / 32) + b], float(s), acc[i]);
+                acc[i] = fmaf(dw * p.ad[ar[i] * (AL / 32) + goff / 32 + b], float(s), acc[i]);
             }
         }
     } else if constexpr (T == T_MXFP4) {
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
             }
             for (int i = 0; i < RB; ++i) {
                 if (i >= nr) break;
-                const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * K + b * 32);
+                const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * AL + goff + b * 32);
                 const int4 a0 = a4[0], a1 = a4[1];
                 int s = __dp4a(wlo[0], a0.x, 0);
                 s = __dp4a(wlo[1], a0.y, s);
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                 s = __dp4a(whi[1], a1.y, s);
                 s = __dp4a(whi[2], a1.z, s);
                 s = __dp4a(whi[3], a1.w, s);
-                acc[i] = fmaf(de * p.ad[ar[i] * (K / 32) + b], float(s), acc[i]);
+                acc[i] = fmaf(de * p.ad[ar[i] * (AL / 32) + goff / 32 + b], float(s), acc[i]);
             }
         }
     } else {
@@ -252,7 +257,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                 int isum = 0, mins = 0;
                 float dw = 0.0f, dmw = 0.0f;
                 if (ok) {
-                    const int8_t* a = p.aq + ar[i] * K + sb * 256;
+                    const int8_t* a = p.aq + ar[i] * AL + goff + sb * 256;
                     if constexpr (T == T_Q2_K) {
                         const uint8_t* blk = wr + sb * 84;
                         const uint32_t h = sub >> 2, j = sub & 3;
@@ -270,7 +275,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                         s1 = __dp4a(int((qw[7] >> sh) & 0x03030303u), a1.w, s1);
                         const uint8_t sc0 = blk[8 * h + 2 * j], sc1 = blk[8 * h + 2 * j + 1];
                         isum = int(sc0 & 0xF) * s0 + int(sc1 & 0xF) * s1;
-                        const int32_t* bs = p.absum + ar[i] * (K / 16) + sb * 16 + 8 * h + 2 * j;
+                        const int32_t* bs = p.absum + ar[i] * (AL / 16) + goff / 16 + sb * 16 + 8 * h + 2 * j;
                         mins = bs[0] * int(sc0 >> 4) + bs[1] * int(sc1 >> 4);
                         dw = f16_to_f32(ld_u16(blk + 80));
                         dmw = f16_to_f32(ld_u16(blk + 82));
@@ -299,7 +304,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                         sm = __dp4a(int((qw[6] >> sh) & 0x0F0F0F0Fu), a1.z, sm);
                         sm = __dp4a(int((qw[7] >> sh) & 0x0F0F0F0Fu), a1.w, sm);
                         isum = int(sc) * sm;
-                        const int32_t* bs = p.absum + ar[i] * (K / 16) + sb * 16 + 2 * j;
+                        const int32_t* bs = p.absum + ar[i] * (AL / 16) + goff / 16 + sb * 16 + 2 * j;
                         mins = int(m) * (bs[0] + bs[1]);
                         dw = f16_to_f32(ld_u16(blk));
                         dmw = f16_to_f32(ld_u16(blk + 2));
@@ -336,7 +341,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                     mins += __shfl_xor_sync(0xffffffffu, mins, 4);
                 }
                 if (ok && sub == 0) {
-                    const float dx = p.ad[ar[i] * (K / 256) + sb];
+                    const float dx = p.ad[ar[i] * (AL / 256) + goff / 256 + sb];
                     if constexpr (T == T_IQ2_XXS) {
                         acc[i] = fmaf(dw * dx, float(isum), acc[i]);
                     } else {
@@ -478,10 +483,14 @@ DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t 
     return a;
 }
 
-void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
-            cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div) {
+namespace {
+void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                 uint64_t row0, cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div,
+                 uint64_t rpg) {
     if (R == 0 || N == 0) return;
     MV p{};
+    p.act_len = a.K;
+    p.rpg = rpg;
     p.w = W.data;
     p.wqs = W.qs;
     p.wd = W.d;
@@ -500,7 +509,8 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
     p.expert = expert;
     p.rows_per_expert = rows_per_expert;
     p.act_div = act_div ? act_div : 1;
-    if (act_kind(W.type) != a.kind || a.K != W.K) throw_mismatch("matvec", W.type, W.K, a.K);
+    const uint64_t groups = rpg ? (row0 + N + rpg - 1) / rpg : 1;
+    if (act_kind(W.type) != a.kind || (rpg ? a.K < groups * W.K : a.K != W.K)) throw_mismatch("matvec", W.type, W.K, a.K);
     const bool fvec = (W.K % 8 == 0) && (reinterpret_cast<uintptr_t>(W.data) % 16 == 0) && (W.row_bytes % 16 == 0) &&
                       (reinterpret_cast<uintptr_t>(a.f) % 16 == 0) && (a.f_stride % 4 == 0);
     switch (W.type) {
@@ -515,6 +525,17 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
         default: throw_mismatch("matvec: no kernel for this weight type", W.type, W.K, a.K);
     }
     check_launch("matvec");
+}
+}  // namespace
+
+void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
+            cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div) {
+    matvec_impl(W, a, R, y, y_stride, N, row0, s, expert, rows_per_expert, act_div, 0);
+}
+
+void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                    uint64_t rows_per_group, cudaStream_t s) {
+    matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group);
 }
 
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s) {

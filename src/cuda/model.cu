@@ -82,15 +82,57 @@ __global__ void rms_norm_kernel(const float* x, uint64_t xs, float* y, uint64_t 
     rms_norm_block(x + blockIdx.x * xs, y + blockIdx.x * ys, n, eps, w);
 }
 
+// Sinkhorn on one warp: lane a*H+c holds C[a][c]; every sum reads its H terms in the
+// CPU's order through shuffles, so the result is the CPU's bit for bit.
+__device__ void sinkhorn_warp(const float* m, const float* scale, const float* base, uint32_t H, float eps,
+                              uint32_t iters, float* C) {
+    const uint32_t lane = threadIdx.x & 31, HH = H * H;
+    const uint32_t a = lane / H, col = lane % H;
+    const bool act = lane < HH;
+    auto at = [&](float v, uint32_t src) { return __shfl_sync(0xffffffffu, v, src & 31); };
+    float c = act ? __fadd_rn(__fmul_rn(m[2 * H + lane], scale[2]), base[2 * H + lane]) : 0.0f;
+    float mx = -INFINITY;
+    for (uint32_t k = 0; k < H; ++k) mx = fmaxf(mx, at(c, a * H + k));
+    const float e = exp_cr(c - mx);
+    float sum = 0;
+    for (uint32_t k = 0; k < H; ++k) sum += at(e, a * H + k);
+    c = e / sum + eps;
+    auto col_norm = [&] {
+        float s2 = 0;
+        for (uint32_t k = 0; k < H; ++k) s2 += at(c, k * H + col);
+        c /= (s2 + eps);
+    };
+    auto row_norm = [&] {
+        float s2 = 0;
+        for (uint32_t k = 0; k < H; ++k) s2 += at(c, a * H + k);
+        c /= (s2 + eps);
+    };
+    col_norm();
+    for (uint32_t it = 1; it < iters; ++it) {
+        row_norm();
+        col_norm();
+    }
+    if (act) C[lane] = c;
+}
+
 __global__ void hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
                                      uint32_t H, uint32_t E, float eps, uint32_t iters, float* post, float* comb,
                                      float* x_sub) {
     const uint32_t r = blockIdx.x, M = 2 * H + H * H;
     __shared__ float pre_s[16];
-    if (threadIdx.x == 0) {
-        const float* m = mix + uint64_t(r) * M;
+    const float* m = mix + uint64_t(r) * M;
+    float* C = comb + r * H * H;
+    if (H * H <= 32) {
+        if (threadIdx.x < 32) {
+            if (threadIdx.x < H) {
+                const uint32_t i = threadIdx.x;
+                pre_s[i] = sigmoid_cr(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])) + eps;
+                post[r * H + i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));
+            }
+            sinkhorn_warp(m, scale, base, H, eps, iters, C);
+        }
+    } else if (threadIdx.x == 0) {
         float* po = post + r * H;
-        float* C = comb + r * H * H;
         for (uint32_t i = 0; i < H; ++i) {
             pre_s[i] = sigmoid_cr(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])) + eps;
             po[i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));

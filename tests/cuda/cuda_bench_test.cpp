@@ -2,6 +2,7 @@
 // tokens/s on a `synth flash` model of DSV4_BENCH_LAYERS layers (default 4) with the shipped
 // 2-bit mix, per-phase device times and a projection to 43 layers, the device-to-device copy
 // bandwidth, and KV committed vs eager at a 1M logical context with a 4K conversation.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -101,6 +102,31 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         r.logical = acc.logical;
         return r;
     };
+    auto profile = [&]() {
+        kv::Budget budget;
+        auto kv = session(*g, 8192, &budget);
+        const auto prompt = random_tokens(ctx_tokens, 0, int32_t(V), 1);
+        std::vector<float> lg(V);
+        g->forward_one(*kv, prompt, false, lg.data());
+        cuda::profile_enable(true);
+        cuda::profile_reset();
+        const uint32_t n = 16;
+        for (uint32_t i = 0; i < n; ++i) g->forward_one(*kv, std::vector<int32_t>{argmax(lg.data(), V)}, false, lg.data());
+        cuda::profile_enable(false);
+        auto prof = cuda::profile_snapshot();
+        std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
+        double total = 0;
+        for (const auto& e : prof) total += e.ms;
+        std::printf("\n== decode profile at %u tokens (no graphs; events between groups), per token ==\n", ctx_tokens);
+        std::printf("%-22s %10s %8s %12s %10s\n", "group", "us/token", "share", "weight GB/s", "of copy");
+        for (const auto& e : prof) {
+            const double us = 1000.0 * e.ms / n;
+            const double gbs = e.bytes > 0 ? e.bytes / (e.ms * 1e-3) / 1e9 : 0;
+            std::printf("%-22s %10.1f %7.1f%% %12.0f %9.0f%%\n", e.name.c_str(), us, 100.0 * e.ms / total, gbs,
+                        copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0);
+        }
+        std::printf("total %.1f us/token (profiled, no graphs)\n", 1000.0 * total / n);
+    };
     std::vector<Run> runs;
     runs.push_back(run("ctx 8K lazy", 8192, false));
     runs.push_back(run("ctx 1M lazy", 1 << 20, false));
@@ -130,6 +156,7 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     const double proj = 1000.0 / (per_layer * 43 + runs[0].head_ms);
     std::printf("per layer %.3f ms/token -> projected 43-layer decode %.1f tokens/s (layers x43 + head)\n",
                 per_layer, proj);
+    profile();
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
 }

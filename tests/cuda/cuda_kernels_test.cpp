@@ -199,6 +199,36 @@ TEST_F(CudaKernels, MatvecExpertsRowOffsetAndStride) {
     }
 }
 
+TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
+    // The shapes of small models: rows of 32..128 values, hundreds of activation rows read
+    // with a stride larger than the row.
+    for (Type t : {Type::Q8_0, Type::F16, Type::F32, Type::MXFP4}) {
+        for (uint64_t K : {32ull, 64ull, 128ull}) {
+            const uint64_t N = 40, xs = K + 32;
+            const uint32_t R = 600;
+            const HostWeight hw = random_weight(t, K, N, K + uint64_t(t));
+            DevWeightHolder dw(hw);
+            auto x = random_floats(R * xs, K, -2.0f, 2.0f);
+            DevVec<float> dx(x);
+            ActHolder ah(R * K);
+            DevVec<float> y(R * N);
+            const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), xs, R, K, ah.buf, nullptr);
+            cuda::matvec(dw.w, a, R, y.get(), N, N, 0, nullptr);
+            auto got = y.download();
+            const size_t rb = quant::row_bytes(t, K);
+            std::vector<uint8_t> act(quant::act_bytes(t, K));
+            for (uint32_t r = 0; r < R; ++r) {
+                quant::quantize_act(t, &x[r * xs], act.data(), K);
+                for (uint64_t n = 0; n < N; ++n) {
+                    const float ref = quant::vec_dot(t, hw.bytes.data() + n * rb, act.data(), K);
+                    ASSERT_NEAR(got[r * N + n], ref, 1e-5 * (std::fabs(ref) + 1))
+                        << quant::traits(t).name << " K=" << K << " row " << n << " act " << r;
+                }
+            }
+        }
+    }
+}
+
 TEST_F(CudaKernels, MatvecOddWidthsFloat) {
     // Tiny models keep rows too short for block formats as F16 of any width.
     for (uint64_t K : {20ull, 36ull, 100ull}) {
