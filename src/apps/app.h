@@ -54,5 +54,8 @@ Runner add_tokenize(CLI::App& app);
 Runner add_run(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_plot(CLI::App& app);
+// SVG chart of bench CSVs: tokens/s and KV bytes against context.
+void write_plot_svg(const std::vector<std::string>& csvs, const std::string& out);
 
 }  // namespace dsv4::apps

@@ -15,7 +15,8 @@ Runner add_bench(CLI::App& app) {
     auto* cmd = app.add_subcommand("bench", "prefill/decode speed and KV memory at growing context frontiers");
     struct Opts {
         ModelOptions mo;
-        std::string prompt_file, csv;
+        std::string prompt_file, csv, plot;
+        std::vector<std::string> plot_with;
         uint64_t ctx_start = 2048, ctx_max = 8192, step_incr = 0;
         double step_mul = 0;
         int gen_tokens = 32;
@@ -30,6 +31,8 @@ Runner add_bench(CLI::App& app) {
     a->excludes(b);
     cmd->add_option("--gen-tokens", o->gen_tokens, "tokens decoded at each frontier")->check(CLI::NonNegativeNumber);
     cmd->add_option("--csv", o->csv, "CSV output")->required();
+    cmd->add_option("--plot", o->plot, "also write an SVG chart of this run");
+    cmd->add_option("--plot-with", o->plot_with, "other bench CSVs to draw on the same chart (e.g. the eager run)");
     return [o, cmd]() {
         if (o->step_incr == 0 && o->step_mul <= 1.0) {
             if (cmd->count("--step-mul")) fail("--step-mul must be greater than 1, found ", o->step_mul);
@@ -37,6 +40,7 @@ Runner add_bench(CLI::App& app) {
         }
         std::ofstream csv(o->csv);
         if (!csv) fail("--csv: cannot write ", o->csv);
+        if (!o->plot.empty() && !std::ofstream(o->plot)) fail("--plot: cannot write ", o->plot);
         std::ifstream pf(o->prompt_file, std::ios::binary);
         if (!pf) fail("--prompt-file: cannot read ", o->prompt_file);
         const std::string text((std::istreambuf_iterator<char>(pf)), {});
@@ -91,6 +95,12 @@ Runner add_bench(CLI::App& app) {
             frontier = std::min(frontier, ctx_max);
         }
         if (!csv) fail("--csv: error writing ", o->csv);
+        csv.close();
+        if (!o->plot.empty()) {
+            std::vector<std::string> all{o->csv};
+            all.insert(all.end(), o->plot_with.begin(), o->plot_with.end());
+            write_plot_svg(all, o->plot);
+        }
         return 0;
     };
 }

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
     reg(add_run);
     reg(add_chat);
     reg(add_bench);
+    reg(add_plot);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
