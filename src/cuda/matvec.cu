@@ -122,15 +122,18 @@ __device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
     return bf16_to_f32(reinterpret_cast<const uint16_t*>(wr)[k]);
 }
 
-template <uint32_t T, int RB, bool VEC>
-__global__ void __launch_bounds__(128) matvec_kernel(MV p) {
+// WIDE: a block of 256 threads per output row (rows few and long: the mHC mixes, the router,
+// the head's collapse); else a warp per row, kRowsPerBlock rows per block.
+template <uint32_t T, int RB, bool VEC, bool WIDE>
+__global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
     __shared__ uint64_t s_grid[T == T_IQ2_XXS ? 256 : 1];
     if (T == T_IQ2_XXS) {
         for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) s_grid[i] = g_iq2_grid[i];
         __syncthreads();
     }
-    const uint64_t n = uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-    const uint32_t lane = threadIdx.x & 31;
+    constexpr uint32_t NT = WIDE ? 256 : 32;   // threads sharing one output row
+    const uint64_t n = WIDE ? uint64_t(blockIdx.x) : uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+    const uint32_t lane = WIDE ? threadIdx.x : (threadIdx.x & 31);
     if (n >= p.N) return;
     const uint32_t r0 = blockIdx.y * RB;
     const int nr = int(min(uint32_t(RB), p.R - r0));
@@ -148,7 +151,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
         const uint8_t* wr = p.w + wrow * p.row_bytes;
         if constexpr (VEC) {
             // 8 values (F16/BF16: 16 bytes; F32: two 16-byte loads) per step.
-            for (uint64_t u = lane; u < K / 8; u += 32) {
+            for (uint64_t u = lane; u < K / 8; u += NT) {
                 float wf[8];
                 if constexpr (T == T_F32) {
                     const float4 a = reinterpret_cast<const float4*>(wr)[2 * u];
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                 }
             }
         } else {
-            for (uint64_t k = lane; k < K; k += 32) {
+            for (uint64_t k = lane; k < K; k += NT) {
                 const float wv = float_weight<T>(wr, k);
                 for (int i = 0; i < RB; ++i) {
                     if (i >= nr) break;
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
         const int8_t* wq = p.wqs + wrow * K;
         const uint16_t* wd = p.wd + wrow * (K / 32);
 #pragma unroll 4
-        for (uint64_t b = lane; b < K / 32; b += 32) {
+        for (uint64_t b = lane; b < K / 32; b += NT) {
             const int4 w0 = reinterpret_cast<const int4*>(wq + b * 32)[0];
             const int4 w1 = reinterpret_cast<const int4*>(wq + b * 32)[1];
             const float dw = f16_to_f32(wd[b]);
@@ -214,7 +217,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
         }
     } else if constexpr (T == T_MXFP4) {
         const uint8_t* wr = p.w + wrow * p.row_bytes;
-        for (uint64_t b = lane; b < K / 32; b += 32) {
+        for (uint64_t b = lane; b < K / 32; b += NT) {
             const uint8_t* blk = wr + b * 17;
             const float de = e8m0_half(blk[0]);
             int wlo[4], whi[4];   // signed byte codes of values 0..15 and 16..31
@@ -249,7 +252,7 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
         const uint8_t* wr = p.w + wrow * p.row_bytes;
         const uint64_t nsb = K / 256;
         const uint32_t sub = lane & 7;
-        for (uint64_t base = 0; base < nsb; base += 4) {
+        for (uint64_t base = 0; base < nsb; base += NT / 8) {
             const uint64_t sb = base + (lane >> 3);
             const bool ok = sb < nsb;
             for (int i = 0; i < RB; ++i) {
@@ -317,14 +320,11 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
                         for (int l = 0; l < 4; ++l) {
                             const uint64_t gv = s_grid[(a0w >> (8 * l)) & 0xFF];
                             const uint32_t sg = ksigns((a1w >> (7 * l)) & 127);
-                            uint32_t w0 = 0, w1 = 0;
-                            for (int t = 0; t < 4; ++t) {
-                                int b0 = int((gv >> (8 * t)) & 0xFF), b1 = int((gv >> (8 * (t + 4))) & 0xFF);
-                                if ((sg >> t) & 1) b0 = -b0;
-                                if ((sg >> (t + 4)) & 1) b1 = -b1;
-                                w0 |= (uint32_t(b0) & 0xFF) << (8 * t);
-                                w1 |= (uint32_t(b1) & 0xFF) << (8 * t);
-                            }
+                            // 4 sign bits -> 4 byte masks; per-byte negation (v ^ m) - m.
+                            const uint32_t m0 = ((((sg & 15) * 0x00204081u) & 0x01010101u) * 0xFFu);
+                            const uint32_t m1 = ((((sg >> 4) * 0x00204081u) & 0x01010101u) * 0xFFu);
+                            const uint32_t w0 = __vsub4(uint32_t(gv) ^ m0, m0);
+                            const uint32_t w1 = __vsub4(uint32_t(gv >> 32) ^ m1, m1);
                             sm = __dp4a(int(w0), aw[2 * l], sm);
                             sm = __dp4a(int(w1), aw[2 * l + 1], sm);
                         }
@@ -352,26 +352,49 @@ __global__ void __launch_bounds__(128) matvec_kernel(MV p) {
             }
         }
     }
-    for (int i = 0; i < RB; ++i) {
-        if (i >= nr) break;
-        float v = warp_sum(acc[i]);
-        if (T == T_IQ2_XXS) v *= 0.125f;
-        if (lane == 0) p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
+    if constexpr (WIDE) {
+        __shared__ float red[8][RB];
+        for (int i = 0; i < RB; ++i) {
+            const float v = warp_sum(acc[i]);
+            if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][i] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (int i = 0; i < nr; ++i) {
+                float v = 0;
+                for (int w = 0; w < 8; ++w) v += red[w][i];
+                if (T == T_IQ2_XXS) v *= 0.125f;
+                p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
+            }
+    } else {
+        for (int i = 0; i < RB; ++i) {
+            if (i >= nr) break;
+            float v = warp_sum(acc[i]);
+            if (T == T_IQ2_XXS) v *= 0.125f;
+            if (lane == 0) p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
+        }
     }
 }
 
-template <uint32_t T, bool VEC>
-void launch_rb(const MV& p, cudaStream_t s) {
-    const dim3 block(32 * kRowsPerBlock);
-    const uint32_t gx = uint32_t((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
+template <uint32_t T, bool VEC, bool WIDE>
+void launch_rb2(const MV& p, cudaStream_t s) {
+    const dim3 block(WIDE ? 256 : 32 * kRowsPerBlock);
+    const uint32_t gx = WIDE ? uint32_t(p.N) : uint32_t((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
     int rb = p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const dim3 grid(gx, (p.R + rb - 1) / rb);
     switch (rb) {
-        case 8: matvec_kernel<T, 8, VEC><<<grid, block, 0, s>>>(p); break;
-        case 4: matvec_kernel<T, 4, VEC><<<grid, block, 0, s>>>(p); break;
-        case 2: matvec_kernel<T, 2, VEC><<<grid, block, 0, s>>>(p); break;
-        default: matvec_kernel<T, 1, VEC><<<grid, block, 0, s>>>(p); break;
+        case 8: matvec_kernel<T, 8, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
+        case 4: matvec_kernel<T, 4, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
+        case 2: matvec_kernel<T, 2, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
+        default: matvec_kernel<T, 1, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
     }
+}
+
+// Few long rows: too few warps to keep the memory system busy, so a block per row.
+template <uint32_t T, bool VEC>
+void launch_rb(const MV& p, cudaStream_t s) {
+    if (!p.expert && p.N <= 1024 && p.K >= 2048) launch_rb2<T, VEC, true>(p, s);
+    else launch_rb2<T, VEC, false>(p, s);
 }
 
 // ---- dequantisation ----------------------------------------------------------------------

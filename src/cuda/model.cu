@@ -463,22 +463,26 @@ __global__ void topk_plain_kernel(const float* score, uint32_t n, uint32_t k, ui
 }
 
 constexpr uint32_t kAttnTile = 1024;
-constexpr uint32_t kAttnThreads = 128;
+constexpr uint32_t kAttnThreads = 256;
+constexpr uint32_t kAttnWarps = kAttnThreads / 32;
+constexpr uint32_t kAttnMaxD = 512;   // float4 accumulators per lane: kAttnMaxD / 128
 
-// One block per (row, head): scores of a tile of keys in shared memory, then an online
-// (tile-wise rescaled) softmax; a single tile (<= 1024 keys) computes exactly the CPU's
-// two-pass form.
+// One block per (row, head). Per tile of keys: key pointers, then scores (a warp per key,
+// float4 loads), a tile-wise rescaled softmax, and the weighted sum with keys split across
+// the warps (each lane owns float4 slices of the output); the warps' partial outputs are
+// added in a fixed order at the end, so results are deterministic.
 __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const float* q, const float* sinks, uint32_t n_head,
                                                                  uint32_t D, uint32_t n_swa, uint32_t ratio,
                                                                  uint32_t top_k, const uint32_t* sel,
                                                                  const DevRow* rows, const DevLayerKV* lkv,
                                                                  uint32_t n_layer, uint32_t il, uint32_t n_rot,
                                                                  const double* inv_freq, float* o) {
-    extern __shared__ float sm[];
-    float* q_s = sm;                  // D
-    float* o_s = q_s + D;             // D
-    float* sc_s = o_s + D;            // kAttnTile
-    const float** kp_s = reinterpret_cast<const float**>(sc_s + kAttnTile);   // kAttnTile pointers
+    extern __shared__ float4 sm4[];
+    float* q_s = reinterpret_cast<float*>(sm4);                                 // D
+    float* o_part = q_s + D;                                                     // kAttnWarps * D
+    float* sc_s = o_part + kAttnWarps * D;                                       // kAttnTile
+    const float** kp_s = reinterpret_cast<const float**>(sc_s + kAttnTile);      // kAttnTile
+    __shared__ float red_s[kAttnWarps];
     const uint32_t r = blockIdx.x / n_head, h = blockIdx.x % n_head;
     const int64_t p = rows[r].pos;
     const int64_t lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
@@ -489,15 +493,16 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const float* q,
     const uint64_t NK = n_raw + n_comp;
     const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
     const float* qh = q + (uint64_t(r) * n_head + h) * D;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        q_s[d] = qh[d];
-        o_s[d] = 0.0f;
-    }
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) q_s[d] = qh[d];
     const float sink = sinks[h];
     const float scale = float(1.0 / sqrt(double(D)));
-    float m = sink, den = 1.0f;   // exp(sink - m)
-    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float m = sink, den = 1.0f;   // den = exp(sink - m) + sum so far
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const uint32_t D4 = D / 4;
+    float4 acc[kAttnMaxD / 128];
+    for (auto& a : acc) a = make_float4(0, 0, 0, 0);
     __syncthreads();
+    const float4* q4 = reinterpret_cast<const float4*>(q_s);
     for (uint64_t t0 = 0; t0 < NK; t0 += kAttnTile) {
         const uint32_t nt = uint32_t(NK - t0 < kAttnTile ? NK - t0 : kAttnTile);
         for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) {
@@ -512,10 +517,16 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const float* q,
             kp_s[j] = kp;
         }
         __syncthreads();
-        for (uint32_t j = w; j < nt; j += nw) {
-            const float* kp = kp_s[j];
+        for (uint32_t j = w; j < nt; j += kAttnWarps) {
+            const float4* k4 = reinterpret_cast<const float4*>(kp_s[j]);
             float s = 0;
-            for (uint32_t d = lane; d < D; d += 32) s = fmaf(q_s[d], kp[d], s);
+            for (uint32_t u = lane; u < D4; u += 32) {
+                const float4 kv = k4[u], qv = q4[u];
+                s = fmaf(qv.x, kv.x, s);
+                s = fmaf(qv.y, kv.y, s);
+                s = fmaf(qv.z, kv.z, s);
+                s = fmaf(qv.w, kv.w, s);
+            }
             s = warp_sum(s);
             if (lane == 0) sc_s[j] = s * scale;
         }
@@ -526,24 +537,58 @@ __global__ void __launch_bounds__(kAttnThreads) attention_kernel(const float* q,
         const float nm = fmaxf(m, tmax);
         const float corr = exp_cr(m - nm);
         __syncthreads();
-        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) sc_s[j] = exp_cr(sc_s[j] - nm);
+        float part = 0;
+        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) {
+            const float e = exp_cr(sc_s[j] - nm);
+            sc_s[j] = e;
+            part += e;
+        }
+        part = warp_sum(part);
+        if (lane == 0) red_s[w] = part;
         __syncthreads();
-        den *= corr;
-        for (uint32_t j = 0; j < nt; ++j) den += sc_s[j];
-        for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-            float acc = o_s[d] * corr;
-            for (uint32_t j = 0; j < nt; ++j) acc = fmaf(sc_s[j], kp_s[j][d], acc);
-            o_s[d] = acc;
+        float tsum = 0;
+        for (uint32_t i = 0; i < kAttnWarps; ++i) tsum += red_s[i];
+        den = den * corr + tsum;
+        for (auto& a : acc) {
+            a.x *= corr;
+            a.y *= corr;
+            a.z *= corr;
+            a.w *= corr;
+        }
+        for (uint32_t j = w; j < nt; j += kAttnWarps) {
+            const float e = sc_s[j];
+            const float4* k4 = reinterpret_cast<const float4*>(kp_s[j]);
+#pragma unroll
+            for (uint32_t i = 0; i < kAttnMaxD / 128; ++i) {
+                const uint32_t u = lane + 32 * i;
+                if (u < D4) {
+                    const float4 kv = k4[u];
+                    acc[i].x = fmaf(e, kv.x, acc[i].x);
+                    acc[i].y = fmaf(e, kv.y, acc[i].y);
+                    acc[i].z = fmaf(e, kv.z, acc[i].z);
+                    acc[i].w = fmaf(e, kv.w, acc[i].w);
+                }
+            }
         }
         m = nm;
         __syncthreads();
     }
-    const float inv = 1.0f / den;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) o_s[d] *= inv;
+#pragma unroll
+    for (uint32_t i = 0; i < kAttnMaxD / 128; ++i) {
+        const uint32_t u = lane + 32 * i;
+        if (u < D4) reinterpret_cast<float4*>(o_part + w * D)[u] = acc[i];
+    }
     __syncthreads();
-    rope_block(o_s, D, n_rot, p, inv_freq, true);
+    const float inv = 1.0f / den;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float v = 0;
+        for (uint32_t i = 0; i < kAttnWarps; ++i) v += o_part[i * D + d];
+        q_s[d] = v * inv;
+    }
+    __syncthreads();
+    rope_block(q_s, D, n_rot, p, inv_freq, true);
     float* oh = o + (uint64_t(r) * n_head + h) * D;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) oh[d] = o_s[d];
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) oh[d] = q_s[d];
 }
 
 __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
@@ -755,7 +800,9 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s) {
     if (!R) return;
-    const size_t smem = (2 * size_t(D) + kAttnTile) * sizeof(float) + kAttnTile * sizeof(const float*);
+    if (D > kAttnMaxD || D % 4 != 0) throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
+    const size_t smem =
+        (size_t(D) * (1 + kAttnWarps) + kAttnTile) * sizeof(float) + kAttnTile * sizeof(const float*);
     static size_t raised = 0;
     if (smem > 48 * 1024 && smem > raised) {
         check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
