@@ -142,9 +142,13 @@ private:
         y_, rlog_, gate_, up_, mid_, down_, shg_, shu_, cs_;
     std::vector<uint8_t> act_;
     std::vector<std::vector<float>> scratch_;      // per thread: attention scores, indexer scores
+    std::vector<size_t> done_;                     // per input: tokens evaluated so far in this call
     std::vector<uint64_t> first_pos_;             // per input: its first position in this call
     std::vector<uint32_t> want_;                   // rows that produce logits
     std::vector<int32_t> experts_;                 // [R][n_used]
+    std::vector<uint32_t> order_, active_;         // router ordering, experts used this step
+    std::vector<std::vector<uint32_t>> pairs_of_;  // per expert: (row, slot) pairs routed to it
+    std::vector<uint8_t> xq_, xqu_, midq_;         // expert activations in their dot formats
     std::vector<float> expert_w_;                  // [R][n_used]
 };
 
@@ -488,7 +492,8 @@ void CpuBackend::ffn_layer(uint32_t il) {
     // Router: sqrt(softplus(logit)) scores; the bias only steers selection.
     matmul(lw.ffn_gate_inp, xn_.data(), E, R, rlog_.data(), NE, NE);
     const int32_t* tid2eid = lw.ffn_gate_tid2eid ? reinterpret_cast<const int32_t*>(lw.ffn_gate_tid2eid.data()) : nullptr;
-    std::vector<uint32_t> order(NE);
+    std::vector<uint32_t>& order = order_;
+    order.resize(NE);
     for (uint32_t r = 0; r < R; ++r) {
         float* prob = &rlog_[uint64_t(r) * NE];
         for (uint32_t e = 0; e < NE; ++e) prob[e] = std::sqrt(softplus(prob[e]));
@@ -518,24 +523,28 @@ void CpuBackend::ffn_layer(uint32_t il) {
     }
 
     // Routed experts, grouped by expert so each expert's rows are read once per step.
-    std::vector<std::vector<uint32_t>> pairs_of(NE);   // pair = r * K + k
+    std::vector<std::vector<uint32_t>>& pairs_of = pairs_of_;   // pair = r * K + k
+    pairs_of.resize(NE);
+    for (auto& p : pairs_of) p.clear();   // keeps capacity: no allocation in steady decode
     for (uint32_t r = 0; r < R; ++r)
         for (uint32_t k = 0; k < K; ++k) pairs_of[uint32_t(experts_[uint64_t(r) * K + k])].push_back(r * K + k);
     const quant::Type tg = lw.ffn_gate_exps.type(), tu = lw.ffn_up_exps.type(), td = lw.ffn_down_exps.type();
     const size_t abg = quant::act_bytes(tg, E);
     // xf in the experts' activation format, once per row.
-    std::vector<uint8_t> xq(abg * R);
+    std::vector<uint8_t>& xq = xq_;
+    if (xq.size() < abg * R) xq.resize(abg * R);
     for (uint32_t r = 0; r < R; ++r) quant::quantize_act(tg, &xn_[uint64_t(r) * E], xq.data() + r * abg, E);
-    std::vector<uint8_t> xqu;
+    std::vector<uint8_t>& xqu = xqu_;
     const uint8_t* xup = xq.data();
     if (quant::traits(tu).vec_dot_type != quant::traits(tg).vec_dot_type) {
-        xqu.resize(quant::act_bytes(tu, E) * R);
+        if (xqu.size() < quant::act_bytes(tu, E) * R) xqu.resize(quant::act_bytes(tu, E) * R);
         for (uint32_t r = 0; r < R; ++r)
             quant::quantize_act(tu, &xn_[uint64_t(r) * E], xqu.data() + r * quant::act_bytes(tu, E), E);
         xup = xqu.data();
     }
     const size_t abu = quant::act_bytes(tu, E);
-    std::vector<uint32_t> active;
+    std::vector<uint32_t>& active = active_;
+    active.clear();
     for (uint32_t e = 0; e < NE; ++e)
         if (!pairs_of[e].empty()) active.push_back(e);
     const size_t rbg = lw.ffn_gate_exps.row_bytes(), rbu = lw.ffn_up_exps.row_bytes(), rbd = lw.ffn_down_exps.row_bytes();
@@ -553,7 +562,8 @@ void CpuBackend::ffn_layer(uint32_t il) {
     }, 8);
     const float clamp = c_.swiglu_clamp_exp[il];
     const size_t abd = quant::act_bytes(td, F);
-    std::vector<uint8_t> midq(abd * R * K);
+    std::vector<uint8_t>& midq = midq_;
+    if (midq.size() < abd * R * K) midq.resize(abd * R * K);
     for (uint32_t pr = 0; pr < R * K; ++pr) {
         float* g = &gate_[uint64_t(pr) * F];
         float* u = &up_[uint64_t(pr) * F];
@@ -676,7 +686,8 @@ void CpuBackend::forward(std::span<StepInput> inputs) {
     const uint32_t HD = c_.hc_dim();
     // Rounds: each takes up to `chunk` tokens from every input (the raw ring holds the
     // window plus one chunk).
-    std::vector<size_t> done(inputs.size(), 0);
+    std::vector<size_t>& done = done_;
+    done.assign(inputs.size(), 0);
     first_pos_.resize(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) first_pos_[i] = inputs[i].kv->n_tokens();
     for (;;) {

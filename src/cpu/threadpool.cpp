@@ -25,30 +25,32 @@ void ThreadPool::worker(unsigned id) {
         cv_.wait(lk, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
-        const auto* job = job_;
+        void* job = job_;
+        const Trampoline call = call_;
         const uint64_t n = job_n_, chunk = job_chunk_;
         const bool has_part = id < job_parts_;
         lk.unlock();
         if (has_part) {
             const uint64_t a = id * chunk, b = std::min(n, a + chunk);
-            if (a < b) (*job)(a, b);
+            if (a < b) call(job, a, b);
         }
         lk.lock();
         if (--pending_ == 0) done_cv_.notify_one();
     }
 }
 
-void ThreadPool::parallel_for(uint64_t n, const std::function<void(uint64_t, uint64_t)>& fn, uint64_t grain) {
+void ThreadPool::run(uint64_t n, uint64_t grain, void* fn, Trampoline call) {
     if (n == 0) return;
     const unsigned parts = unsigned(std::min<uint64_t>(size(), std::max<uint64_t>(1, n / std::max<uint64_t>(1, grain))));
     if (parts <= 1 || workers_.empty()) {
-        fn(0, n);
+        call(fn, 0, n);
         return;
     }
     const uint64_t chunk = (n + parts - 1) / parts;
     {
         std::lock_guard<std::mutex> lk(mu_);
-        job_ = &fn;
+        job_ = fn;
+        call_ = call;
         job_n_ = n;
         job_chunk_ = chunk;
         job_parts_ = parts;
@@ -56,7 +58,7 @@ void ThreadPool::parallel_for(uint64_t n, const std::function<void(uint64_t, uin
         ++generation_;
     }
     cv_.notify_all();
-    fn(0, std::min(n, chunk));
+    call(fn, 0, std::min(n, chunk));
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return pending_ == 0; });
 }
