@@ -82,6 +82,30 @@ __global__ void rms_norm_kernel(const float* x, uint64_t xs, float* y, uint64_t 
     rms_norm_block(x + blockIdx.x * xs, y + blockIdx.x * ys, n, eps, w);
 }
 
+// Long rows (the 16,384-wide mHC state): 1024 threads and float4 loads, so a single row is
+// not a long chain of dependent loads.
+__global__ void __launch_bounds__(1024) rms_norm_vec_kernel(const float* x, uint64_t xs, float* y, uint64_t ys,
+                                                            uint32_t n, float eps, const float* w) {
+    const float4* x4 = reinterpret_cast<const float4*>(x + blockIdx.x * xs);
+    float4* y4 = reinterpret_cast<float4*>(y + blockIdx.x * ys);
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    double ss = 0;
+    for (uint32_t u = threadIdx.x; u < n / 4; u += blockDim.x) {
+        const float4 v = x4[u];
+        ss += double(v.x) * double(v.x) + double(v.y) * double(v.y) + double(v.z) * double(v.z) +
+              double(v.w) * double(v.w);
+    }
+    ss = block_sum_d(ss);
+    const float r = float(1.0 / sqrt(ss / n + double(eps)));
+    __syncthreads();
+    for (uint32_t u = threadIdx.x; u < n / 4; u += blockDim.x) {
+        const float4 v = x4[u];
+        const float4 g = w ? w4[u] : make_float4(1, 1, 1, 1);
+        y4[u] = make_float4(__fmul_rn(__fmul_rn(v.x, r), g.x), __fmul_rn(__fmul_rn(v.y, r), g.y),
+                            __fmul_rn(__fmul_rn(v.z, r), g.z), __fmul_rn(__fmul_rn(v.w, r), g.w));
+    }
+}
+
 // Sinkhorn on one warp: lane a*H+c holds C[a][c]; every sum reads its H terms in the
 // CPU's order through shuffles, so the result is the CPU's bit for bit.
 __device__ void sinkhorn_warp(const float* m, const float* scale, const float* base, uint32_t H, float eps,
@@ -115,7 +139,7 @@ __device__ void sinkhorn_warp(const float* m, const float* scale, const float* b
     if (act) C[lane] = c;
 }
 
-__global__ void hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
+__global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
                                      uint32_t H, uint32_t E, float eps, uint32_t iters, float* post, float* comb,
                                      float* x_sub) {
     const uint32_t r = blockIdx.x, M = 2 * H + H * H;
@@ -194,7 +218,7 @@ __global__ void hc_post_kernel(float* X, const float* y, const float* post, cons
     }
 }
 
-__global__ void output_collapse_kernel(const float* pre, const float* scale, const float* base, const float* X,
+__global__ void __launch_bounds__(1024) output_collapse_kernel(const float* pre, const float* scale, const float* base, const float* X,
                                        const uint32_t* want, uint32_t H, uint32_t E, float eps, float* x) {
     const uint32_t i = blockIdx.x;
     __shared__ float wgt[16];
@@ -694,14 +718,18 @@ uint32_t threads_for(uint32_t n) { return n >= 256 ? 256 : n > 64 ? 128 : 64; }
 void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, uint32_t R, uint32_t n, float eps,
               const float* w, cudaStream_t s) {
     if (!R) return;
-    rms_norm_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, y, y_stride, n, eps, w);
+    const bool vec = n >= 2048 && n % 4 == 0 && x_stride % 4 == 0 && y_stride % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(w) % 16 == 0;
+    if (vec) rms_norm_vec_kernel<<<R, 1024, 0, s>>>(x, x_stride, y, y_stride, n, eps, w);
+    else rms_norm_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, y, y_stride, n, eps, w);
     check_launch("rms_norm");
 }
 
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
                    uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s) {
     if (!R) return;
-    hc_pre_finish_kernel<<<R, 256, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub);
+    hc_pre_finish_kernel<<<R, 1024, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub);
     check_launch("hc_pre_finish");
 }
 
@@ -715,7 +743,7 @@ void hc_post(float* X, const float* y, const float* post, const float* comb, uin
 void output_collapse(const float* pre, const float* scale, const float* base, const float* X, const uint32_t* want,
                      uint32_t NW, uint32_t H, uint32_t E, float eps, float* x, cudaStream_t s) {
     if (!NW) return;
-    output_collapse_kernel<<<NW, 256, 0, s>>>(pre, scale, base, X, want, H, E, eps, x);
+    output_collapse_kernel<<<NW, 1024, 0, s>>>(pre, scale, base, X, want, H, E, eps, x);
     check_launch("output_collapse");
 }
 
