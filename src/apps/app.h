@@ -55,6 +55,7 @@ Runner add_run(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_plot(CLI::App& app);
+Runner add_serve(CLI::App& app);
 // SVG chart of bench CSVs: tokens/s and KV bytes against context.
 void write_plot_svg(const std::vector<std::string>& csvs, const std::string& out);
 

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
     reg(add_chat);
     reg(add_bench);
     reg(add_plot);
+    reg(add_serve);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
