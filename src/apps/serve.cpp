@@ -37,7 +37,8 @@ struct ServeOptions {
     std::string host = "127.0.0.1";
     int port = 8000;
     std::string kv_disk_dir;
-    std::string kv_disk_max;
+    std::string kv_disk_max = "4G";
+    uint64_t kv_cache_min_tokens = 512;
     uint32_t max_sessions = 8;
     uint32_t max_active = 0;
     uint32_t max_queued = 64;
@@ -150,7 +151,7 @@ private:
                 send_error(res, make_error(404, cat("Unknown request URL: ", req.method, " ", req.path, "."),
                                            "invalid_request_error", "unknown_url"));
             else if (res.status == 413)
-                send_error(res, make_error(413, cat("Request body too large: the limit is ", opt_.max_body, " bytes."),
+                send_error(res, make_error(413, cat("Request body too large: the limit is ", opt_.max_body, " (--max-body)."),
                                            "invalid_request_error", "request_too_large"));
             else
                 send_error(res, make_error(res.status, cat("HTTP error ", res.status, "."), "invalid_request_error", ""));
@@ -262,7 +263,7 @@ private:
         g.sampling = pr.sampling;
         g.max_tokens = uint32_t(std::min<uint64_t>({pr.max_tokens.value_or(opt_.default_max_tokens),
                                                     ctx - g.prompt.size(), UINT32_MAX}));
-        if (eos_ >= 0) g.stop_tokens.push_back(eos_);
+        if (eos_ >= 0 && !pr.ignore_eos) g.stop_tokens.push_back(eos_);
         g.on_admit = [ex](size_t) {
             std::lock_guard<std::mutex> l(ex->mu);
             ex->admitted = true;
@@ -542,6 +543,7 @@ int run_serve(const ServeOptions& o) {
     so.prefill_step_tokens = o.prefill_chunk;
     so.disk_dir = o.kv_disk_dir;
     so.disk_max_bytes = parse_bytes("--kv-disk-max", o.kv_disk_max);
+    so.disk_save_prompt_min_tokens = o.kv_cache_min_tokens;
     parse_bytes("--max-body", o.max_body);
 
     auto engine = o.mo.open_engine();
@@ -595,7 +597,11 @@ Runner add_serve(CLI::App& app) {
     cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
     cmd->add_option("--port", o->port, "port (0: any free port, printed at start)")->capture_default_str();
     cmd->add_option("--kv-disk-dir", o->kv_disk_dir, "save evicted sessions' KV here and restore them on reuse");
-    cmd->add_option("--kv-disk-max", o->kv_disk_max, "cap on the snapshots in --kv-disk-dir (e.g. 20G; default none)");
+    cmd->add_option("--kv-disk-max", o->kv_disk_max, "cap on the snapshots in --kv-disk-dir (0: none)")
+        ->capture_default_str();
+    cmd->add_option("--kv-cache-min-tokens", o->kv_cache_min_tokens,
+                    "with --kv-disk-dir: also save prompts of at least this many tokens once prefilled (0: off)")
+        ->capture_default_str();
     cmd->add_option("--max-sessions", o->max_sessions, "sessions resident in memory")
         ->check(CLI::Range(1u, 4096u))
         ->capture_default_str();

@@ -191,6 +191,7 @@ void parse_common(const json& body, ParsedRequest& r, const ParseContext& pc) {
             if (x.empty()) bad_request("Invalid value for 'stop': empty stop sequence.", "stop");
     }
     r.stream = get_bool(body, "stream").value_or(false);
+    r.ignore_eos = get_bool(body, "ignore_eos").value_or(false);
     if (const json* so = field(body, "stream_options")) {
         if (!so->is_object()) wrong_type("stream_options", "an object", *so);
         r.include_usage = get_bool(*so, "include_usage").value_or(false);

@@ -56,6 +56,7 @@ struct ParsedRequest {
     std::vector<std::string> stop;
     bool stream = false;
     bool include_usage = false;
+    bool ignore_eos = false;   // (vLLM's extension) generate max_tokens tokens; for benchmarks
 };
 
 struct ParseContext {
