@@ -169,6 +169,14 @@ struct Vocab {
 // (0 keeps the preset's); the schedule is Flash's 0,0,4,128,4,128,...
 Config synth_config(const std::string& preset, uint32_t layers, uint32_t n_vocab);
 
+// What synth writes for a config and type mix, in file order: name, stored type, shape.
+struct PlannedTensor {
+    std::string name;
+    quant::Type type;
+    std::vector<uint64_t> ne;
+};
+std::vector<PlannedTensor> synth_plan(const Config& c, const TypeMix& mix, bool with_mtp = false);
+
 // Writes a random-weight GGUF: deterministic for (config, mix, vocab, seed). Weights are
 // scaled so activations keep a realistic range through many layers.
 void synth_write(const Config& c, const TypeMix& mix, const Vocab& vocab, uint64_t seed, const std::string& path,

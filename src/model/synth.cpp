@@ -237,6 +237,22 @@ Config synth_config(const std::string& preset, uint32_t layers, uint32_t n_vocab
     return c;
 }
 
+std::vector<PlannedTensor> synth_plan(const Config& c, const TypeMix& mix, bool with_mtp) {
+    std::vector<PlannedTensor> out;
+    for (const TensorSpec& s : tensor_specs(c, with_mtp ? "blk.N" : "")) {
+        if (!s.required) {
+            // Optional tensors: only the router bias, and only on score-routed layers.
+            const bool hash_layer = s.layer >= 0 && c.is_hash_layer(uint32_t(s.layer));
+            if (!(s.role == Role::RouterBias && !hash_layer)) continue;
+        }
+        quant::Type t = type_for(s, mix);
+        if (quant::traits(t).block_elems > 1 && s.ne[0] % quant::traits(t).block_elems != 0)
+            t = quant::Type::F16;  // a row too short for the block format (tiny models)
+        out.push_back({s.name, t, s.ne});
+    }
+    return out;
+}
+
 void synth_write(const Config& c_in, const TypeMix& mix, const Vocab& vocab, uint64_t seed, const std::string& path,
                  bool with_mtp) {
     Config c = c_in;
@@ -257,18 +273,11 @@ void synth_write(const Config& c_in, const TypeMix& mix, const Vocab& vocab, uin
     w.set("tokenizer.ggml.eos_token_id", gguf::make_u32(uint32_t(vocab.eos)));
     w.set("tokenizer.ggml.add_bos_token", gguf::make_bool(false));
 
-    for (const TensorSpec& s : tensor_specs(c, with_mtp ? "blk.N" : "")) {
-        if (!s.required) {
-            const bool hash_layer = s.layer >= 0 && c.is_hash_layer(uint32_t(s.layer));
-            if (!(s.role == Role::RouterBias && !hash_layer)) continue;
-        }
-        quant::Type t = type_for(s, mix);
-        if (quant::traits(t).block_elems > 1 && s.ne[0] % quant::traits(t).block_elems != 0)
-            t = quant::Type::F16;  // a row too short for the block format (tiny models)
-        TensorSpec spec = s;
-        w.add_tensor(s.name, uint32_t(t), s.ne, [spec, t, seed, c](uint8_t* dst, size_t) {
-            fill_rows(spec, t, seed, dst, c);
-        });
+    const std::vector<TensorSpec> specs = tensor_specs(c, with_mtp ? "blk.N" : "");
+    for (const PlannedTensor& p : synth_plan(c, mix, with_mtp)) {
+        const TensorSpec& spec = *std::find_if(specs.begin(), specs.end(), [&](const TensorSpec& s) { return s.name == p.name; });
+        const quant::Type t = p.type;
+        w.add_tensor(p.name, uint32_t(t), p.ne, [spec, t, seed, c](uint8_t* dst, size_t) { fill_rows(spec, t, seed, dst, c); });
     }
     w.write(path);
 }
