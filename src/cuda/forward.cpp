@@ -621,20 +621,33 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // routed experts: pair p = r*K + k
     const uint32_t P = R * K;
     const DevAct ag = xn_act(L.gate_exps.type, R);
-    const DevAct au = xn_act(L.up_exps.type, R);
-    matvec(L.gate_exps, ag, P, gate_.get(), F, F, 0, stream_, experts_.get(), F, K);
-    matvec(L.up_exps, au, P, up_.get(), F, F, 0, stream_, experts_.get(), F, K);
-    mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
-    swiglu(gate_.get(), up_.get(), mid_.get(), P, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_);
+    if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
+        // one pass: both rows of a (pair, n) in one warp, SwiGLU in the epilogue
+        matvec_swiglu(L.gate_exps, L.up_exps, ag, P, mid_.get(), F, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_,
+                      experts_.get(), F, K);
+        mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
+    } else {
+        const DevAct au = xn_act(L.up_exps.type, R);
+        matvec(L.gate_exps, ag, P, gate_.get(), F, F, 0, stream_, experts_.get(), F, K);
+        matvec(L.up_exps, au, P, up_.get(), F, F, 0, stream_, experts_.get(), F, K);
+        mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
+        swiglu(gate_.get(), up_.get(), mid_.get(), P, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_);
+    }
     const DevAct ad = quantize_act(L.down_exps.type, mid_.get(), F, P, F, act_, stream_);
     matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1);
     mark("experts down", double(P) * E * L.down_exps.row_bytes);
     // shared expert, then moe + shared summed in a fixed order
     const uint32_t FS = F * c_.n_expert_shared;
     if (FS) {
-        mv_xn(L.gate_sh, R, shg_.get(), FS, "shared expert");
-        mv_xn(L.up_sh, R, shu_.get(), FS, "shared expert");
-        swiglu(shg_.get(), shu_.get(), shg_.get(), R, FS, c_.swiglu_clamp_shexp[il], nullptr, stream_);
+        if (matvec_swiglu_ok(L.gate_sh, L.up_sh)) {
+            matvec_swiglu(L.gate_sh, L.up_sh, xn_act(L.gate_sh.type, R), R, shg_.get(), FS, FS,
+                          c_.swiglu_clamp_shexp[il], nullptr, stream_);
+            mark("shared expert", double(FS) * (L.gate_sh.row_bytes + L.up_sh.row_bytes));
+        } else {
+            mv_xn(L.gate_sh, R, shg_.get(), FS, "shared expert");
+            mv_xn(L.up_sh, R, shu_.get(), FS, "shared expert");
+            swiglu(shg_.get(), shu_.get(), shg_.get(), R, FS, c_.swiglu_clamp_shexp[il], nullptr, stream_);
+        }
         mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E);
         mark("shared expert", double(E) * L.down_sh.row_bytes);
     }

@@ -84,6 +84,14 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
 void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                     uint64_t rows_per_group, cudaStream_t s);
 
+// Gate and up products of one SwiGLU in one pass (same type and shape, quantised types):
+// mid[r*mid_stride + n] = silu(clamp(Wg[n]·act)) * clamp(Wu[n]·act) (* ew[r]), every
+// operation as matvec + swiglu in that order, so the result is theirs bit for bit.
+bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu);
+void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
+                   uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
+                   const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1);
+
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);
 

@@ -111,6 +111,13 @@ struct MV {
     uint32_t act_div;
     uint64_t act_len;   // values per activation row (K, or groups * K)
     uint64_t rpg;       // grouped product: output rows per group (0: not grouped)
+    // Paired product (NW = 2): the up weight beside the gate weight (same type and shape);
+    // the epilogue writes silu(clamp(gate)) * clamp(up) (* ew[out row]) into y.
+    const uint8_t* w2;
+    const int8_t* wqs2;
+    const uint16_t* wd2;
+    float clamp;
+    const float* ew;
 };
 
 constexpr int kRowsPerBlock = 4;   // warps per block, one output row each
@@ -124,14 +131,18 @@ __device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
 
 // WIDE: a block of 256 threads per output row (rows few and long: the mHC mixes, the router,
 // the head's collapse); else a warp per row, kRowsPerBlock rows per block.
-template <uint32_t T, int RB, bool VEC, bool WIDE>
-__global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
+// WT: threads per output row on the WIDE path (256, or 1024 for rows of >= 8192 values;
+// chosen from K alone so every batch size sums a row in the same order).
+// NW = 2: two weights (gate, up) per output row read in the same loop, each with the
+// single-weight order of operations, then the SwiGLU of swiglu_kernel in the epilogue.
+template <uint32_t T, int RB, bool VEC, bool WIDE, int WT = 256, int NW = 1>
+__global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
     __shared__ uint64_t s_grid[T == T_IQ2_XXS ? 256 : 1];
     if (T == T_IQ2_XXS) {
         for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) s_grid[i] = g_iq2_grid[i];
         __syncthreads();
     }
-    constexpr uint32_t NT = WIDE ? 256 : 32;   // threads sharing one output row
+    constexpr uint32_t NT = WIDE ? WT : 32;   // threads sharing one output row
     const uint64_t n = WIDE ? uint64_t(blockIdx.x) : uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const uint32_t lane = WIDE ? threadIdx.x : (threadIdx.x & 31);
     if (n >= p.N) return;
@@ -141,8 +152,11 @@ __global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
     if (p.expert) wrow += uint64_t(p.expert[r0]) * p.rows_per_expert;
     uint64_t ar[RB];
     for (int i = 0; i < RB; ++i) ar[i] = uint64_t(r0 + min(i, nr - 1)) / p.act_div;
-    float acc[RB];
-    for (int i = 0; i < RB; ++i) acc[i] = 0.0f;
+    float acc[NW][RB];
+#pragma unroll
+    for (int j = 0; j < NW; ++j)
+#pragma unroll
+        for (int i = 0; i < RB; ++i) acc[j][i] = 0.0f;
     const uint64_t K = p.K, AL = p.act_len;
     // Grouped product: output row n reads the activation's group (row0 + n) / rpg.
     const uint64_t goff = p.rpg ? ((p.row0 + n) / p.rpg) * K : 0;
@@ -171,7 +185,7 @@ __global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
                     if (i >= nr) break;
                     const float4* a4 = reinterpret_cast<const float4*>(p.af + ar[i] * p.af_stride + goff) + 2 * u;
                     const float4 a = a4[0], b = a4[1];
-                    float s = acc[i];
+                    float s = acc[0][i];
                     s = fmaf(wf[0], a.x, s);
                     s = fmaf(wf[1], a.y, s);
                     s = fmaf(wf[2], a.z, s);
@@ -180,7 +194,7 @@ __global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
                     s = fmaf(wf[5], b.y, s);
                     s = fmaf(wf[6], b.z, s);
                     s = fmaf(wf[7], b.w, s);
-                    acc[i] = s;
+                    acc[0][i] = s;
                 }
             }
         } else {
@@ -188,75 +202,110 @@ __global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
                 const float wv = float_weight<T>(wr, k);
                 for (int i = 0; i < RB; ++i) {
                     if (i >= nr) break;
-                    acc[i] = fmaf(wv, p.af[ar[i] * p.af_stride + goff + k], acc[i]);
+                    acc[0][i] = fmaf(wv, p.af[ar[i] * p.af_stride + goff + k], acc[0][i]);
                 }
             }
         }
     } else if constexpr (T == T_Q8_0) {
-        const int8_t* wq = p.wqs + wrow * K;
-        const uint16_t* wd = p.wd + wrow * (K / 32);
+        const int8_t* wq[NW];
+        const uint16_t* wd[NW];
+        wq[0] = p.wqs + wrow * K;
+        wd[0] = p.wd + wrow * (K / 32);
+        if constexpr (NW == 2) {
+            wq[NW - 1] = p.wqs2 + wrow * K;
+            wd[NW - 1] = p.wd2 + wrow * (K / 32);
+        }
 #pragma unroll 4
         for (uint64_t b = lane; b < K / 32; b += NT) {
-            const int4 w0 = reinterpret_cast<const int4*>(wq + b * 32)[0];
-            const int4 w1 = reinterpret_cast<const int4*>(wq + b * 32)[1];
-            const float dw = f16_to_f32(wd[b]);
+            int4 w0[NW], w1[NW];
+            float dw[NW];
+#pragma unroll
+            for (int j = 0; j < NW; ++j) {
+                w0[j] = reinterpret_cast<const int4*>(wq[j] + b * 32)[0];
+                w1[j] = reinterpret_cast<const int4*>(wq[j] + b * 32)[1];
+                dw[j] = f16_to_f32(wd[j][b]);
+            }
             for (int i = 0; i < RB; ++i) {
                 if (i >= nr) break;
                 const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * AL + goff + b * 32);
                 const int4 a0 = a4[0], a1 = a4[1];
-                int s = __dp4a(w0.x, a0.x, 0);
-                s = __dp4a(w0.y, a0.y, s);
-                s = __dp4a(w0.z, a0.z, s);
-                s = __dp4a(w0.w, a0.w, s);
-                s = __dp4a(w1.x, a1.x, s);
-                s = __dp4a(w1.y, a1.y, s);
-                s = __dp4a(w1.z, a1.z, s);
-                s = __dp4a(w1.w, a1.w, s);
-                acc[i] = fmaf(dw * p.ad[ar[i] * (AL / 32) + goff / 32 + b], float(s), acc[i]);
+                const float da = p.ad[ar[i] * (AL / 32) + goff / 32 + b];
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                    int s = __dp4a(w0[j].x, a0.x, 0);
+                    s = __dp4a(w0[j].y, a0.y, s);
+                    s = __dp4a(w0[j].z, a0.z, s);
+                    s = __dp4a(w0[j].w, a0.w, s);
+                    s = __dp4a(w1[j].x, a1.x, s);
+                    s = __dp4a(w1[j].y, a1.y, s);
+                    s = __dp4a(w1[j].z, a1.z, s);
+                    s = __dp4a(w1[j].w, a1.w, s);
+                    acc[j][i] = fmaf(dw[j] * da, float(s), acc[j][i]);
+                }
             }
         }
     } else if constexpr (T == T_MXFP4) {
-        const uint8_t* wr = p.w + wrow * p.row_bytes;
+        const uint8_t* wrs[NW];
+        wrs[0] = p.w + wrow * p.row_bytes;
+        if constexpr (NW == 2) wrs[NW - 1] = p.w2 + wrow * p.row_bytes;
         for (uint64_t b = lane; b < K / 32; b += NT) {
-            const uint8_t* blk = wr + b * 17;
-            const float de = e8m0_half(blk[0]);
-            int wlo[4], whi[4];   // signed byte codes of values 0..15 and 16..31
-            for (int w = 0; w < 4; ++w) {
-                uint32_t lo = 0, hi = 0;
-                for (int t = 0; t < 4; ++t) {
-                    const uint8_t c = blk[1 + 4 * w + t];
-                    lo |= (uint32_t(mxfp4_val(c & 0xF)) & 0xFF) << (8 * t);
-                    hi |= (uint32_t(mxfp4_val(c >> 4)) & 0xFF) << (8 * t);
+            float de[NW];
+            int wlo[NW][4], whi[NW][4];   // signed byte codes of values 0..15 and 16..31
+#pragma unroll
+            for (int j = 0; j < NW; ++j) {
+                const uint8_t* blk = wrs[j] + b * 17;
+                de[j] = e8m0_half(blk[0]);
+                for (int w = 0; w < 4; ++w) {
+                    uint32_t lo = 0, hi = 0;
+                    for (int t = 0; t < 4; ++t) {
+                        const uint8_t c = blk[1 + 4 * w + t];
+                        lo |= (uint32_t(mxfp4_val(c & 0xF)) & 0xFF) << (8 * t);
+                        hi |= (uint32_t(mxfp4_val(c >> 4)) & 0xFF) << (8 * t);
+                    }
+                    wlo[j][w] = int(lo);
+                    whi[j][w] = int(hi);
                 }
-                wlo[w] = int(lo);
-                whi[w] = int(hi);
             }
             for (int i = 0; i < RB; ++i) {
                 if (i >= nr) break;
                 const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * AL + goff + b * 32);
                 const int4 a0 = a4[0], a1 = a4[1];
-                int s = __dp4a(wlo[0], a0.x, 0);
-                s = __dp4a(wlo[1], a0.y, s);
-                s = __dp4a(wlo[2], a0.z, s);
-                s = __dp4a(wlo[3], a0.w, s);
-                s = __dp4a(whi[0], a1.x, s);
-                s = __dp4a(whi[1], a1.y, s);
-                s = __dp4a(whi[2], a1.z, s);
-                s = __dp4a(whi[3], a1.w, s);
-                acc[i] = fmaf(de * p.ad[ar[i] * (AL / 32) + goff / 32 + b], float(s), acc[i]);
+                const float da = p.ad[ar[i] * (AL / 32) + goff / 32 + b];
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                    int s = __dp4a(wlo[j][0], a0.x, 0);
+                    s = __dp4a(wlo[j][1], a0.y, s);
+                    s = __dp4a(wlo[j][2], a0.z, s);
+                    s = __dp4a(wlo[j][3], a0.w, s);
+                    s = __dp4a(whi[j][0], a1.x, s);
+                    s = __dp4a(whi[j][1], a1.y, s);
+                    s = __dp4a(whi[j][2], a1.z, s);
+                    s = __dp4a(whi[j][3], a1.w, s);
+                    acc[j][i] = fmaf(de[j] * da, float(s), acc[j][i]);
+                }
             }
         }
     } else {
         // Super-blocks of 256: a group of 8 lanes shares one, each lane an eighth of it;
         // the integer partial sums are combined exactly before the per-block float step.
-        const uint8_t* wr = p.w + wrow * p.row_bytes;
+        const uint8_t* wrs[NW];
+        wrs[0] = p.w + wrow * p.row_bytes;
+        if constexpr (NW == 2) wrs[NW - 1] = p.w2 + wrow * p.row_bytes;
         const uint64_t nsb = K / 256;
         const uint32_t sub = lane & 7;
+        // two steps unrolled: the second step's weight loads are issued before the first
+        // step's shuffles (expert rows are 4..16 super-blocks: 1..4 steps of a warp)
+#pragma unroll 2
         for (uint64_t base = 0; base < nsb; base += NT / 8) {
             const uint64_t sb = base + (lane >> 3);
             const bool ok = sb < nsb;
             for (int i = 0; i < RB; ++i) {
                 if (i >= nr) break;
+                int isum_[NW], mins_[NW];
+                float dw_[NW], dmw_[NW];
+#pragma unroll
+                for (int jw = 0; jw < NW; ++jw) {
+                const uint8_t* wr = wrs[jw];
                 int isum = 0, mins = 0;
                 float dw = 0.0f, dmw = 0.0f;
                 if (ok) {
@@ -332,6 +381,12 @@ __global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
                         dw = f16_to_f32(ld_u16(blk));
                     }
                 }
+                isum_[jw] = isum, mins_[jw] = mins, dw_[jw] = dw, dmw_[jw] = dmw;
+                }
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                int isum = isum_[j], mins = mins_[j];
+                const float dw = dw_[j], dmw = dmw_[j];
                 isum += __shfl_xor_sync(0xffffffffu, isum, 1);
                 isum += __shfl_xor_sync(0xffffffffu, isum, 2);
                 isum += __shfl_xor_sync(0xffffffffu, isum, 4);
@@ -343,57 +398,71 @@ __global__ void __launch_bounds__(WIDE ? 256 : 128) matvec_kernel(MV p) {
                 if (ok && sub == 0) {
                     const float dx = p.ad[ar[i] * (AL / 256) + goff / 256 + sb];
                     if constexpr (T == T_IQ2_XXS) {
-                        acc[i] = fmaf(dw * dx, float(isum), acc[i]);
+                        acc[j][i] = fmaf(dw * dx, float(isum), acc[j][i]);
                     } else {
                         const float dall = dx * dw, dmin = dx * dmw;
-                        acc[i] += fmaf(dall, float(isum), -(dmin * float(mins)));
+                        acc[j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
                     }
+                }
                 }
             }
         }
     }
     if constexpr (WIDE) {
-        __shared__ float red[8][RB];
+        __shared__ float red[WT / 32][RB];
         for (int i = 0; i < RB; ++i) {
-            const float v = warp_sum(acc[i]);
+            const float v = warp_sum(acc[0][i]);
             if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5][i] = v;
         }
         __syncthreads();
         if (threadIdx.x == 0)
             for (int i = 0; i < nr; ++i) {
                 float v = 0;
-                for (int w = 0; w < 8; ++w) v += red[w][i];
+                for (int w = 0; w < int(WT / 32); ++w) v += red[w][i];
                 if (T == T_IQ2_XXS) v *= 0.125f;
                 p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
             }
     } else {
         for (int i = 0; i < RB; ++i) {
             if (i >= nr) break;
-            float v = warp_sum(acc[i]);
+            float v = warp_sum(acc[0][i]);
             if (T == T_IQ2_XXS) v *= 0.125f;
+            if constexpr (NW == 2) {
+                float u = warp_sum(acc[NW - 1][i]);
+                if (T == T_IQ2_XXS) u *= 0.125f;
+                // swiglu_kernel's operations, in its order
+                if (p.clamp > 1e-6f) {
+                    v = fminf(v, p.clamp);
+                    u = fminf(fmaxf(u, -p.clamp), p.clamp);
+                }
+                v = __fmul_rn(silu_cr(v), u);
+                if (p.ew) v = __fmul_rn(v, p.ew[r0 + i]);
+            }
             if (lane == 0) p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
         }
     }
 }
 
-template <uint32_t T, bool VEC, bool WIDE>
+template <uint32_t T, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 void launch_rb2(const MV& p, cudaStream_t s) {
-    const dim3 block(WIDE ? 256 : 32 * kRowsPerBlock);
+    const dim3 block(WIDE ? WT : 32 * kRowsPerBlock);
     const uint32_t gx = WIDE ? uint32_t(p.N) : uint32_t((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
     int rb = p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const dim3 grid(gx, (p.R + rb - 1) / rb);
     switch (rb) {
-        case 8: matvec_kernel<T, 8, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
-        case 4: matvec_kernel<T, 4, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
-        case 2: matvec_kernel<T, 2, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
-        default: matvec_kernel<T, 1, VEC, WIDE><<<grid, block, 0, s>>>(p); break;
+        case 8: matvec_kernel<T, 8, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
+        case 4: matvec_kernel<T, 4, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
+        case 2: matvec_kernel<T, 2, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
+        default: matvec_kernel<T, 1, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
     }
 }
 
-// Few long rows: too few warps to keep the memory system busy, so a block per row.
+// Few long rows: too few warps to keep the memory system busy, so a block per row (1024
+// threads for the longest rows, the mHC mixes of 4*4096 values).
 template <uint32_t T, bool VEC>
 void launch_rb(const MV& p, cudaStream_t s) {
-    if (!p.expert && p.N <= 1024 && p.K >= 2048) launch_rb2<T, VEC, true>(p, s);
+    if (!p.expert && p.N <= 1024 && p.K >= 8192) launch_rb2<T, VEC, true, 1024>(p, s);
+    else if (!p.expert && p.N <= 1024 && p.K >= 2048) launch_rb2<T, VEC, true, 256>(p, s);
     else launch_rb2<T, VEC, false>(p, s);
 }
 
@@ -559,6 +628,56 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
 void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                     uint64_t rows_per_group, cudaStream_t s) {
     matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group);
+}
+
+bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
+    if (Wg.type != Wu.type || Wg.K != Wu.K || Wg.row_bytes != Wu.row_bytes || Wg.rows != Wu.rows) return false;
+    switch (Wg.type) {
+        case T_Q8_0:
+        case T_MXFP4:
+        case T_Q2_K:
+        case T_Q4_K:
+        case T_IQ2_XXS: return true;
+        default: return false;
+    }
+}
+
+void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
+                   uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
+                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div) {
+    if (!matvec_swiglu_ok(Wg, Wu)) throw_mismatch("matvec_swiglu: gate and up differ or are float", Wu.type, Wu.K, a.K);
+    if (R == 0 || N == 0) return;
+    if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);
+    MV p{};
+    p.act_len = a.K;
+    p.w = Wg.data;
+    p.wqs = Wg.qs;
+    p.wd = Wg.d;
+    p.w2 = Wu.data;
+    p.wqs2 = Wu.qs;
+    p.wd2 = Wu.d;
+    p.clamp = clamp;
+    p.ew = ew;
+    p.K = Wg.K;
+    p.row_bytes = Wg.row_bytes;
+    p.aq = a.q;
+    p.ad = a.d;
+    p.absum = a.bsum;
+    p.R = R;
+    p.y = mid;
+    p.y_stride = mid_stride;
+    p.N = N;
+    p.expert = expert;
+    p.rows_per_expert = rows_per_expert;
+    p.act_div = act_div ? act_div : 1;
+    switch (Wg.type) {
+        case T_Q8_0: launch_rb2<T_Q8_0, false, false, 256, 2>(p, s); break;
+        case T_MXFP4: launch_rb2<T_MXFP4, false, false, 256, 2>(p, s); break;
+        case T_Q2_K: launch_rb2<T_Q2_K, false, false, 256, 2>(p, s); break;
+        case T_Q4_K: launch_rb2<T_Q4_K, false, false, 256, 2>(p, s); break;
+        default: launch_rb2<T_IQ2_XXS, false, false, 256, 2>(p, s); break;
+    }
+    check_launch("matvec_swiglu");
 }
 
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s) {

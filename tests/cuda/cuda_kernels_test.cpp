@@ -199,6 +199,77 @@ TEST_F(CudaKernels, MatvecExpertsRowOffsetAndStride) {
     }
 }
 
+TEST_F(CudaKernels, MatvecSwigluEqualsMatvecThenSwiglu) {
+    // The fused gate+up+SwiGLU product is matvec(gate), matvec(up), swiglu bit for bit:
+    // expert pairs (with clamp and routing weights) and plain rows of several batch sizes.
+    const uint64_t K = 1024, RPE = 24, NEXP = 3, N = 20;
+    for (Type t : {Type::Q8_0, Type::IQ2_XXS, Type::Q2_K, Type::Q4_K, Type::MXFP4}) {
+        const HostWeight hg = random_weight(t, K, RPE * NEXP, 301 + uint64_t(t));
+        const HostWeight hu = random_weight(t, K, RPE * NEXP, 401 + uint64_t(t));
+        DevWeightHolder dg(hg), du(hu);
+        ASSERT_TRUE(cuda::matvec_swiglu_ok(dg.w, du.w));
+        for (int expert_mode = 0; expert_mode < 2; ++expert_mode) {
+            for (uint32_t R : {1u, 3u, 9u}) {
+                const uint32_t div = expert_mode ? 2 : 1, P = expert_mode ? 2 * R : R, AR = R;
+                std::vector<int32_t> ex(P);
+                for (uint32_t p = 0; p < P; ++p) ex[p] = int32_t((p * 7 + 1) % NEXP);
+                DevVec<int32_t> dex(ex);
+                auto wv = random_floats(P, 11 + R, 0.1f, 1.0f);
+                DevVec<float> dew(wv);
+                auto x = random_floats(AR * K, 13 + R + uint64_t(t), -2.0f, 2.0f);
+                DevVec<float> dx(x);
+                ActHolder ah(AR * K);
+                const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, AR, K, ah.buf, nullptr);
+                DevVec<float> g(P * N), u(P * N), mid(P * N), fused(P * N);
+                const float clamp = expert_mode ? 0.05f : 0.0f;
+                const int32_t* e = expert_mode ? dex.get() : nullptr;
+                const float* w = expert_mode ? dew.get() : nullptr;
+                cuda::matvec(dg.w, a, P, g.get(), N, N, 0, nullptr, e, RPE, div);
+                cuda::matvec(du.w, a, P, u.get(), N, N, 0, nullptr, e, RPE, div);
+                cuda::swiglu(g.get(), u.get(), mid.get(), P, uint32_t(N), clamp, w, nullptr);
+                cuda::matvec_swiglu(dg.w, du.w, a, P, fused.get(), N, N, clamp, w, nullptr, e, RPE, div);
+                auto ref = mid.download();
+                auto got = fused.download();
+                ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4))
+                    << quant::traits(t).name << " experts " << expert_mode << " R=" << R;
+            }
+        }
+    }
+}
+
+TEST_F(CudaKernels, MatvecLongRowsWideBlocks) {
+    // The mHC mixes: few rows of 4*4096 values take the 1024-thread block-per-row path; the
+    // result must not depend on the batch size (same order of sums for every R).
+    const uint64_t K = 16384, N = 24;
+    for (Type t : {Type::F16, Type::F32, Type::Q8_0}) {
+        const HostWeight hw = random_weight(t, K, N, 500 + uint64_t(t));
+        DevWeightHolder dw(hw);
+        const uint32_t RMAX = 9;
+        auto x = random_floats(RMAX * K, 600 + uint64_t(t), -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        std::vector<float> first;
+        for (uint32_t R : {1u, 2u, 4u, 9u}) {
+            ActHolder ah(R * K);
+            DevVec<float> y(R * N);
+            const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, R, K, ah.buf, nullptr);
+            cuda::matvec(dw.w, a, R, y.get(), N, N, 0, nullptr);
+            auto got = y.download();
+            if (first.empty()) first = got;
+            ASSERT_EQ(0, std::memcmp(first.data(), got.data(), N * 4)) << quant::traits(t).name << " R=" << R;
+            const size_t rb = quant::row_bytes(t, K);
+            std::vector<uint8_t> act(quant::act_bytes(t, K));
+            for (uint32_t r = 0; r < R; ++r) {
+                quant::quantize_act(t, &x[r * K], act.data(), K);
+                for (uint64_t n = 0; n < N; ++n) {
+                    const float ref = quant::vec_dot(t, hw.bytes.data() + n * rb, act.data(), K);
+                    ASSERT_NEAR(got[r * N + n], ref, 1e-4 * (std::fabs(ref) + 1))
+                        << quant::traits(t).name << " row " << n << " act " << r;
+                }
+            }
+        }
+    }
+}
+
 TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
     // The shapes of small models: rows of 32..128 values, hundreds of activation rows read
     // with a stride larger than the row.
