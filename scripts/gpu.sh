@@ -14,7 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 QUICK=0
+NCU=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
+[[ "${1:-}" == "--ncu" ]] && NCU=1
 LOG=${OUT:-$ROOT/build-gpu/logs}
 mkdir -p "$LOG"
 BUILD=$ROOT/build-gpu
@@ -42,6 +44,38 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITEC
 TB=$(date +%s)
 ninja -C "$BUILD" dsv4_cuda_tests > "$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; tail -20 "$LOG/build.log"; exit 1; }
 echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build.log")"
+
+# --ncu: Nsight Compute times every kernel of 2 decode steps (4,096-token context, no graphs,
+# so no launch gaps in the numbers), then a table of device time per token by kernel.
+if [[ $NCU == 1 ]]; then
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "== ncu: $NCU_BIN"
+  DSV4_CUDA_BENCH=1 DSV4_NCU=1 DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
+    "$NCU_BIN" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+    --log-file "$LOG/ncu.csv" "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.*" > "$LOG/ncu_app.log" 2>&1
+  echo "ncu rc $?"; grep -E "^(run|ctx|per layer)" "$LOG/ncu_app.log"
+  python3 - "$LOG/ncu.csv" <<'PY'
+import csv, sys, re, collections
+rows = list(csv.reader(open(sys.argv[1])))
+h = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
+hdr, unit = rows[h], rows[h + 1]
+kn, tc = hdr.index('Kernel Name'), hdr.index('gpu__time_duration.sum')
+scale = {'nsecond': 1e-3, 'ns': 1e-3, 'usecond': 1.0, 'us': 1.0, 'msecond': 1e3, 'ms': 1e3}[unit[tc]]
+agg = collections.defaultdict(lambda: [0.0, 0])
+for r in rows[h + 2:]:
+    if len(r) <= max(kn, tc) or not r[tc]: continue
+    name = r[kn].replace('(anonymous namespace)::', '').replace('dsv4::cuda::', '').replace('<unnamed>::', '')
+    name = re.sub(r'^void ', '', re.sub(r'\([^()]*\)$', '', name)).split('unnamed>::')[-1]
+    agg[name][0] += float(r[tc].replace(',', '')) * scale
+    agg[name][1] += 1
+tot = sum(v[0] for v in agg.values())
+print(f"{'kernel (2 decode steps, per token)':70s} {'us/tok':>8s} {'calls/tok':>9s} {'us/call':>8s} {'share':>6s}")
+for k, (t, c) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:40]:
+    print(f"{k[:70]:70s} {t/2:8.1f} {c/2:9.1f} {t/c:8.2f} {100*t/tot:5.1f}%")
+print(f"total kernel time {tot/2:.1f} us/token, {sum(v[1] for v in agg.values())//2} kernels/token")
+PY
+  exit 0
+fi
 
 export DSV4_CUDA_TIMING=1
 if [[ $QUICK == 0 ]]; then export DSV4_CUDA_FLASH=1 DSV4_CUDA_BENCH=1; fi

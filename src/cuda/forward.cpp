@@ -679,27 +679,11 @@ void CudaBackend::head_prepare(uint32_t NW) {
 
 void CudaBackend::forward(std::span<StepInput> inputs) {
     const uint32_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
-    for (auto& in : inputs) {
-        in.error.clear();
-        if (!in.kv) fail("forward: input without a session");
-        if (!in.kv->on_device())
+    for (auto& in : inputs)
+        if (in.kv && !in.kv->on_device())
             fail("forward: the session's KV is in host memory; the CUDA backend needs KV made with its "
                  "region_factory()");
-        if (in.tokens.empty()) in.error = "empty input: nothing to evaluate";
-        for (int32_t t : in.tokens)
-            if (t < 0 || uint32_t(t) >= c_.n_vocab) {
-                in.error = cat("token id ", t, " is outside the vocabulary [0, ", c_.n_vocab, ")");
-                break;
-            }
-        if (in.error.empty() && in.kv->n_tokens() + in.tokens.size() > in.kv->layout().ctx)
-            in.error = cat("context full: ", in.kv->n_tokens(), " tokens in the session + ", in.tokens.size(),
-                           " new exceed the context of ", in.kv->layout().ctx, " tokens");
-        if (in.error.empty()) {
-            // Grow once for the whole input, before any work is launched (outside any graph).
-            kv::Status st = in.kv->ensure_tokens(in.kv->n_tokens() + in.tokens.size());
-            if (!st) in.error = st.message;
-        }
-    }
+    admit_step(inputs, c_.n_vocab);
     const uint32_t V = c_.n_vocab;
     std::vector<size_t> done(inputs.size(), 0);
     first_pos_.resize(inputs.size());

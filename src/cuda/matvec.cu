@@ -138,8 +138,18 @@ __device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
 template <uint32_t T, int RB, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
     __shared__ uint64_t s_grid[T == T_IQ2_XXS ? 256 : 1];
+    // IQ2_XXS sign patterns as byte masks: byte t of s_sign[i] is 0xFF when value t of
+    // pattern i is negative (ksigns(i) bit t).
+    __shared__ uint64_t s_sign[T == T_IQ2_XXS ? 128 : 1];
     if (T == T_IQ2_XXS) {
         for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) s_grid[i] = g_iq2_grid[i];
+        for (uint32_t i = threadIdx.x; i < 128; i += blockDim.x) {
+            const uint32_t sg = ksigns(i);
+            uint64_t m = 0;
+            for (int t = 0; t < 8; ++t)
+                if ((sg >> t) & 1) m |= uint64_t(0xFF) << (8 * t);
+            s_sign[i] = m;
+        }
         __syncthreads();
     }
     constexpr uint32_t NT = WIDE ? WT : 32;   // threads sharing one output row
@@ -329,8 +339,8 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                         isum = int(sc0 & 0xF) * s0 + int(sc1 & 0xF) * s1;
                         const int32_t* bs = p.absum + ar[i] * (AL / 16) + goff / 16 + sb * 16 + 8 * h + 2 * j;
                         mins = bs[0] * int(sc0 >> 4) + bs[1] * int(sc1 >> 4);
-                        dw = f16_to_f32(ld_u16(blk + 80));
-                        dmw = f16_to_f32(ld_u16(blk + 82));
+                        dw = f16_to_f32(reinterpret_cast<const uint16_t*>(blk)[40]);
+                        dmw = f16_to_f32(reinterpret_cast<const uint16_t*>(blk)[41]);
                     } else if constexpr (T == T_Q4_K) {
                         const uint8_t* blk = wr + sb * 144;
                         const uint8_t* s = blk + 4;
@@ -364,21 +374,24 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                         const uint8_t* blk = wr + sb * 66;
                         const uint32_t g = sub;
                         const uint32_t a0w = ld_u32_2(blk + 2 + 8 * g), a1w = ld_u32_2(blk + 2 + 8 * g + 4);
-                        const int* aw = reinterpret_cast<const int*>(a + 32 * g);
+                        const int4* a4 = reinterpret_cast<const int4*>(a + 32 * g);
+                        const int4 x0 = a4[0], x1 = a4[1];
+                        const int aw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
                         int sm = 0;
+#pragma unroll
                         for (int l = 0; l < 4; ++l) {
                             const uint64_t gv = s_grid[(a0w >> (8 * l)) & 0xFF];
-                            const uint32_t sg = ksigns((a1w >> (7 * l)) & 127);
-                            // 4 sign bits -> 4 byte masks; per-byte negation (v ^ m) - m.
-                            const uint32_t m0 = ((((sg & 15) * 0x00204081u) & 0x01010101u) * 0xFFu);
-                            const uint32_t m1 = ((((sg >> 4) * 0x00204081u) & 0x01010101u) * 0xFFu);
-                            const uint32_t w0 = __vsub4(uint32_t(gv) ^ m0, m0);
-                            const uint32_t w1 = __vsub4(uint32_t(gv >> 32) ^ m1, m1);
+                            const uint64_t m = s_sign[(a1w >> (7 * l)) & 127];
+                            // per-byte negation of grid bytes 1..255: (v ^ 0xFF) + 1 = 256 - v,
+                            // never carrying into the next byte (grid bytes are 8, 25 or 43)
+                            const uint32_t m0 = uint32_t(m), m1 = uint32_t(m >> 32);
+                            const uint32_t w0 = (uint32_t(gv) ^ m0) + (m0 & 0x01010101u);
+                            const uint32_t w1 = (uint32_t(gv >> 32) ^ m1) + (m1 & 0x01010101u);
                             sm = __dp4a(int(w0), aw[2 * l], sm);
                             sm = __dp4a(int(w1), aw[2 * l + 1], sm);
                         }
                         isum = sm * int(2 * (a1w >> 28) + 1);
-                        dw = f16_to_f32(ld_u16(blk));
+                        dw = f16_to_f32(*reinterpret_cast<const uint16_t*>(blk));
                     }
                 }
                 isum_[jw] = isum, mins_[jw] = mins, dw_[jw] = dw, dmw_[jw] = dmw;

@@ -146,21 +146,24 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
     __shared__ float pre_s[16];
     const float* m = mix + uint64_t(r) * M;
     float* C = comb + r * H * H;
-    if (H * H <= 32) {
-        if (threadIdx.x < 32) {
-            if (threadIdx.x < H) {
-                const uint32_t i = threadIdx.x;
-                pre_s[i] = sigmoid_cr(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])) + eps;
-                post[r * H + i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));
-            }
-            sinkhorn_warp(m, scale, base, H, eps, iters, C);
+    // The gates first; then warp 0 runs Sinkhorn (comb) while the other warps form x_sub,
+    // which needs only the pre gates.
+    if (threadIdx.x < H) {
+        const uint32_t i = threadIdx.x;
+        pre_s[i] = sigmoid_cr(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])) + eps;
+        post[r * H + i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32) {
+        const float* Xr = X + uint64_t(r) * H * E;
+        for (uint32_t e = threadIdx.x - 32; e < E; e += blockDim.x - 32) {
+            float acc = 0;
+            for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(pre_s[h], Xr[h * E + e]));
+            x_sub[uint64_t(r) * E + e] = acc;
         }
+    } else if (H * H <= 32) {
+        sinkhorn_warp(m, scale, base, H, eps, iters, C);
     } else if (threadIdx.x == 0) {
-        float* po = post + r * H;
-        for (uint32_t i = 0; i < H; ++i) {
-            pre_s[i] = sigmoid_cr(__fadd_rn(__fmul_rn(m[i], scale[0]), base[i])) + eps;
-            po[i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));
-        }
         for (uint32_t a = 0; a < H; ++a) {
             float mx = -INFINITY;
             for (uint32_t c = 0; c < H; ++c) {
@@ -190,13 +193,6 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
             row_norm();
             col_norm();
         }
-    }
-    __syncthreads();
-    const float* Xr = X + uint64_t(r) * H * E;
-    for (uint32_t e = threadIdx.x; e < E; e += blockDim.x) {
-        float acc = 0;
-        for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(pre_s[h], Xr[h * E + e]));
-        x_sub[uint64_t(r) * E + e] = acc;
     }
 }
 
@@ -635,6 +631,39 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
                 e = 0;
             }
             sel[k] = e;
+        }
+    } else if (NE <= 256) {
+        // Each lane keeps its (at most 8) keys in registers: the same scan order and ties
+        // as the general loop below, without re-reading prob and bias for every pick.
+        float key[8];
+        uint32_t avail = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < 8; ++j) {
+            const uint32_t e = lane + 32 * j;
+            key[j] = e < NE ? prob[e] + (bias ? bias[e] : 0.0f) : 0.0f;
+            if (e < NE) avail |= 1u << j;
+        }
+        for (uint32_t k = 0; k < K; ++k) {
+            float best = -INFINITY;
+            int32_t be = -1;
+#pragma unroll
+            for (uint32_t j = 0; j < 8; ++j) {
+                if (!((avail >> j) & 1)) continue;
+                if (be < 0 || key[j] > best) {
+                    best = key[j];
+                    be = int32_t(lane + 32 * j);
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+                if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
+                    best = ob;
+                    be = oe;
+                }
+            }
+            if (lane == 0) sel[k] = be;
+            if (be >= 0 && uint32_t(be) % 32 == lane) avail &= ~(1u << (uint32_t(be) / 32));
         }
     } else {
         for (uint32_t k = 0; k < K; ++k) {

@@ -2,6 +2,8 @@
 // tokens/s on a `synth flash` model of DSV4_BENCH_LAYERS layers (default 4) with the shipped
 // 2-bit mix, per-phase device times and a projection to 43 layers, the device-to-device copy
 // bandwidth, and KV committed vs eager at a 1M logical context with a 4K conversation.
+#include <cuda_profiler_api.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -108,10 +110,15 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         const auto prompt = random_tokens(ctx_tokens, 0, int32_t(V), 1);
         std::vector<float> lg(V);
         g->forward_one(*kv, prompt, false, lg.data());
+        // Under Nsight Compute (DSV4_NCU=1, ncu --profile-from-start off): only these decode
+        // steps are profiled, kernel by kernel.
+        const bool ncu = std::getenv("DSV4_NCU") != nullptr;
         cuda::profile_enable(true);
         cuda::profile_reset();
-        const uint32_t n = 16;
+        const uint32_t n = ncu ? 2 : 16;
+        if (ncu) cudaProfilerStart();
         for (uint32_t i = 0; i < n; ++i) g->forward_one(*kv, std::vector<int32_t>{argmax(lg.data(), V)}, false, lg.data());
+        if (ncu) cudaProfilerStop();
         cuda::profile_enable(false);
         auto prof = cuda::profile_snapshot();
         std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
