@@ -533,9 +533,14 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, M = c_.hc_mix();
     rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
     mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
-    hc_pre_finish(mix_.get(), scale, base, X_.get(), R, H, E, c_.hc_eps, c_.n_sinkhorn_iter, post_.get(), comb_.get(),
-                  x_sub_.get(), stream_);
-    rms_norm(x_sub_.get(), E, xn_.get(), E, R, E, c_.rms_eps, norm_w, stream_);
+    if (hc_pre_norm_fusable(H, E, X_.get(), xn_.get(), norm_w)) {
+        hc_pre_finish(mix_.get(), scale, base, X_.get(), R, H, E, c_.hc_eps, c_.n_sinkhorn_iter, post_.get(),
+                      comb_.get(), x_sub_.get(), stream_, norm_w, c_.rms_eps, xn_.get());
+    } else {
+        hc_pre_finish(mix_.get(), scale, base, X_.get(), R, H, E, c_.hc_eps, c_.n_sinkhorn_iter, post_.get(),
+                      comb_.get(), x_sub_.get(), stream_);
+        rms_norm(x_sub_.get(), E, xn_.get(), E, R, E, c_.rms_eps, norm_w, stream_);
+    }
     xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
     mark("hc_pre", double(M) * fn.row_bytes);
 }

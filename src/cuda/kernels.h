@@ -124,8 +124,12 @@ void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, ui
 void embed(const DevWeight& emb, const DevRow* rows, uint32_t R, uint32_t E, uint32_t H, float* X, cudaStream_t s);
 
 // mHC pre after the mix product (mix [R][2H+H*H]): pre/post gates, Sinkhorn, x_sub.
+// With xn (only where hc_pre_norm_fusable): also the sublayer's RMSNorm, xn = rms_norm(x_sub)
+// * norm_w bit for bit as rms_norm() would give, and x_sub is not written.
+bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn, const float* norm_w);
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
-                   uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s);
+                   uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s,
+                   const float* norm_w = nullptr, float rms_eps = 0.0f, float* xn = nullptr);
 // X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place.
 void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
              cudaStream_t s);

@@ -4,6 +4,7 @@
 // (exp, the FP8/FP4 simulations, RoPE), the same float operations are used, unfused.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "cuda/common.cuh"
 
@@ -141,7 +142,7 @@ __device__ void sinkhorn_warp(const float* m, const float* scale, const float* b
 
 __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
                                      uint32_t H, uint32_t E, float eps, uint32_t iters, float* post, float* comb,
-                                     float* x_sub) {
+                                     float* x_sub, const float* norm_w, float rms_eps, float* xn) {
     const uint32_t r = blockIdx.x, M = 2 * H + H * H;
     __shared__ float pre_s[16];
     const float* m = mix + uint64_t(r) * M;
@@ -154,6 +155,33 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
         post[r * H + i] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(m[H + i], scale[1]), base[H + i]));
     }
     __syncthreads();
+    if (xn) {
+        // Fused sublayer RMSNorm (E == 4 * blockDim, H * H <= 32): thread t forms x_sub
+        // values 4t..4t+3 and the norm is rms_norm_vec_kernel's, operation for operation
+        // (one float4 per thread, the same double sum and block reduction); x_sub is not stored.
+        const float4* X4 = reinterpret_cast<const float4*>(X + uint64_t(r) * H * E);
+        const uint32_t u = threadIdx.x;
+        float4 v = make_float4(0, 0, 0, 0);
+        for (uint32_t h = 0; h < H; ++h) {
+            const float4 xv = X4[h * (E / 4) + u];
+            const float ph = pre_s[h];
+            v.x = __fadd_rn(v.x, __fmul_rn(ph, xv.x));
+            v.y = __fadd_rn(v.y, __fmul_rn(ph, xv.y));
+            v.z = __fadd_rn(v.z, __fmul_rn(ph, xv.z));
+            v.w = __fadd_rn(v.w, __fmul_rn(ph, xv.w));
+        }
+        double ss = 0;
+        ss += double(v.x) * double(v.x) + double(v.y) * double(v.y) + double(v.z) * double(v.z) +
+              double(v.w) * double(v.w);
+        ss = block_sum_d(ss);
+        const float rr = float(1.0 / sqrt(ss / E + double(rms_eps)));
+        const float4 g = norm_w ? reinterpret_cast<const float4*>(norm_w)[u] : make_float4(1, 1, 1, 1);
+        reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] =
+            make_float4(__fmul_rn(__fmul_rn(v.x, rr), g.x), __fmul_rn(__fmul_rn(v.y, rr), g.y),
+                        __fmul_rn(__fmul_rn(v.z, rr), g.z), __fmul_rn(__fmul_rn(v.w, rr), g.w));
+        if (threadIdx.x < 32) sinkhorn_warp(m, scale, base, H, eps, iters, C);
+        return;
+    }
     if (threadIdx.x >= 32) {
         const float* Xr = X + uint64_t(r) * H * E;
         for (uint32_t e = threadIdx.x - 32; e < E; e += blockDim.x - 32) {
@@ -755,10 +783,18 @@ void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, ui
     check_launch("rms_norm");
 }
 
+bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn, const float* norm_w) {
+    return E == 4 * 1024 && H * H <= 32 && reinterpret_cast<uintptr_t>(X) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(xn) % 16 == 0 && reinterpret_cast<uintptr_t>(norm_w) % 16 == 0;
+}
+
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
-                   uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s) {
+                   uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s,
+                   const float* norm_w, float rms_eps, float* xn) {
     if (!R) return;
-    hc_pre_finish_kernel<<<R, 1024, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub);
+    if (xn && !hc_pre_norm_fusable(H, E, X, xn, norm_w)) throw std::runtime_error("hc_pre_finish: norm not fusable");
+    hc_pre_finish_kernel<<<R, 1024, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub, norm_w,
+                                            rms_eps, xn);
     check_launch("hc_pre_finish");
 }
 

@@ -270,6 +270,31 @@ TEST_F(CudaKernels, MatvecLongRowsWideBlocks) {
     }
 }
 
+TEST_F(CudaKernels, HcPreFusedNormEqualsSeparate) {
+    // mHC pre with the sublayer RMSNorm fused (E = 4096, H = 4) = hc_pre_finish + rms_norm.
+    const uint32_t R = 3, H = 4, E = 4096, M = 2 * H + H * H;
+    auto mix = random_floats(R * M, 71, -2.0f, 2.0f);
+    auto scale = random_floats(3, 72, 0.5f, 1.5f);
+    auto base = random_floats(M, 73, -1.0f, 1.0f);
+    auto X = random_floats(uint64_t(R) * H * E, 74, -3.0f, 3.0f);
+    auto nw = random_floats(E, 75, 0.5f, 1.5f);
+    DevVec<float> dmix(mix), dscale(scale), dbase(base), dX(X), dnw(nw);
+    DevVec<float> post1(R * H), comb1(R * H * H), xs1(R * E), xn1(R * E);
+    DevVec<float> post2(R * H), comb2(R * H * H), xs2(R * E), xn2(R * E);
+    cuda::hc_pre_finish(dmix.get(), dscale.get(), dbase.get(), dX.get(), R, H, E, 1e-6f, 20, post1.get(), comb1.get(),
+                        xs1.get(), nullptr);
+    cuda::rms_norm(xs1.get(), E, xn1.get(), E, R, E, 1e-6f, dnw.get(), nullptr);
+    ASSERT_TRUE(cuda::hc_pre_norm_fusable(H, E, dX.get(), xn2.get(), dnw.get()));
+    cuda::hc_pre_finish(dmix.get(), dscale.get(), dbase.get(), dX.get(), R, H, E, 1e-6f, 20, post2.get(), comb2.get(),
+                        xs2.get(), nullptr, dnw.get(), 1e-6f, xn2.get());
+    auto a1 = xn1.download(), a2 = xn2.download();
+    ASSERT_EQ(0, std::memcmp(a1.data(), a2.data(), a1.size() * 4));
+    auto p1 = post1.download(), p2 = post2.download();
+    ASSERT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * 4));
+    auto c1 = comb1.download(), c2 = comb2.download();
+    ASSERT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * 4));
+}
+
 TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
     // The shapes of small models: rows of 32..128 values, hundreds of activation rows read
     // with a stride larger than the row.
