@@ -61,6 +61,11 @@ public:
     }
 };
 
+// What every backend does first in forward(): checks each input (a session, tokens in the
+// vocabulary, not empty, fits the context) and grows its KV for the whole input before any
+// work; a refused input gets `error` set and is left as it was.
+void admit_step(std::span<StepInput> inputs, uint32_t n_vocab);
+
 std::unique_ptr<Backend> make_cpu_backend(const model::Model& m, const BackendOptions& opt);
 // nullptr and a reason when CUDA is not compiled in or no device is present.
 std::unique_ptr<Backend> make_cuda_backend(const model::Model& m, const BackendOptions& opt, std::string* why);

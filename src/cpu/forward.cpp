@@ -22,6 +22,28 @@ Numerics parse_numerics(const std::string& s) {
 
 const char* numerics_name(Numerics n) { return n == Numerics::Official ? "official" : "plain"; }
 
+void admit_step(std::span<StepInput> inputs, uint32_t n_vocab) {
+    for (auto& in : inputs) {
+        in.error.clear();
+        if (!in.kv) fail("forward: input without a session");
+        if (in.tokens.empty()) in.error = "empty input: nothing to evaluate";
+        for (int32_t t : in.tokens)
+            if (t < 0 || uint32_t(t) >= n_vocab) {
+                in.error = cat("token id ", t, " is outside the vocabulary [0, ", n_vocab, ")");
+                break;
+            }
+        if (in.error.empty() && in.kv->n_tokens() + in.tokens.size() > in.kv->layout().ctx)
+            in.error = cat("context full: ", in.kv->n_tokens(), " tokens in the session + ", in.tokens.size(),
+                           " new exceed the context of ", in.kv->layout().ctx, " tokens");
+        if (in.error.empty()) {
+            // Grow once for the whole input, before any write (and, on CUDA, outside any
+            // captured graph): a refusal leaves the session intact.
+            kv::Status st = in.kv->ensure_tokens(in.kv->n_tokens() + in.tokens.size());
+            if (!st) in.error = st.message;
+        }
+    }
+}
+
 namespace cpu {
 namespace {
 
@@ -664,25 +686,7 @@ void CpuBackend::output_head(std::span<StepInput> inputs) {
 
 void CpuBackend::forward(std::span<StepInput> inputs) {
     const uint32_t chunk = std::max<uint32_t>(1, opt_.prefill_chunk);
-    // Validate every input before touching anything.
-    for (auto& in : inputs) {
-        in.error.clear();
-        if (!in.kv) fail("forward: input without a session");
-        if (in.tokens.empty()) in.error = "empty input: nothing to evaluate";
-        for (int32_t t : in.tokens)
-            if (t < 0 || uint32_t(t) >= c_.n_vocab) {
-                in.error = cat("token id ", t, " is outside the vocabulary [0, ", c_.n_vocab, ")");
-                break;
-            }
-        if (in.error.empty() && in.kv->n_tokens() + in.tokens.size() > in.kv->layout().ctx)
-            in.error = cat("context full: ", in.kv->n_tokens(), " tokens in the session + ", in.tokens.size(),
-                           " new exceed the context of ", in.kv->layout().ctx, " tokens");
-        if (in.error.empty()) {
-            // Grow once for the whole input, before any write: a refusal leaves the session intact.
-            kv::Status st = in.kv->ensure_tokens(in.kv->n_tokens() + in.tokens.size());
-            if (!st) in.error = st.message;
-        }
-    }
+    admit_step(inputs, c_.n_vocab);
     const uint32_t HD = c_.hc_dim();
     // Rounds: each takes up to `chunk` tokens from every input (the raw ring holds the
     // window plus one chunk).
