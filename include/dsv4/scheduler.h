@@ -150,6 +150,7 @@ public:
 
     // Cancels everything, saves idle sessions to disk (save_on_shutdown), stops the worker.
     void shutdown();
+    bool stopping() const;
 
     SchedulerStats stats() const;
 

@@ -287,6 +287,7 @@ private:
         };
         std::string why;
         std::shared_ptr<runtime::Job> job = sched_.submit(std::move(g), &why);
+        if (!job && sched_.stopping()) throw shutting_down();
         if (!job) throw make_error(429, why, "rate_limit_error", "rate_limit_exceeded");
         const int fd = connection_fd(req);
         const std::string id = serve::random_id(ep == serve::Endpoint::Chat ? "chatcmpl-" : "cmpl-");
@@ -300,6 +301,7 @@ private:
             ex->cv.wait(l, [&] { return ex->finished; });
             const runtime::JobResult r = ex->result;
             if (r.finish == runtime::FinishReason::Error) throw job_error(r);
+            if (r.finish == runtime::FinishReason::Cancelled) throw shutting_down();   // (or nobody is listening)
             const text::ParsedMessage m = ex->out.final_message();
             l.unlock();
             const std::string finish = serve::finish_reason(r, m);
@@ -322,6 +324,7 @@ private:
             while (!ex->cv.wait_for(l, std::chrono::milliseconds(100), [&] { return ex->admitted || ex->finished; }))
                 if (peer_gone(fd)) job->cancel();
             if (ex->finished && ex->result.finish == runtime::FinishReason::Error) throw job_error(ex->result);
+            if (ex->finished && ex->result.finish == runtime::FinishReason::Cancelled) throw shutting_down();
         }
         res.set_header("Cache-Control", "no-cache");
         res.set_header("X-Accel-Buffering", "no");
@@ -393,8 +396,8 @@ private:
             out += sse(chunk(id, created, model, ep, json{{"reasoning_content", d.reasoning}}, nullptr));
         if (!d.content.empty()) out += sse(chunk(id, created, model, ep, json{{"content", d.content}}, nullptr));
         if (finished) {
-            if (r.finish == runtime::FinishReason::Error) {
-                out += sse(job_error(r).body());
+            if (r.finish == runtime::FinishReason::Error || r.finish == runtime::FinishReason::Cancelled) {
+                out += sse((r.finish == runtime::FinishReason::Error ? job_error(r) : shutting_down()).body());
             } else {
                 if (ep == serve::Endpoint::Chat && !m.tool_calls.empty()) {
                     json calls = json::array();
@@ -441,6 +444,10 @@ private:
         }
         if (finished) sink.done();
         return true;
+    }
+
+    static ApiError shutting_down() {
+        return make_error(503, "The server is shutting down.", "server_error", "shutting_down");
     }
 
     static ApiError job_error(const runtime::JobResult& r) {
@@ -572,6 +579,8 @@ int run_serve(const ServeOptions& o) {
             s = sigtimedwait(&sigs, &info, &ts);
             if (s > 0) break;
         }
+        // Generations end first (their clients get a final event), then the listener.
+        if (s > 0) server.scheduler().shutdown();
         server.http().stop();
     });
     const bool ok = server.http().listen_after_bind();

@@ -323,7 +323,6 @@ struct Scheduler::Impl {
             ++s.requests_finished;
             if (r.finish == FinishReason::Error) ++s.requests_failed;
             if (r.finish == FinishReason::Cancelled) ++s.requests_cancelled;
-            s.completion_tokens += r.completion_tokens;
         });
     }
 
@@ -376,6 +375,7 @@ struct Scheduler::Impl {
         if (std::find(req.stop_tokens.begin(), req.stop_tokens.end(), t) != req.stop_tokens.end())
             return finish(a, FinishReason::Stop);
         ++a.generated;
+        count([](SchedulerStats& s) { ++s.completion_tokens; });
         TokenAction act;
         if (req.on_token) {
             try {
@@ -583,6 +583,10 @@ struct Scheduler::Impl {
                             }
                         if (!in_active) reject(j, FinishReason::Error, ErrorKind::Internal, e.what());
                     }
+                    // Only sessions of running requests are busy.
+                    for (auto& sl : slots) sl->busy = false;
+                    for (auto& a : active)
+                        if (!a.finished) a.slot->busy = true;
                 }
             }
             active.remove_if([](const Active& a) { return a.finished; });
@@ -650,6 +654,11 @@ void Scheduler::shutdown() {
     }
     impl_->qcv.notify_all();
     if (impl_->worker.joinable()) impl_->worker.join();
+}
+
+bool Scheduler::stopping() const {
+    std::lock_guard<std::mutex> l(impl_->qmu);
+    return impl_->stopping;
 }
 
 SchedulerStats Scheduler::stats() const {

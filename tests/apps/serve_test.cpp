@@ -397,6 +397,32 @@ TEST(ServeHttp, TooManyRequestsAndClientDisconnect) {
     EXPECT_EQ(ok.status, 200) << ok.body;
 }
 
+TEST(ServeHttp, ShutdownEndsStreamsAndSavesSessions) {
+    NEED_CURL();
+    const std::string dir = test::tmp_dir() + "/serve-shutdown-disk";
+    fs::remove_all(dir);
+    Server s({"-m", tiny(), "--ctx", "32768", "--kv-disk-dir", dir});
+    json long_req = chat_body("A story that never ends", 32000, true);
+    long_req["ignore_eos"] = true;
+    Reply streamed;
+    std::thread t([&] { streamed = curl(s.url("/v1/chat/completions"), long_req.dump()); });
+    for (int i = 0; i < 200; ++i) {
+        if (metric(curl(s.url("/metrics")).body, "dsv4_completion_tokens_total") > 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(s.stop(), 0) << s.log();   // SIGTERM: a clean exit
+    t.join();
+    // The client got an error event and [DONE], not a cut connection.
+    auto ev = sse_events(streamed.body);
+    ASSERT_GE(ev.size(), 2u) << streamed.body;
+    EXPECT_EQ(ev.back(), "[DONE]");
+    EXPECT_NE(ev[ev.size() - 2].find("shutting_down"), std::string::npos) << ev[ev.size() - 2];
+    // The session was saved for the next start.
+    size_t files = 0;
+    for (const auto& f : fs::directory_iterator(dir)) files += f.path().extension() == ".kv";
+    EXPECT_EQ(files, 1u);
+}
+
 TEST(ServeHttp, KvBudgetExhaustedIs503) {
     NEED_CURL();
     Server s({"-m", tiny(), "--ctx", "1024", "--kv-budget", "64K"});
