@@ -571,6 +571,7 @@ int run_serve(const ServeOptions& o) {
                  so.disk_dir.empty() ? "off" : so.disk_dir.c_str());
 
     std::atomic<bool> done{false};
+    runtime::SchedulerStats last;   // before shutdown releases the sessions (--stats-json)
     std::thread sig([&] {
         int s = 0;
         while (!done) {
@@ -580,6 +581,7 @@ int run_serve(const ServeOptions& o) {
             if (s > 0) break;
         }
         // Generations end first (their clients get a final event), then the listener.
+        last = server.scheduler().stats();
         if (s > 0) server.scheduler().shutdown();
         server.http().stop();
     });
@@ -589,6 +591,11 @@ int run_serve(const ServeOptions& o) {
     sig.join();
     server.scheduler().shutdown();
     const auto st = server.scheduler().stats();
+    write_stats_json(o.mo.stats_json, last.kv,
+                     cat("\"sessions_resident\": ", last.sessions_resident, ", \"requests\": ", st.requests_finished,
+                         ", \"prompt_tokens\": ", st.prompt_tokens, ", \"cached_tokens\": ", st.cached_tokens,
+                         ", \"completion_tokens\": ", st.completion_tokens, ", \"sessions_on_disk\": ",
+                         st.sessions_on_disk));
     std::fprintf(stderr, "dsv4 serve: stopped (%llu requests, %llu sessions on disk)\n",
                  static_cast<unsigned long long>(st.requests_finished),
                  static_cast<unsigned long long>(st.sessions_on_disk));
