@@ -81,7 +81,7 @@ export DSV4_CUDA_TIMING=1
 if [[ $QUICK == 0 ]]; then export DSV4_CUDA_FLASH=1 DSV4_CUDA_BENCH=1; fi
 echo "== tests"
 FILTER=${GTEST_FILTER:-*}
-SHOW='^\[( +OK|  FAILED|  SKIPPED) |Failure|rror|^\[cuda|Expected|Which is|actual|^== |^(run|ctx|per layer|full|model file)'
+SHOW='^\[( +OK|  FAILED|  SKIPPED) |Failure|rror|^\[cuda|Expected|Which is|actual|^== |^(run|ctx|per layer|prefill per|full|model file)'
 timeout ${TEST_TIMEOUT:-480} "$BUILD/dsv4_cuda_tests" --gtest_filter="$FILTER:-CudaBench.*" 2>&1 | tee "$LOG/tests.log" | grep -E "$SHOW"
 RC=${PIPESTATUS[0]}
 if [[ $QUICK == 0 && "$FILTER" == "*" ]]; then

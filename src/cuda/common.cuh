@@ -68,10 +68,6 @@ __device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__
 __device__ __forceinline__ float f16_round(float f) { return __half2float(__float2half_rn(f)); }
 __device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
-__device__ __forceinline__ uint32_t ld_u32_2(const uint8_t* p) {   // 2-byte aligned
-    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
-    return uint32_t(q[0]) | (uint32_t(q[1]) << 16);
-}
 
 // ggml's E8M0 "half" scale: 2^(e-128), exact for every e.
 __device__ __forceinline__ float e8m0_half(uint8_t e) {

@@ -96,7 +96,7 @@ public:
         bool as_floats;       // small vectors: converted to f32 on the host
         bool is_i32;
         uint64_t off = 0, bytes = 0;   // main bytes (raw, repacked qs, floats)
-        uint64_t off2 = 0, bytes2 = 0; // repacked Q8_0 scales
+        uint64_t off2 = 0, bytes2 = 0; // repacked scales (repack_rows)
     };
 
     size_t add(const Tensor& t, bool as_floats) {
@@ -106,9 +106,10 @@ public:
             uint64_t n = 1;
             for (int i = 0; i < 4; ++i) n *= t.ne(i);
             it.bytes = n * 4;
-        } else if (t.type() == quant::Type::Q8_0) {
-            it.bytes = rows * t.ne(0);
-            it.bytes2 = rows * (t.ne(0) / 32) * 2;
+        } else if (RepackShape rs; repack_shape(uint32_t(t.type()), &rs)) {
+            const uint64_t blocks = rows * (t.ne(0) / rs.block_values);
+            it.bytes = blocks * rs.body_bytes;
+            it.bytes2 = blocks * rs.aux_bytes;
         } else {
             it.bytes = t.nbytes();
         }
@@ -143,18 +144,19 @@ public:
             if (it.as_floats) {
                 std::vector<float> f = to_floats(t);
                 check(cudaMemcpy(base_ + it.off, f.data(), it.bytes, cudaMemcpyHostToDevice), "weight upload");
-            } else if (t.type() == quant::Type::Q8_0) {
+            } else if (RepackShape rs; repack_shape(uint32_t(t.type()), &rs)) {
                 const uint64_t K = t.ne(0), rows = t.nbytes() / t.row_bytes();
+                const uint64_t body = (K / rs.block_values) * rs.body_bytes, aux = (K / rs.block_values) * rs.aux_bytes;
                 // In slices, so the host staging stays small.
-                const uint64_t slice = std::max<uint64_t>(1, (64ull << 20) / K);
+                const uint64_t slice = std::max<uint64_t>(1, (64ull << 20) / t.row_bytes());
                 for (uint64_t r0 = 0; r0 < rows; r0 += slice) {
                     const uint64_t n = std::min(slice, rows - r0);
-                    stage.resize(n * K + n * (K / 32) * 2);
-                    repack_q8_0(t.data() + r0 * t.row_bytes(), n, K, reinterpret_cast<int8_t*>(stage.data()),
-                                reinterpret_cast<uint16_t*>(stage.data() + n * K));
-                    check(cudaMemcpy(base_ + it.off + r0 * K, stage.data(), n * K, cudaMemcpyHostToDevice),
+                    stage.resize(n * (body + aux));
+                    repack_rows(uint32_t(t.type()), t.data() + r0 * t.row_bytes(), n, K, stage.data(),
+                                stage.data() + n * body);
+                    check(cudaMemcpy(base_ + it.off + r0 * body, stage.data(), n * body, cudaMemcpyHostToDevice),
                           "weight upload");
-                    check(cudaMemcpy(base_ + it.off2 + r0 * (K / 32) * 2, stage.data() + n * K, n * (K / 32) * 2,
+                    check(cudaMemcpy(base_ + it.off2 + r0 * aux, stage.data() + n * body, n * aux,
                                      cudaMemcpyHostToDevice),
                           "weight upload");
                 }
@@ -184,7 +186,7 @@ public:
         w.K = t.ne(0);
         w.row_bytes = t.row_bytes();
         w.rows = t.nbytes() / t.row_bytes();
-        if (t.type() == quant::Type::Q8_0) {
+        if (it.bytes2) {
             w.qs = reinterpret_cast<const int8_t*>(base_ + it.off);
             w.d = reinterpret_cast<const uint16_t*>(base_ + it.off2);
         } else {
@@ -228,6 +230,7 @@ public:
         : m_(m), c_(m.config), w_(m.weights), opt_(opt) {
         check(cudaSetDevice(0), "cudaSetDevice");
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        for (auto& sd : side_) check(cudaStreamCreateWithFlags(&sd, cudaStreamNonBlocking), "cudaStreamCreate");
         upload_iq2xxs_grid(iq2xxs_grid_table());
         bind_weights();
         // RoPE frequencies of both flavours (cpu::Rope's YaRN blend), in double.
@@ -253,6 +256,9 @@ public:
             cudaStreamSynchronize(stream_);
             cudaStreamDestroy(stream_);
         }
+        for (auto& sd : side_)
+            if (sd) cudaStreamDestroy(sd);
+        for (auto& e : branch_ev_) cudaEventDestroy(e);
     }
 
     std::string name() const override { return "cuda"; }
@@ -265,13 +271,17 @@ private:
     static const uint64_t* iq2xxs_grid_table();
     void bind_weights();
     void ensure_workspace(uint32_t R);
-    // y = W · x for R rows (activation quantised as the CPU does).
+    // y = W · x for R rows (activation quantised as the CPU does into `buf`).
     void mm(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y, uint64_t ys, uint64_t N,
-            uint64_t row0 = 0) {
-        const DevAct a = quantize_act(W.type, x, xs, R, W.K, act_, stream_);
-        matvec(W, a, R, y, ys, N, row0, stream_);
+            cudaStream_t s, const ActBuf& buf) {
+        const DevAct a = quantize_act(W.type, x, xs, R, W.K, buf, s);
+        matvec(W, a, R, y, ys, N, 0, s);
+    }
+    void mm(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y, uint64_t ys, uint64_t N) {
+        mm(W, x, xs, R, y, ys, N, stream_, act_);
     }
     // xn_ in the activation format of a weight type, quantised once per sublayer and kind.
+    // Called on the main stream before the sublayer forks, so every branch reads it.
     const DevAct& xn_act(uint32_t wtype, uint32_t R) {
         const uint32_t k = uint32_t(act_kind(wtype));
         if (!xn_have_[k]) {
@@ -280,9 +290,43 @@ private:
         }
         return xn_acts_[k];
     }
-    void mv_xn(const DevWeight& W, uint32_t R, float* y, uint64_t N, const char* what) {
-        matvec(W, xn_act(W.type, R), R, y, N, N, 0, stream_);
+    void xn_acts_for(std::initializer_list<const DevWeight*> ws, uint32_t R) {
+        for (const DevWeight* w : ws)
+            if (w->K) xn_act(w->type, R);
+    }
+    void mv_xn(const DevWeight& W, uint32_t R, float* y, uint64_t N, const char* what, cudaStream_t s) {
+        matvec(W, xn_act(W.type, R), R, y, N, N, 0, s);
         mark(what, double(N) * W.row_bytes);
+    }
+    void mv_xn(const DevWeight& W, uint32_t R, float* y, uint64_t N, const char* what) {
+        mv_xn(W, R, y, N, what, stream_);
+    }
+    // Independent parts of a sublayer run as branches on side streams (captured into the
+    // decode graphs as parallel paths): fork(i) starts side stream i after everything issued
+    // so far on the main stream; join(i) makes the main stream wait for what side i issued.
+    // Off while profiling (the events between groups assume one stream).
+    cudaStream_t side(uint32_t i) const { return branches_on_ ? side_[i] : stream_; }
+    void fork(uint32_t i) {
+        if (!branches_on_) return;
+        cudaEvent_t e = next_event();
+        check(cudaEventRecord(e, stream_), "fork");
+        check(cudaStreamWaitEvent(side_[i], e, 0), "fork");
+    }
+    void join(uint32_t i) {
+        if (!branches_on_) return;
+        cudaEvent_t e = next_event();
+        check(cudaEventRecord(e, side_[i]), "join");
+        check(cudaStreamWaitEvent(stream_, e, 0), "join");
+    }
+    // Side stream i waits for the main stream's work so far (a mid-branch dependency).
+    void wait_main(uint32_t i) { fork(i); }
+    cudaEvent_t next_event() {
+        if (ev_next_ == branch_ev_.size()) {
+            cudaEvent_t e;
+            check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+            branch_ev_.push_back(e);
+        }
+        return branch_ev_[ev_next_++];
     }
     // Profiling (DSV4_CUDA_PROFILE=1, no graphs): an event after each named group of work.
     void mark(const char* name, double bytes = 0) {
@@ -330,7 +374,7 @@ private:
     uint32_t cap_rows_ = 0;
     DBuf<float> X_, flat_, mix_, x_sub_, xn_, post_, comb_, qr_, q_, kvr_, ckv_, csc_, pooled_, ikv_, isc_, ipooled_,
         qi_, wi_, o_, low_, y_, rlog_, ew_, gate_, up_, mid_, down_, shg_, shu_, score_, logits_;
-    DBuf<int32_t> experts_, bad_;
+    DBuf<int32_t> experts_, bad_, grp_, grp_pairs_, grp_count_;
     DBuf<uint32_t> sel_, want_, sess_begin_, sess_end_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
@@ -345,6 +389,16 @@ private:
     DevAct xn_acts_[3];
     bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
+    // Branches: side streams and a pool of events reused every round (ev_next_ restarts).
+    static constexpr uint32_t kSides = 3;
+    cudaStream_t side_[kSides] = {};
+    std::vector<cudaEvent_t> branch_ev_;
+    size_t ev_next_ = 0;
+    bool branches_on_ = false;
+    DBuf<int8_t> qra_q_;
+    DBuf<float> qra_d_;
+    DBuf<int32_t> qra_b_;
+    ActBuf qra_;
     // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width) ->
     // the layers and the head, captured on the second round of that shape.
     struct Graphs {
@@ -491,6 +545,9 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     rlog_.ensure(n * c_.n_expert, "workspace", g);
     ew_.ensure(n * K, "workspace", g);
     experts_.ensure(n * K, "workspace", g);
+    grp_.ensure(3ull * moe_groups_cap(R * K, c_.n_expert, 8), "workspace", g);
+    grp_pairs_.ensure(n * K, "workspace", g);
+    grp_count_.ensure(1, "workspace", g);
     gate_.ensure(n * K * F, "workspace", g);
     up_.ensure(n * K * F, "workspace", g);
     mid_.ensure(n * K * F, "workspace", g);
@@ -512,11 +569,16 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     act_d_.ensure(vals / 32, "workspace", g);
     act_b_.ensure(vals / 16, "workspace", g);
     act_ = {act_q_.get(), act_d_.get(), act_b_.get(), vals};
-    const uint64_t vals2 = (n * E + 255) / 256 * 256;
+    const uint64_t vals2 = (n * std::max(E, FS) + 255) / 256 * 256;
     act2_q_.ensure(vals2, "workspace", g);
     act2_d_.ensure(vals2 / 32, "workspace", g);
     act2_b_.ensure(vals2 / 16, "workspace", g);
     act2_ = {act2_q_.get(), act2_d_.get(), act2_b_.get(), vals2};
+    const uint64_t vals3 = (n * c_.q_lora_rank + 255) / 256 * 256;
+    qra_q_.ensure(vals3, "workspace", g);
+    qra_d_.ensure(vals3 / 32, "workspace", g);
+    qra_b_.ensure(vals3 / 16, "workspace", g);
+    qra_ = {qra_q_.get(), qra_d_.get(), qra_b_.get(), vals3};
     xn8_q_.ensure(vals2, "workspace", g);
     xn8_d_.ensure(vals2 / 32, "workspace", g);
     xn8_b_.ensure(vals2 / 16, "workspace", g);
@@ -545,6 +607,9 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     mark("hc_pre", double(M) * fn.row_bytes);
 }
 
+// The attention sublayer. After mHC pre, four branches: the query path (main stream), the KV
+// row (side 0), the attention compressor (side 1) and the indexer (side 2: its compressor,
+// then its queries once the query path has made qr_). They meet before the attention.
 void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevLayer& L = layers_[il];
     const uint32_t E = c_.n_embd, H = c_.n_hc, D = c_.head_dim, QL = c_.q_lora_rank, NL = c_.n_layer;
@@ -555,50 +620,69 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevLayerKV* lkv = lkv_dev_.get();
 
     hc_pre(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, R);
-    // Q path
-    mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
-    rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_);
-    mm(L.q_b, qr_.get(), QL, R, q_.get(), c_.q_dim(), c_.q_dim());
-    mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
-    head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
-    mark("q norm+rope");
+    xn_acts_for({&L.q_a, &L.kv, &L.comp_kv, &L.comp_gate, &L.icomp_kv, &L.icomp_gate, &L.iproj}, R);
     // KV path: one latent row per token into the raw ring
-    mv_xn(L.kv, R, kvr_.get(), D, "kv");
+    fork(0);
+    const cudaStream_t sk = side(0);
+    mv_xn(L.kv, R, kvr_.get(), D, "kv", sk);
     kv_finalize(kvr_.get(), R, D, c_.n_rot, c_.rms_eps, L.kv_a_norm, invf, rows, official, c_.n_nope(), lkv, NL, il,
-                stream_);
+                sk);
     mark("kv finalize");
     // compressors
     if (ratio != 0) {
+        fork(1);
+        const cudaStream_t sc = side(1);
         const uint32_t W = c_.coff(il) * D;
-        mv_xn(L.comp_kv, R, ckv_.get(), W, "compressor proj");
-        mv_xn(L.comp_gate, R, csc_.get(), W, "compressor proj");
+        mv_xn(L.comp_kv, R, ckv_.get(), W, "compressor proj", sc);
+        mv_xn(L.comp_gate, R, csc_.get(), W, "compressor proj", sc);
         compressor_state(ckv_.get(), csc_.get(), L.comp_ape, rows, sess_begin_.get(), sess_end_.get(), S, ratio, D,
-                         false, lkv, NL, il, pooled_.get(), stream_);
+                         false, lkv, NL, il, pooled_.get(), sc);
         compressor_emit(pooled_.get(), R, rows, ratio, D, c_.n_rot, c_.n_nope(), c_.rms_eps, L.comp_norm, invf, false,
-                        official, lkv, NL, il, stream_);
+                        official, lkv, NL, il, sc);
         mark("compressor");
     }
+    const cudaStream_t si = side(2);
     if (ratio == 4) {
-        const uint32_t DI = c_.indexer_head_dim, Wi = 2 * DI, NIH = c_.n_indexer_head;
-        mv_xn(L.icomp_kv, R, ikv_.get(), Wi, "indexer proj");
-        mv_xn(L.icomp_gate, R, isc_.get(), Wi, "indexer proj");
+        fork(2);
+        const uint32_t DI = c_.indexer_head_dim, Wi = 2 * DI;
+        mv_xn(L.icomp_kv, R, ikv_.get(), Wi, "indexer proj", si);
+        mv_xn(L.icomp_gate, R, isc_.get(), Wi, "indexer proj", si);
         compressor_state(ikv_.get(), isc_.get(), L.icomp_ape, rows, sess_begin_.get(), sess_end_.get(), S, ratio, DI,
-                         true, lkv, NL, il, ipooled_.get(), stream_);
+                         true, lkv, NL, il, ipooled_.get(), si);
         compressor_emit(ipooled_.get(), R, rows, ratio, DI, c_.n_rot, c_.n_nope(), c_.rms_eps, L.icomp_norm, invf,
-                        true, official, lkv, NL, il, stream_);
+                        true, official, lkv, NL, il, si);
         mark("compressor");
-        mm(L.iq_b, qr_.get(), QL, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim());
+    }
+    // Q path
+    mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
+    rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_);
+    // qr_ quantised once for q_b and the indexer's queries (same activation kind: one copy)
+    const DevAct qa = quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_);
+    if (ratio == 4) {
+        wait_main(2);
+        const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
+        const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
+                                ? qa
+                                : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
+        matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
         mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
-        mv_xn(L.iproj, R, wi_.get(), NIH, "indexer proj");
+        mv_xn(L.iproj, R, wi_.get(), NIH, "indexer proj", si);
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
-        indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, stream_);
+        indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
         if (vis_ld_) {
             indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
-                           score_.get(), vis_ld_, stream_);
-            topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), stream_);
+                           score_.get(), vis_ld_, si);
+            topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
         }
         mark("indexer scores+top-k");
     }
+    matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
+    mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
+    head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
+    mark("q norm+rope");
+    join(0);
+    if (ratio != 0) join(1);
+    if (ratio == 4) join(2);
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
               c_.n_rot, invf, o_.get(), stream_);
     mark("attention");
@@ -613,49 +697,59 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     mark("hc_post");
 }
 
+// The MoE sublayer: the shared expert (side 0) beside the router and the routed experts.
 void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const DevLayer& L = layers_[il];
     const uint32_t E = c_.n_embd, H = c_.n_hc, F = c_.n_ff_exp, K = c_.n_expert_used, NE = c_.n_expert;
     hc_pre(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, R);
+    xn_acts_for({&L.gate_inp, &L.gate_exps, &L.up_exps, &L.gate_sh, &L.up_sh}, R);
+    // shared expert into y_ (the routed experts' sum is added to it below)
+    const uint32_t FS = F * c_.n_expert_shared;
+    if (FS) {
+        fork(0);
+        const cudaStream_t ss = side(0);
+        if (matvec_swiglu_ok(L.gate_sh, L.up_sh)) {
+            matvec_swiglu(L.gate_sh, L.up_sh, xn_act(L.gate_sh.type, R), R, shg_.get(), FS, FS,
+                          c_.swiglu_clamp_shexp[il], nullptr, ss);
+            mark("shared expert", double(FS) * (L.gate_sh.row_bytes + L.up_sh.row_bytes));
+        } else {
+            mv_xn(L.gate_sh, R, shg_.get(), FS, "shared expert", ss);
+            mv_xn(L.up_sh, R, shu_.get(), FS, "shared expert", ss);
+            swiglu(shg_.get(), shu_.get(), shg_.get(), R, FS, c_.swiglu_clamp_shexp[il], nullptr, ss);
+        }
+        mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E, ss, act2_);
+        mark("shared expert", double(E) * L.down_sh.row_bytes);
+    }
     // router
     mv_xn(L.gate_inp, R, rlog_.get(), NE, "router");
     const bool hash = c_.is_hash_layer(il);
     router(rlog_.get(), R, NE, K, hash ? nullptr : L.exp_probs_b, hash ? L.tid2eid : nullptr, rows_dev_.get(),
            c_.expert_weights_norm, c_.expert_weights_scale, experts_.get(), ew_.get(), bad_.get(), stream_);
     mark("router");
-    // routed experts: pair p = r*K + k
+    // routed experts: pair p = r*K + k. With several rows, the pairs are gathered by expert
+    // first so each expert's weight rows are read once for up to 8 of its pairs.
     const uint32_t P = R * K;
+    MoeGroups groups{grp_.get(), grp_pairs_.get(), grp_count_.get(), moe_groups_cap(P, NE, 8), 8};
+    const MoeGroups* gp = R > 1 ? &groups : nullptr;
+    if (gp) moe_groups(experts_.get(), P, NE, groups, stream_);
     const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
         // one pass: both rows of a (pair, n) in one warp, SwiGLU in the epilogue
         matvec_swiglu(L.gate_exps, L.up_exps, ag, P, mid_.get(), F, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_,
-                      experts_.get(), F, K);
+                      experts_.get(), F, K, gp);
         mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
     } else {
         const DevAct au = xn_act(L.up_exps.type, R);
-        matvec(L.gate_exps, ag, P, gate_.get(), F, F, 0, stream_, experts_.get(), F, K);
-        matvec(L.up_exps, au, P, up_.get(), F, F, 0, stream_, experts_.get(), F, K);
+        matvec(L.gate_exps, ag, P, gate_.get(), F, F, 0, stream_, experts_.get(), F, K, gp);
+        matvec(L.up_exps, au, P, up_.get(), F, F, 0, stream_, experts_.get(), F, K, gp);
         mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
         swiglu(gate_.get(), up_.get(), mid_.get(), P, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_);
     }
     const DevAct ad = quantize_act(L.down_exps.type, mid_.get(), F, P, F, act_, stream_);
-    matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1);
+    matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1, gp);
     mark("experts down", double(P) * E * L.down_exps.row_bytes);
-    // shared expert, then moe + shared summed in a fixed order
-    const uint32_t FS = F * c_.n_expert_shared;
-    if (FS) {
-        if (matvec_swiglu_ok(L.gate_sh, L.up_sh)) {
-            matvec_swiglu(L.gate_sh, L.up_sh, xn_act(L.gate_sh.type, R), R, shg_.get(), FS, FS,
-                          c_.swiglu_clamp_shexp[il], nullptr, stream_);
-            mark("shared expert", double(FS) * (L.gate_sh.row_bytes + L.up_sh.row_bytes));
-        } else {
-            mv_xn(L.gate_sh, R, shg_.get(), FS, "shared expert");
-            mv_xn(L.up_sh, R, shu_.get(), FS, "shared expert");
-            swiglu(shg_.get(), shu_.get(), shg_.get(), R, FS, c_.swiglu_clamp_shexp[il], nullptr, stream_);
-        }
-        mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E);
-        mark("shared expert", double(E) * L.down_sh.row_bytes);
-    }
+    // moe + shared summed in a fixed order
+    if (FS) join(0);
     moe_combine(down_.get(), R, K, E, FS != 0, y_.get(), stream_);
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
     mark("hc_post");
@@ -788,6 +882,8 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
 
         profiling_ = g_profile_on;
         marks_ = 0;
+        branches_on_ = !profiling_ && env_on("DSV4_CUDA_BRANCHES", true);
+        ev_next_ = 0;
         if (profiling_) mark("start");
         const bool graphable = g_graphs_on && !profiling_ && R <= 64 && NW <= slice;
         Graphs* gr = nullptr;

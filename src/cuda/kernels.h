@@ -17,11 +17,13 @@ void check_launch(const char* what);
 [[noreturn]] void throw_too_small(const char* what, uint64_t need, uint64_t have);
 [[noreturn]] void throw_mismatch(const char* what, uint32_t type, uint64_t weight_k, uint64_t act_k);
 
-// ---- weights --------------------------------------------------------------------------
+// ---- weights ---------------------------------------------------------------------------
 // A weight matrix on the device: `rows` rows of K values (a 3-D expert tensor is flattened:
-// expert e's rows start at e * rows_per_expert). Every type keeps its GGUF block layout in
-// `data`, except Q8_0, which is repacked at upload into `qs` (rows x K int8, 16-byte
-// aligned rows) and `d` (rows x K/32 f16 scales) for wide, aligned loads.
+// expert e's rows start at e * rows_per_expert). Float and Q4_K/MXFP4 weights keep their GGUF
+// block layout in `data`. Q8_0, Q2_K and IQ2_XXS blocks are split at upload (repack_rows) into
+// `qs`, the blocks' code bytes with every block 16-byte aligned, and `d`, the blocks' f16
+// scales, so a lane reads its codes with one 16-byte load instead of 2-byte ones (GGUF blocks
+// of 34, 84 and 66 bytes are only 2-byte aligned).
 struct DevWeight {
     uint32_t type = 0;          // quant::Type
     uint64_t K = 0, rows = 0, row_bytes = 0;
@@ -30,11 +32,17 @@ struct DevWeight {
     const uint16_t* d = nullptr;
 };
 
-// Repacks n_rows Q8_0 rows of K values (GGUF blocks) into qs/d form (host memory).
-void repack_q8_0(const uint8_t* src, uint64_t n_rows, uint64_t K, int8_t* qs, uint16_t* d);
+// How repack_rows splits a type's blocks: the code bytes [body_off, body_off + body_bytes)
+// go to `qs`, the scale bytes [aux_off, aux_off + aux_bytes) to `d`. False: kept as is.
+struct RepackShape {
+    uint32_t block_values = 0, block_bytes = 0, body_off = 0, body_bytes = 0, aux_off = 0, aux_bytes = 0;
+};
+bool repack_shape(uint32_t type, RepackShape* shape);
+// Splits n_rows rows of K values (GGUF blocks at src, host memory) into qs and d form.
+void repack_rows(uint32_t type, const uint8_t* src, uint64_t n_rows, uint64_t K, uint8_t* qs, uint8_t* d);
 
-// The IQ2_XXS grid lives in constant memory: call once per process before any IQ2_XXS
-// kernel (the backend does it at construction). grid: 256 u64 entries.
+// The IQ2_XXS grid (and its sign masks) live in device memory: call once per process before
+// any IQ2_XXS kernel (the backend does it at construction). grid: 256 u64 entries.
 void upload_iq2xxs_grid(const uint64_t* grid);
 
 // ---- activations ----------------------------------------------------------------------
@@ -70,12 +78,27 @@ struct ActBuf {
 DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t R, uint64_t K, const ActBuf& buf,
                     cudaStream_t s);
 
+// MoE pairs gathered by expert (moe_groups), so one read of an expert's weight rows serves
+// up to per_group pairs (prefill: ~R*K/NE pairs per expert). Device buffers owned by the
+// caller: grp [cap][3], pairs [P], count [1].
+struct MoeGroups {
+    int32_t* grp = nullptr;
+    int32_t* pairs = nullptr;
+    int32_t* count = nullptr;
+    uint32_t cap = 0;          // >= moe_groups_cap(P, NE, per_group)
+    uint32_t per_group = 8;    // the products' slots per block (8)
+};
+uint32_t moe_groups_cap(uint32_t P, uint32_t NE, uint32_t per_group);
+void moe_groups(const int32_t* experts, uint32_t P, uint32_t NE, const MoeGroups& g, cudaStream_t s);
+
 // y[r*y_stride + n] = W[row0 + n] · act[r / act_div] for n < N, r < R.
 // With `expert` (device, one entry per r), row row0 + n of expert expert[r] is used
 // (rows_per_expert apart). Act row r/act_div (gate/up of pairs r = row*K + k share one
-// activation row: act_div = K).
+// activation row: act_div = K). With `groups` (built by moe_groups from `expert`), the pairs
+// of one expert are computed together; every pair's result is bit-identical either way.
 void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
-            cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1);
+            cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
+            const MoeGroups* groups = nullptr);
 
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).
@@ -90,7 +113,8 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu);
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
-                   const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1);
+                   const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
+                   const MoeGroups* groups = nullptr);
 
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);

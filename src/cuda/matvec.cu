@@ -4,13 +4,18 @@
 // A warp computes one output row for up to RB activation rows, so a batch reads each
 // weight row once per RB rows.
 #include <algorithm>
+#include <cstdlib>
 
 #include "cuda/common.cuh"
 
 namespace dsv4::cuda {
 namespace {
 
+// IQ2_XXS tables (upload_iq2xxs_grid): the 256 grid rows of 8 magnitudes, and the 128 sign
+// patterns as byte masks (byte t of g_iq2_sign[i] is 0xFF when value t of pattern i is
+// negative: ksigns(i) bit t), read through the L1 cache by every lane.
 __device__ uint64_t g_iq2_grid[256];
+__device__ uint64_t g_iq2_sign[128];
 
 __device__ __forceinline__ uint32_t ksigns(uint32_t i) { return i | ((uint32_t(__popc(i)) & 1u) << 7); }
 
@@ -118,7 +123,55 @@ struct MV {
     const uint16_t* wd2;
     float clamp;
     const float* ew;
+    // MoE pair groups (moe_groups): block row y serves group y, pairs of one expert.
+    const int32_t* grp;
+    const int32_t* grp_pairs;
+    const int32_t* n_grp;
+    uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
 };
+
+// The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
+// group's pairs (all of one expert). Each slot is computed with the same operations
+// whatever the other slots are, so a row's result does not depend on the batch.
+template <int RB>
+struct Slots {
+    int n;               // live slots (>= 1); dead slots repeat the last live one
+    uint32_t out[RB];    // output row (the pair) of each slot
+    uint64_t act[RB];    // its activation row
+    uint64_t wbase;      // weight row offset of the block (expert * rows_per_expert)
+};
+
+template <int RB>
+__device__ __forceinline__ bool get_slots(const MV& p, Slots<RB>& s) {
+    uint32_t n;
+    if (p.grp) {
+        const uint32_t gi = blockIdx.y;
+        if (gi >= uint32_t(*p.n_grp)) return false;
+        const int32_t* g = p.grp + 3 * gi;
+        s.wbase = uint64_t(g[0]) * p.rows_per_expert;
+        n = uint32_t(g[2]);
+        for (int i = 0; i < RB; ++i) s.out[i] = uint32_t(p.grp_pairs[g[1] + min(i, int(n) - 1)]);
+    } else {
+        const uint32_t r0 = blockIdx.y * RB;
+        n = min(uint32_t(RB), p.R - r0);
+        s.wbase = p.expert ? uint64_t(p.expert[r0]) * p.rows_per_expert : 0;
+        for (int i = 0; i < RB; ++i) s.out[i] = r0 + uint32_t(min(i, int(n) - 1));
+    }
+    s.n = int(n);
+    for (int i = 0; i < RB; ++i) s.act[i] = s.out[i] / p.act_div;
+    return true;
+}
+
+// SwiGLU of a (gate, up) pair of sums: swiglu_kernel's operations, in its order.
+__device__ __forceinline__ float swiglu_pair(float v, float u, float clamp, const float* ew, uint32_t pair) {
+    if (clamp > 1e-6f) {
+        v = fminf(v, clamp);
+        u = fminf(fmaxf(u, -clamp), clamp);
+    }
+    v = __fmul_rn(silu_cr(v), u);
+    if (ew) v = __fmul_rn(v, ew[pair]);
+    return v;
+}
 
 constexpr int kRowsPerBlock = 4;   // warps per block, one output row each
 
@@ -137,31 +190,15 @@ __device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
 // single-weight order of operations, then the SwiGLU of swiglu_kernel in the epilogue.
 template <uint32_t T, int RB, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
-    __shared__ uint64_t s_grid[T == T_IQ2_XXS ? 256 : 1];
-    // IQ2_XXS sign patterns as byte masks: byte t of s_sign[i] is 0xFF when value t of
-    // pattern i is negative (ksigns(i) bit t).
-    __shared__ uint64_t s_sign[T == T_IQ2_XXS ? 128 : 1];
-    if (T == T_IQ2_XXS) {
-        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) s_grid[i] = g_iq2_grid[i];
-        for (uint32_t i = threadIdx.x; i < 128; i += blockDim.x) {
-            const uint32_t sg = ksigns(i);
-            uint64_t m = 0;
-            for (int t = 0; t < 8; ++t)
-                if ((sg >> t) & 1) m |= uint64_t(0xFF) << (8 * t);
-            s_sign[i] = m;
-        }
-        __syncthreads();
-    }
     constexpr uint32_t NT = WIDE ? WT : 32;   // threads sharing one output row
     const uint64_t n = WIDE ? uint64_t(blockIdx.x) : uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const uint32_t lane = WIDE ? threadIdx.x : (threadIdx.x & 31);
     if (n >= p.N) return;
-    const uint32_t r0 = blockIdx.y * RB;
-    const int nr = int(min(uint32_t(RB), p.R - r0));
-    uint64_t wrow = p.row0 + n;
-    if (p.expert) wrow += uint64_t(p.expert[r0]) * p.rows_per_expert;
-    uint64_t ar[RB];
-    for (int i = 0; i < RB; ++i) ar[i] = uint64_t(r0 + min(i, nr - 1)) / p.act_div;
+    Slots<RB> sl;
+    if (!get_slots<RB>(p, sl)) return;
+    const int nr = sl.n;
+    const uint64_t wrow = sl.wbase + p.row0 + n;
+    const uint64_t* ar = sl.act;
     float acc[NW][RB];
 #pragma unroll
     for (int j = 0; j < NW; ++j)
@@ -296,6 +333,7 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
             }
         }
     } else {
+        static_assert(T == T_Q4_K, "Q2_K and IQ2_XXS have their own kernel (kq_kernel)");
         // Super-blocks of 256: a group of 8 lanes shares one, each lane an eighth of it;
         // the integer partial sums are combined exactly before the per-block float step.
         const uint8_t* wrs[NW];
@@ -320,28 +358,7 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                 float dw = 0.0f, dmw = 0.0f;
                 if (ok) {
                     const int8_t* a = p.aq + ar[i] * AL + goff + sb * 256;
-                    if constexpr (T == T_Q2_K) {
-                        const uint8_t* blk = wr + sb * 84;
-                        const uint32_t h = sub >> 2, j = sub & 3;
-                        const uint32_t* qw = reinterpret_cast<const uint32_t*>(blk + 16 + 32 * h);
-                        const int4* a4 = reinterpret_cast<const int4*>(a + 128 * h + 32 * j);
-                        const int4 a0 = a4[0], a1 = a4[1];
-                        const uint32_t sh = 2 * j;
-                        int s0 = __dp4a(int((qw[0] >> sh) & 0x03030303u), a0.x, 0);
-                        s0 = __dp4a(int((qw[1] >> sh) & 0x03030303u), a0.y, s0);
-                        s0 = __dp4a(int((qw[2] >> sh) & 0x03030303u), a0.z, s0);
-                        s0 = __dp4a(int((qw[3] >> sh) & 0x03030303u), a0.w, s0);
-                        int s1 = __dp4a(int((qw[4] >> sh) & 0x03030303u), a1.x, 0);
-                        s1 = __dp4a(int((qw[5] >> sh) & 0x03030303u), a1.y, s1);
-                        s1 = __dp4a(int((qw[6] >> sh) & 0x03030303u), a1.z, s1);
-                        s1 = __dp4a(int((qw[7] >> sh) & 0x03030303u), a1.w, s1);
-                        const uint8_t sc0 = blk[8 * h + 2 * j], sc1 = blk[8 * h + 2 * j + 1];
-                        isum = int(sc0 & 0xF) * s0 + int(sc1 & 0xF) * s1;
-                        const int32_t* bs = p.absum + ar[i] * (AL / 16) + goff / 16 + sb * 16 + 8 * h + 2 * j;
-                        mins = bs[0] * int(sc0 >> 4) + bs[1] * int(sc1 >> 4);
-                        dw = f16_to_f32(reinterpret_cast<const uint16_t*>(blk)[40]);
-                        dmw = f16_to_f32(reinterpret_cast<const uint16_t*>(blk)[41]);
-                    } else if constexpr (T == T_Q4_K) {
+                    if constexpr (T == T_Q4_K) {
                         const uint8_t* blk = wr + sb * 144;
                         const uint8_t* s = blk + 4;
                         const uint32_t j = sub;
@@ -370,28 +387,6 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                         mins = int(m) * (bs[0] + bs[1]);
                         dw = f16_to_f32(ld_u16(blk));
                         dmw = f16_to_f32(ld_u16(blk + 2));
-                    } else {   // IQ2_XXS
-                        const uint8_t* blk = wr + sb * 66;
-                        const uint32_t g = sub;
-                        const uint32_t a0w = ld_u32_2(blk + 2 + 8 * g), a1w = ld_u32_2(blk + 2 + 8 * g + 4);
-                        const int4* a4 = reinterpret_cast<const int4*>(a + 32 * g);
-                        const int4 x0 = a4[0], x1 = a4[1];
-                        const int aw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                        int sm = 0;
-#pragma unroll
-                        for (int l = 0; l < 4; ++l) {
-                            const uint64_t gv = s_grid[(a0w >> (8 * l)) & 0xFF];
-                            const uint64_t m = s_sign[(a1w >> (7 * l)) & 127];
-                            // per-byte negation of grid bytes 1..255: (v ^ 0xFF) + 1 = 256 - v,
-                            // never carrying into the next byte (grid bytes are 8, 25 or 43)
-                            const uint32_t m0 = uint32_t(m), m1 = uint32_t(m >> 32);
-                            const uint32_t w0 = (uint32_t(gv) ^ m0) + (m0 & 0x01010101u);
-                            const uint32_t w1 = (uint32_t(gv >> 32) ^ m1) + (m1 & 0x01010101u);
-                            sm = __dp4a(int(w0), aw[2 * l], sm);
-                            sm = __dp4a(int(w1), aw[2 * l + 1], sm);
-                        }
-                        isum = sm * int(2 * (a1w >> 28) + 1);
-                        dw = f16_to_f32(*reinterpret_cast<const uint16_t*>(blk));
                     }
                 }
                 isum_[jw] = isum, mins_[jw] = mins, dw_[jw] = dw, dmw_[jw] = dmw;
@@ -403,19 +398,13 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                 isum += __shfl_xor_sync(0xffffffffu, isum, 1);
                 isum += __shfl_xor_sync(0xffffffffu, isum, 2);
                 isum += __shfl_xor_sync(0xffffffffu, isum, 4);
-                if constexpr (T != T_IQ2_XXS) {
-                    mins += __shfl_xor_sync(0xffffffffu, mins, 1);
-                    mins += __shfl_xor_sync(0xffffffffu, mins, 2);
-                    mins += __shfl_xor_sync(0xffffffffu, mins, 4);
-                }
+                mins += __shfl_xor_sync(0xffffffffu, mins, 1);
+                mins += __shfl_xor_sync(0xffffffffu, mins, 2);
+                mins += __shfl_xor_sync(0xffffffffu, mins, 4);
                 if (ok && sub == 0) {
                     const float dx = p.ad[ar[i] * (AL / 256) + goff / 256 + sb];
-                    if constexpr (T == T_IQ2_XXS) {
-                        acc[j][i] = fmaf(dw * dx, float(isum), acc[j][i]);
-                    } else {
-                        const float dall = dx * dw, dmin = dx * dmw;
-                        acc[j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
-                    }
+                    const float dall = dx * dw, dmin = dx * dmw;
+                    acc[j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
                 }
                 }
             }
@@ -432,36 +421,272 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
             for (int i = 0; i < nr; ++i) {
                 float v = 0;
                 for (int w = 0; w < int(WT / 32); ++w) v += red[w][i];
-                if (T == T_IQ2_XXS) v *= 0.125f;
-                p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
+                p.y[uint64_t(sl.out[i]) * p.y_stride + n] = v;
             }
     } else {
         for (int i = 0; i < RB; ++i) {
             if (i >= nr) break;
             float v = warp_sum(acc[0][i]);
-            if (T == T_IQ2_XXS) v *= 0.125f;
-            if constexpr (NW == 2) {
-                float u = warp_sum(acc[NW - 1][i]);
-                if (T == T_IQ2_XXS) u *= 0.125f;
-                // swiglu_kernel's operations, in its order
-                if (p.clamp > 1e-6f) {
-                    v = fminf(v, p.clamp);
-                    u = fminf(fmaxf(u, -p.clamp), p.clamp);
-                }
-                v = __fmul_rn(silu_cr(v), u);
-                if (p.ew) v = __fmul_rn(v, p.ew[r0 + i]);
-            }
-            if (lane == 0) p.y[uint64_t(r0 + i) * p.y_stride + n] = v;
+            if constexpr (NW == 2) v = swiglu_pair(v, warp_sum(acc[NW - 1][i]), p.clamp, p.ew, sl.out[i]);
+            if (lane == 0) p.y[uint64_t(sl.out[i]) * p.y_stride + n] = v;
         }
     }
+}
+
+// ---- the 2-bit expert types (Q2_K, IQ2_XXS), repacked ------------------------------------
+// Codes of a super-block are 64 (IQ2_XXS) or 16 + 64 (Q2_K: scales, codes) 16-byte aligned
+// bytes (repack_rows), so a warp step covers 8 super-blocks with one 16-byte load per lane:
+// lane l reads quarter q = l & 3 of super-block 8*step + (l >> 2). The four lanes of a
+// super-block add their integer sums exactly (two shuffles), then lane q = 0 does the CPU's
+// float step for that super-block. A warp computes RW output rows (their weight loads all
+// issued before any arithmetic, PS steps ahead) for the RB slots of its block.
+
+// IQ2_XXS: the 32 signed code bytes of one group as 8 words for dp4a: 4 grid rows of 8
+// magnitudes with their signs (bytes negated as (v ^ m) + (m & 1): exact, grid bytes are 8,
+// 25 or 43, never 0).
+__device__ __forceinline__ void iq2_expand(uint32_t a0, uint32_t a1, uint32_t* w) {
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const uint64_t gv = __ldg(&g_iq2_grid[(a0 >> (8 * l)) & 0xFF]);
+        const uint64_t m = __ldg(&g_iq2_sign[(a1 >> (7 * l)) & 127]);
+        const uint32_t m0 = uint32_t(m), m1 = uint32_t(m >> 32);
+        w[2 * l] = (uint32_t(gv) ^ m0) + (m0 & 0x01010101u);
+        w[2 * l + 1] = (uint32_t(gv >> 32) ^ m1) + (m1 & 0x01010101u);
+    }
+}
+
+// The integer sum of one group against its 32 activation codes, times the group's odd scale
+// 2 * (a1 >> 28) + 1.
+__device__ __forceinline__ int iq2_group(uint32_t a0, uint32_t a1, int4 x0, int4 x1) {
+    uint32_t w[8];
+    iq2_expand(a0, a1, w);
+    const int aw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    int sm = 0;
+#pragma unroll
+    for (int l = 0; l < 8; ++l) sm = __dp4a(int(w[l]), aw[l], sm);
+    return sm * int(2 * (a1 >> 28) + 1);
+}
+
+constexpr int kKqWarps = 8;   // warps per block of kq_kernel
+
+template <uint32_t T, int RB, int NW, int RW, int PS>
+__global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
+    constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80;   // repacked bytes per super-block
+    constexpr uint32_t CODES = T == T_IQ2_XXS ? 0 : 16;   // where its codes start
+    constexpr uint32_t AUX = T == T_IQ2_XXS ? 1 : 2;      // f16 scales per super-block
+    const uint32_t lane = threadIdx.x & 31, q = lane & 3;
+    const uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW;
+    if (n0 >= p.N) return;
+    Slots<RB> sl;
+    if (!get_slots<RB>(p, sl)) return;
+    const uint64_t nsb = p.K / 256, AL = p.act_len;
+    const int nrow = int(min(uint64_t(RW), p.N - n0));
+    const uint8_t* wq[RW][NW];
+    const uint16_t* wd[RW][NW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        const uint64_t wrow = sl.wbase + p.row0 + n0 + uint64_t(min(r, nrow - 1));
+        wq[r][0] = reinterpret_cast<const uint8_t*>(p.wqs) + wrow * nsb * BODY;
+        wd[r][0] = p.wd + wrow * nsb * AUX;
+        if constexpr (NW == 2) {
+            wq[r][NW - 1] = reinterpret_cast<const uint8_t*>(p.wqs2) + wrow * nsb * BODY;
+            wd[r][NW - 1] = p.wd2 + wrow * nsb * AUX;
+        }
+    }
+    float acc[RW][NW][RB];
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j)
+#pragma unroll
+            for (int i = 0; i < RB; ++i) acc[r][j][i] = 0.0f;
+
+    for (uint64_t base = 0; base < nsb; base += 8 * PS) {
+        // every weight load of PS steps first: the bytes in flight are what sets the speed
+        uint4 wv[PS][RW][NW];
+        uint2 sc[PS][RW][NW];      // Q2_K: the 8 scale bytes of this lane's half
+        uint32_t dv[PS][RW][NW];   // f16 scale(s) of the super-block
+#pragma unroll
+        for (int st = 0; st < PS; ++st) {
+            const uint64_t sb = base + 8 * st + (lane >> 2);
+#pragma unroll
+            for (int r = 0; r < RW; ++r)
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                    if (sb < nsb) {
+                        const uint8_t* blk = wq[r][j] + sb * BODY;
+                        wv[st][r][j] = *reinterpret_cast<const uint4*>(blk + CODES + 16 * q);
+                        if constexpr (T == T_Q2_K) {
+                            sc[st][r][j] = *reinterpret_cast<const uint2*>(blk + 8 * (q >> 1));
+                            dv[st][r][j] = *reinterpret_cast<const uint32_t*>(wd[r][j] + sb * 2);
+                        } else {
+                            dv[st][r][j] = wd[r][j][sb];
+                        }
+                    } else {
+                        wv[st][r][j] = make_uint4(0, 0, 0, 0);
+                        sc[st][r][j] = make_uint2(0, 0);
+                        dv[st][r][j] = 0;
+                    }
+                }
+        }
+        // IQ2_XXS with several slots: the signed code bytes of this lane's two groups
+        uint32_t wx[PS][RW][NW][T == T_IQ2_XXS && RB > 1 ? 16 : 1];
+        if constexpr (T == T_IQ2_XXS && RB > 1) {
+#pragma unroll
+            for (int st = 0; st < PS; ++st)
+#pragma unroll
+                for (int r = 0; r < RW; ++r)
+#pragma unroll
+                    for (int j = 0; j < NW; ++j) {
+                        const uint4 w = wv[st][r][j];
+                        iq2_expand(w.x, w.y, &wx[st][r][j][0]);
+                        iq2_expand(w.z, w.w, &wx[st][r][j][8]);
+                    }
+        }
+#pragma unroll
+        for (int st = 0; st < PS; ++st) {
+            const uint64_t sb = base + 8 * st + (lane >> 2);
+            const bool ok = sb < nsb;
+            for (int i = 0; i < RB; ++i) {
+                if (i >= sl.n) break;
+                const int8_t* a = p.aq + sl.act[i] * AL + (ok ? sb : 0) * 256;
+                if constexpr (T == T_IQ2_XXS && RB > 1) {
+                    // several slots share each weight row: its codes were expanded to signed
+                    // bytes once (wx), so a slot costs 16 dp4a
+                    const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
+                    const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
+                    const int aw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
+                                        x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
+#pragma unroll
+                    for (int r = 0; r < RW; ++r)
+#pragma unroll
+                        for (int j = 0; j < NW; ++j) {
+                            int s0 = 0, s1 = 0;
+#pragma unroll
+                            for (int t = 0; t < 8; ++t) {
+                                s0 = __dp4a(int(wx[st][r][j][t]), aw[t], s0);
+                                s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
+                            }
+                            const uint4 w = wv[st][r][j];
+                            int isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
+                            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                            if (ok && q == 0) {
+                                const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
+                                acc[r][j][i] = fmaf(dw * dx, float(isum), acc[r][j][i]);
+                            }
+                        }
+                } else if constexpr (T == T_IQ2_XXS) {
+                    // groups 2q and 2q+1: 64 activation codes
+                    const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
+                    const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
+                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
+#pragma unroll
+                    for (int r = 0; r < RW; ++r)
+#pragma unroll
+                        for (int j = 0; j < NW; ++j) {
+                            const uint4 w = wv[st][r][j];
+                            int isum = iq2_group(w.x, w.y, x0, x1) + iq2_group(w.z, w.w, x2, x3);
+                            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                            if (ok && q == 0) {
+                                const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
+                                acc[r][j][i] = fmaf(dw * dx, float(isum), acc[r][j][i]);
+                            }
+                        }
+                } else {
+                    // half h = q >> 1, sub-block parity s = q & 1: values 128h + 32j + 16s + t
+                    // (t < 16) of plane j = 0..3 sit at bits 2j of this lane's 16 code bytes
+                    const uint32_t h = q >> 1, s = q & 1;
+                    int4 x[4];
+                    int bs[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) {
+                        x[jj] = *reinterpret_cast<const int4*>(a + 128 * h + 32 * jj + 16 * s);
+                        bs[jj] = ok ? p.absum[sl.act[i] * (AL / 16) + sb * 16 + 8 * h + 2 * jj + s] : 0;
+                    }
+                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
+#pragma unroll
+                    for (int r = 0; r < RW; ++r)
+#pragma unroll
+                        for (int j = 0; j < NW; ++j) {
+                            const uint4 w = wv[st][r][j];
+                            const uint64_t scb = uint64_t(sc[st][r][j].x) | (uint64_t(sc[st][r][j].y) << 32);
+                            int isum = 0, mins = 0;
+#pragma unroll
+                            for (int jj = 0; jj < 4; ++jj) {
+                                const uint32_t sh = 2 * jj;
+                                int sm = __dp4a(int((w.x >> sh) & 0x03030303u), x[jj].x, 0);
+                                sm = __dp4a(int((w.y >> sh) & 0x03030303u), x[jj].y, sm);
+                                sm = __dp4a(int((w.z >> sh) & 0x03030303u), x[jj].z, sm);
+                                sm = __dp4a(int((w.w >> sh) & 0x03030303u), x[jj].w, sm);
+                                const uint32_t scv = uint32_t(scb >> (8 * (2 * jj + s))) & 0xFF;
+                                isum += int(scv & 0xF) * sm;
+                                mins += int(scv >> 4) * bs[jj];
+                            }
+                            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                            mins += __shfl_xor_sync(0xffffffffu, mins, 1);
+                            mins += __shfl_xor_sync(0xffffffffu, mins, 2);
+                            if (ok && q == 0) {
+                                const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
+                                const float dmw = f16_to_f32(uint16_t(dv[st][r][j] >> 16));
+                                const float dall = dx * dw, dmin = dx * dmw;
+                                acc[r][j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
+                            }
+                        }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        if (r >= nrow) break;
+        for (int i = 0; i < RB; ++i) {
+            if (i >= sl.n) break;
+            float v = warp_sum(acc[r][0][i]);
+            if (T == T_IQ2_XXS) v *= 0.125f;
+            if constexpr (NW == 2) {
+                float u = warp_sum(acc[r][NW - 1][i]);
+                if (T == T_IQ2_XXS) u *= 0.125f;
+                v = swiglu_pair(v, u, p.clamp, p.ew, sl.out[i]);
+            }
+            if (lane == 0) p.y[uint64_t(sl.out[i]) * p.y_stride + n0 + r] = v;
+        }
+    }
+}
+
+// Slots per block and rows per warp: one slot per block row for expert pairs (their weight
+// rows differ) unless grouped, RB rows of a batch otherwise; RW > 1 only for one slot, where
+// a warp's few loads would leave the memory system idle. DSV4_KQ_RW overrides RW (1, 2, 4)
+// for measurements.
+template <uint32_t T, int NW>
+void launch_kq(const MV& p, cudaStream_t s) {
+    static const int rw_env = [] {
+        const char* e = std::getenv("DSV4_KQ_RW");
+        return e ? std::atoi(e) : 0;
+    }();
+    const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
+    const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
+    const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;
+    const uint32_t rows_per_block = kKqWarps * uint32_t(rw);
+    const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block), gy), block(32 * kKqWarps);
+    // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
+    if (rb == 8) kq_kernel<T, 8, NW, 1, 1><<<grid, block, 0, s>>>(p);
+    else if (rb == 4) kq_kernel<T, 4, NW, 1, 1><<<grid, block, 0, s>>>(p);
+    else if (rb == 2) kq_kernel<T, 2, NW, 1, 1><<<grid, block, 0, s>>>(p);
+    else if (rw >= 4) kq_kernel<T, 1, NW, 4, 1><<<grid, block, 0, s>>>(p);
+    else if (rw == 2) kq_kernel<T, 1, NW, 2, 2><<<grid, block, 0, s>>>(p);
+    else kq_kernel<T, 1, NW, 1, 2><<<grid, block, 0, s>>>(p);
 }
 
 template <uint32_t T, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 void launch_rb2(const MV& p, cudaStream_t s) {
     const dim3 block(WIDE ? WT : 32 * kRowsPerBlock);
     const uint32_t gx = WIDE ? uint32_t(p.N) : uint32_t((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
-    int rb = p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
-    const dim3 grid(gx, (p.R + rb - 1) / rb);
+    const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
+    const dim3 grid(gx, p.grp ? p.grp_cap : (p.R + rb - 1) / rb);
     switch (rb) {
         case 8: matvec_kernel<T, 8, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
         case 4: matvec_kernel<T, 4, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
@@ -488,12 +713,13 @@ __device__ float weight_elem(const DevWeight& W, uint64_t row, uint64_t i) {
         case T_F16: return f16_to_f32(ld_u16(wr + 2 * i));
         case T_BF16: return bf16_to_f32(ld_u16(wr + 2 * i));
         case T_Q8_0: return f16_to_f32(W.d[row * (W.K / 32) + i / 32]) * float(W.qs[row * W.K + i]);
-        case T_Q2_K: {
-            const uint8_t* blk = wr + (i / 256) * 84;
+        case T_Q2_K: {   // repacked: 80 code bytes (scales, codes) and (d, dmin) per super-block
+            const uint64_t sbi = row * (W.K / 256) + i / 256;
+            const uint8_t* blk = reinterpret_cast<const uint8_t*>(W.qs) + sbi * 80;
             const uint32_t w = uint32_t(i % 256), h = w / 128, j = (w % 128) / 32, s = (w % 32) / 16, t = w % 16;
             const uint8_t sc = blk[8 * h + 2 * j + s];
-            const float dl = f16_to_f32(ld_u16(blk + 80)) * float(sc & 0xF);
-            const float ml = f16_to_f32(ld_u16(blk + 82)) * float(sc >> 4);
+            const float dl = f16_to_f32(W.d[2 * sbi]) * float(sc & 0xF);
+            const float ml = f16_to_f32(W.d[2 * sbi + 1]) * float(sc >> 4);
             return fmaf(dl, float((blk[16 + 32 * h + 16 * s + t] >> (2 * j)) & 3), -ml);
         }
         case T_Q4_K: {
@@ -512,11 +738,13 @@ __device__ float weight_elem(const DevWeight& W, uint64_t row, uint64_t i) {
             const float ml = f16_to_f32(ld_u16(blk + 2)) * float(m);
             return fmaf(dl, float((blk[16 + 32 * (j / 2) + t] >> (4 * (j & 1))) & 0xF), -ml);
         }
-        case T_IQ2_XXS: {
-            const uint8_t* blk = wr + (i / 256) * 66;
+        case T_IQ2_XXS: {   // repacked: 64 code bytes and d per super-block
+            const uint64_t sbi = row * (W.K / 256) + i / 256;
+            const uint8_t* blk = reinterpret_cast<const uint8_t*>(W.qs) + sbi * 64;
             const uint32_t w = uint32_t(i % 256), g = w / 32, l = (w % 32) / 8, t = w % 8;
-            const uint32_t a0 = ld_u32_2(blk + 2 + 8 * g), a1 = ld_u32_2(blk + 2 + 8 * g + 4);
-            const float db = f16_to_f32(ld_u16(blk)) * (0.5f + float(a1 >> 28)) * 0.25f;
+            const uint32_t a0 = *reinterpret_cast<const uint32_t*>(blk + 8 * g);
+            const uint32_t a1 = *reinterpret_cast<const uint32_t*>(blk + 8 * g + 4);
+            const float db = f16_to_f32(W.d[sbi]) * (0.5f + float(a1 >> 28)) * 0.25f;
             const float v = db * float((g_iq2_grid[(a0 >> (8 * l)) & 0xFF] >> (8 * t)) & 0xFF);
             return (ksigns((a1 >> (7 * l)) & 127) >> t) & 1 ? -v : v;
         }
@@ -545,10 +773,53 @@ __global__ void embed_kernel(DevWeight W, const DevRow* rows, uint32_t E, uint32
     }
 }
 
+// Gathers the pairs p < P by expert (counting sort in one block): grp[3g..3g+2] = (expert,
+// first index into pairs, count <= GB). The order of pairs inside an expert is whatever the
+// atomics give: each pair's result is computed alone, so it does not matter.
+__global__ void __launch_bounds__(1024) moe_groups_kernel(const int32_t* experts, uint32_t P, uint32_t NE, uint32_t GB,
+                                                         int32_t* grp, int32_t* pairs, int32_t* count) {
+    extern __shared__ int32_t sh[];
+    int32_t *cnt = sh, *off = sh + NE, *gof = sh + 2 * NE, *fill = sh + 3 * NE;
+    for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) cnt[e] = fill[e] = 0;
+    __syncthreads();
+    for (uint32_t p = threadIdx.x; p < P; p += blockDim.x) atomicAdd(&cnt[experts[p]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t o = 0, go = 0;
+        for (uint32_t e = 0; e < NE; ++e) {
+            off[e] = o;
+            gof[e] = go;
+            o += cnt[e];
+            go += (cnt[e] + int32_t(GB) - 1) / int32_t(GB);
+        }
+        *count = go;
+    }
+    __syncthreads();
+    for (uint32_t p = threadIdx.x; p < P; p += blockDim.x) {
+        const int32_t e = experts[p];
+        pairs[off[e] + atomicAdd(&fill[e], 1)] = int32_t(p);
+    }
+    for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x)
+        for (int32_t j = 0; j * int32_t(GB) < cnt[e]; ++j) {
+            int32_t* g = grp + 3 * (gof[e] + j);
+            g[0] = int32_t(e);
+            g[1] = off[e] + j * int32_t(GB);
+            g[2] = min(int32_t(GB), cnt[e] - j * int32_t(GB));
+        }
+}
+
 }  // namespace
 
 void upload_iq2xxs_grid(const uint64_t* grid) {
     check(cudaMemcpyToSymbol(g_iq2_grid, grid, 256 * sizeof(uint64_t)), "upload of the IQ2_XXS grid");
+    uint64_t sign[128];
+    for (uint32_t i = 0; i < 128; ++i) {
+        const uint32_t sg = i | ((uint32_t(__builtin_popcount(i)) & 1u) << 7);
+        sign[i] = 0;
+        for (int t = 0; t < 8; ++t)
+            if ((sg >> t) & 1) sign[i] |= uint64_t(0xFF) << (8 * t);
+    }
+    check(cudaMemcpyToSymbol(g_iq2_sign, sign, sizeof(sign)), "upload of the IQ2_XXS signs");
 }
 
 ActKind act_kind(uint32_t t) {
@@ -589,13 +860,11 @@ DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t 
 }
 
 namespace {
-void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
-                 uint64_t row0, cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div,
-                 uint64_t rpg) {
-    if (R == 0 || N == 0) return;
+// The product's parameters; `expert`, `groups` as in kernels.h.
+MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
+           const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
     MV p{};
     p.act_len = a.K;
-    p.rpg = rpg;
     p.w = W.data;
     p.wqs = W.qs;
     p.wd = W.d;
@@ -614,19 +883,37 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
     p.expert = expert;
     p.rows_per_expert = rows_per_expert;
     p.act_div = act_div ? act_div : 1;
-    const uint64_t groups = rpg ? (row0 + N + rpg - 1) / rpg : 1;
-    if (act_kind(W.type) != a.kind || (rpg ? a.K < groups * W.K : a.K != W.K)) throw_mismatch("matvec", W.type, W.K, a.K);
+    if (groups) {
+        p.grp = groups->grp;
+        p.grp_pairs = groups->pairs;
+        p.n_grp = groups->count;
+        p.grp_cap = groups->cap;
+        if (!expert || groups->per_group != 8) throw_mismatch("matvec: pair groups need experts and 8 pairs a group", W.type, W.K, a.K);
+    }
+    return p;
+}
+
+void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                 uint64_t row0, cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div,
+                 uint64_t rpg, const MoeGroups* groups) {
+    if (R == 0 || N == 0) return;
+    MV p = make_mv(W, a, R, y, y_stride, N, row0, expert, rows_per_expert, act_div, groups);
+    p.rpg = rpg;
+    const uint64_t n_groups = rpg ? (row0 + N + rpg - 1) / rpg : 1;
+    if (act_kind(W.type) != a.kind || (rpg ? a.K < n_groups * W.K : a.K != W.K)) throw_mismatch("matvec", W.type, W.K, a.K);
     const bool fvec = (W.K % 8 == 0) && (reinterpret_cast<uintptr_t>(W.data) % 16 == 0) && (W.row_bytes % 16 == 0) &&
                       (reinterpret_cast<uintptr_t>(a.f) % 16 == 0) && (a.f_stride % 4 == 0);
+    const bool kq = W.type == T_Q2_K || W.type == T_IQ2_XXS;
+    if (kq && rpg) throw_mismatch("matvec_grouped: no kernel for this weight type", W.type, W.K, a.K);
     switch (W.type) {
         case T_F32: fvec ? launch_rb<T_F32, true>(p, s) : launch_rb<T_F32, false>(p, s); break;
         case T_F16: fvec ? launch_rb<T_F16, true>(p, s) : launch_rb<T_F16, false>(p, s); break;
         case T_BF16: fvec ? launch_rb<T_BF16, true>(p, s) : launch_rb<T_BF16, false>(p, s); break;
         case T_Q8_0: launch_rb<T_Q8_0, false>(p, s); break;
         case T_MXFP4: launch_rb<T_MXFP4, false>(p, s); break;
-        case T_Q2_K: launch_rb<T_Q2_K, false>(p, s); break;
+        case T_Q2_K: launch_kq<T_Q2_K, 1>(p, s); break;
         case T_Q4_K: launch_rb<T_Q4_K, false>(p, s); break;
-        case T_IQ2_XXS: launch_rb<T_IQ2_XXS, false>(p, s); break;
+        case T_IQ2_XXS: launch_kq<T_IQ2_XXS, 1>(p, s); break;
         default: throw_mismatch("matvec: no kernel for this weight type", W.type, W.K, a.K);
     }
     check_launch("matvec");
@@ -634,13 +921,14 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
 }  // namespace
 
 void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
-            cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div) {
-    matvec_impl(W, a, R, y, y_stride, N, row0, s, expert, rows_per_expert, act_div, 0);
+            cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div,
+            const MoeGroups* groups) {
+    matvec_impl(W, a, R, y, y_stride, N, row0, s, expert, rows_per_expert, act_div, 0, groups);
 }
 
 void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                     uint64_t rows_per_group, cudaStream_t s) {
-    matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group);
+    matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group, nullptr);
 }
 
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
@@ -657,40 +945,37 @@ bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
 
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
-                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div) {
+                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
     if (!matvec_swiglu_ok(Wg, Wu)) throw_mismatch("matvec_swiglu: gate and up differ or are float", Wu.type, Wu.K, a.K);
     if (R == 0 || N == 0) return;
     if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);
-    MV p{};
-    p.act_len = a.K;
-    p.w = Wg.data;
-    p.wqs = Wg.qs;
-    p.wd = Wg.d;
+    MV p = make_mv(Wg, a, R, mid, mid_stride, N, 0, expert, rows_per_expert, act_div, groups);
     p.w2 = Wu.data;
     p.wqs2 = Wu.qs;
     p.wd2 = Wu.d;
     p.clamp = clamp;
     p.ew = ew;
-    p.K = Wg.K;
-    p.row_bytes = Wg.row_bytes;
-    p.aq = a.q;
-    p.ad = a.d;
-    p.absum = a.bsum;
-    p.R = R;
-    p.y = mid;
-    p.y_stride = mid_stride;
-    p.N = N;
-    p.expert = expert;
-    p.rows_per_expert = rows_per_expert;
-    p.act_div = act_div ? act_div : 1;
     switch (Wg.type) {
         case T_Q8_0: launch_rb2<T_Q8_0, false, false, 256, 2>(p, s); break;
         case T_MXFP4: launch_rb2<T_MXFP4, false, false, 256, 2>(p, s); break;
-        case T_Q2_K: launch_rb2<T_Q2_K, false, false, 256, 2>(p, s); break;
+        case T_Q2_K: launch_kq<T_Q2_K, 2>(p, s); break;
         case T_Q4_K: launch_rb2<T_Q4_K, false, false, 256, 2>(p, s); break;
-        default: launch_rb2<T_IQ2_XXS, false, false, 256, 2>(p, s); break;
+        default: launch_kq<T_IQ2_XXS, 2>(p, s); break;
     }
     check_launch("matvec_swiglu");
+}
+
+// ---- MoE pair groups ---------------------------------------------------------------------
+
+uint32_t moe_groups_cap(uint32_t P, uint32_t NE, uint32_t per_group) {
+    return std::min<uint32_t>(P, (P + per_group - 1) / per_group + std::min(P, NE));
+}
+
+void moe_groups(const int32_t* experts, uint32_t P, uint32_t NE, const MoeGroups& g, cudaStream_t s) {
+    if (P == 0) return;
+    if (g.cap < moe_groups_cap(P, NE, g.per_group)) throw_too_small("MoE pair groups", moe_groups_cap(P, NE, g.per_group), g.cap);
+    moe_groups_kernel<<<1, 1024, 4 * NE * sizeof(int32_t), s>>>(experts, P, NE, g.per_group, g.grp, g.pairs, g.count);
+    check_launch("moe_groups");
 }
 
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s) {

@@ -25,14 +25,24 @@ void throw_mismatch(const char* what, uint32_t type, uint64_t weight_k, uint64_t
          " values, activation of ", act_k, " values in another format");
 }
 
-void repack_q8_0(const uint8_t* src, uint64_t n_rows, uint64_t K, int8_t* qs, uint16_t* d) {
-    const uint64_t nb = K / 32;
-    for (uint64_t r = 0; r < n_rows; ++r)
-        for (uint64_t b = 0; b < nb; ++b) {
-            const uint8_t* blk = src + (r * nb + b) * 34;
-            std::memcpy(&d[r * nb + b], blk, 2);
-            std::memcpy(&qs[(r * nb + b) * 32], blk + 2, 32);
-        }
+bool repack_shape(uint32_t type, RepackShape* s) {
+    switch (quant::Type(type)) {
+        case quant::Type::Q8_0: *s = {32, 34, 2, 32, 0, 2}; return true;         // d | qs[32]
+        case quant::Type::IQ2_XXS: *s = {256, 66, 2, 64, 0, 2}; return true;     // d | qs[32] (u16)
+        case quant::Type::Q2_K: *s = {256, 84, 0, 80, 80, 4}; return true;       // scales[16] qs[64] | d dmin
+        default: return false;
+    }
+}
+
+void repack_rows(uint32_t type, const uint8_t* src, uint64_t n_rows, uint64_t K, uint8_t* qs, uint8_t* d) {
+    RepackShape s;
+    if (!repack_shape(type, &s)) fail("repack_rows: type ", quant::type_name(type), " is not repacked");
+    const uint64_t nb = n_rows * (K / s.block_values);
+    for (uint64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = src + b * s.block_bytes;
+        std::memcpy(qs + b * s.body_bytes, blk + s.body_off, s.body_bytes);
+        std::memcpy(d + b * s.aux_bytes, blk + s.aux_off, s.aux_bytes);
+    }
 }
 
 }  // namespace dsv4::cuda

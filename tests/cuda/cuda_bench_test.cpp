@@ -104,35 +104,45 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         r.logical = acc.logical;
         return r;
     };
-    auto profile = [&]() {
+    // Per group of kernels (events between groups, no graphs): decode steps at ctx_tokens,
+    // or one 2,048-token prefill chunk after ctx_tokens - 2,048 tokens.
+    auto profile = [&](bool prefill) {
         kv::Budget budget;
         auto kv = session(*g, 8192, &budget);
         const auto prompt = random_tokens(ctx_tokens, 0, int32_t(V), 1);
         std::vector<float> lg(V);
-        g->forward_one(*kv, prompt, false, lg.data());
+        const uint32_t chunk = std::min<uint32_t>(2048, ctx_tokens);
+        const std::vector<int32_t> head(prompt.begin(), prompt.end() - (prefill ? chunk : 0));
+        if (!head.empty()) g->forward_one(*kv, head, false, lg.data());
         // Under Nsight Compute (DSV4_NCU=1, ncu --profile-from-start off): only these decode
         // steps are profiled, kernel by kernel.
-        const bool ncu = std::getenv("DSV4_NCU") != nullptr;
+        const bool ncu = !prefill && std::getenv("DSV4_NCU") != nullptr;
         cuda::profile_enable(true);
         cuda::profile_reset();
-        const uint32_t n = ncu ? 2 : 16;
+        const uint32_t n = prefill ? chunk : ncu ? 2 : 16;   // tokens profiled
         if (ncu) cudaProfilerStart();
-        for (uint32_t i = 0; i < n; ++i) g->forward_one(*kv, std::vector<int32_t>{argmax(lg.data(), V)}, false, lg.data());
+        if (prefill) {
+            g->forward_one(*kv, std::vector<int32_t>(prompt.end() - chunk, prompt.end()), false, lg.data());
+        } else {
+            for (uint32_t i = 0; i < n; ++i)
+                g->forward_one(*kv, std::vector<int32_t>{argmax(lg.data(), V)}, false, lg.data());
+        }
         if (ncu) cudaProfilerStop();
         cuda::profile_enable(false);
         auto prof = cuda::profile_snapshot();
         std::sort(prof.begin(), prof.end(), [](const auto& a, const auto& b) { return a.ms > b.ms; });
         double total = 0;
         for (const auto& e : prof) total += e.ms;
-        std::printf("\n== decode profile at %u tokens (no graphs; events between groups), per token ==\n", ctx_tokens);
+        std::printf("\n== %s profile at %u tokens (no graphs; events between groups), per token ==\n",
+                    prefill ? "prefill (one 2,048-token chunk)" : "decode", ctx_tokens);
         std::printf("%-22s %10s %8s %12s %10s\n", "group", "us/token", "share", "weight GB/s", "of copy");
         for (const auto& e : prof) {
             const double us = 1000.0 * e.ms / n;
             const double gbs = e.bytes > 0 ? e.bytes / (e.ms * 1e-3) / 1e9 : 0;
-            std::printf("%-22s %10.1f %7.1f%% %12.0f %9.0f%%\n", e.name.c_str(), us, 100.0 * e.ms / total, gbs,
+            std::printf("%-22s %10.2f %7.1f%% %12.0f %9.0f%%\n", e.name.c_str(), us, 100.0 * e.ms / total, gbs,
                         copy_gbs > 0 ? 100.0 * gbs / copy_gbs : 0.0);
         }
-        std::printf("total %.1f us/token (profiled, no graphs)\n", 1000.0 * total / n);
+        std::printf("total %.2f us/token (profiled, no graphs)\n", 1000.0 * total / n);
     };
     std::vector<Run> runs;
     runs.push_back(run("ctx 8K lazy", 8192, false));
@@ -163,7 +173,13 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     const double proj = 1000.0 / (per_layer * 43 + runs[0].head_ms);
     std::printf("per layer %.3f ms/token -> projected 43-layer decode %.1f tokens/s (layers x43 + head)\n",
                 per_layer, proj);
-    profile();
+    // Prefill computes logits for the last token only, so its time is the layers' (and the
+    // embedding's): per layer = 1 / (tokens/s x layers).
+    const double pre_layer_us = 1e6 / (runs[0].prefill_tps * layers);
+    std::printf("prefill per layer %.2f us/token -> projected 43-layer prefill %.0f tokens/s\n", pre_layer_us,
+                1e6 / (pre_layer_us * 43));
+    profile(false);
+    if (!std::getenv("DSV4_NCU")) profile(true);
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
 }
