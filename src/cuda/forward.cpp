@@ -390,7 +390,7 @@ private:
     bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
     // Branches: side streams and a pool of events reused every round (ev_next_ restarts).
-    static constexpr uint32_t kSides = 3;
+    static constexpr uint32_t kSides = 4, kSinkhorn = 3;
     cudaStream_t side_[kSides] = {};
     std::vector<cudaEvent_t> branch_ev_;
     size_t ev_next_ = 0;
@@ -595,12 +595,19 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, M = c_.hc_mix();
     rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
     mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
+    // Sinkhorn (a chain of ~40 dependent normalisations) makes comb, which only hc_post at
+    // the sublayer's end reads: it runs on side stream kSinkhorn beside the sublayer.
+    const bool side_sinkhorn = branches_on_;
+    if (side_sinkhorn) {
+        fork(kSinkhorn);
+        hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), side_[kSinkhorn]);
+    }
     if (hc_pre_norm_fusable(H, E, X_.get(), xn_.get(), norm_w)) {
         hc_pre_finish(mix_.get(), scale, base, X_.get(), R, H, E, c_.hc_eps, c_.n_sinkhorn_iter, post_.get(),
-                      comb_.get(), x_sub_.get(), stream_, norm_w, c_.rms_eps, xn_.get());
+                      comb_.get(), x_sub_.get(), stream_, norm_w, c_.rms_eps, xn_.get(), !side_sinkhorn);
     } else {
         hc_pre_finish(mix_.get(), scale, base, X_.get(), R, H, E, c_.hc_eps, c_.n_sinkhorn_iter, post_.get(),
-                      comb_.get(), x_sub_.get(), stream_);
+                      comb_.get(), x_sub_.get(), stream_, nullptr, 0.0f, nullptr, !side_sinkhorn);
         rms_norm(x_sub_.get(), E, xn_.get(), E, R, E, c_.rms_eps, norm_w, stream_);
     }
     xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
@@ -693,6 +700,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     mark("out_a", double(G) * OL * L.out_a.row_bytes);
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);
     mark("out_b", double(E) * L.out_b.row_bytes);
+    join(kSinkhorn);
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
     mark("hc_post");
 }
@@ -751,6 +759,7 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // moe + shared summed in a fixed order
     if (FS) join(0);
     moe_combine(down_.get(), R, K, E, FS != 0, y_.get(), stream_);
+    join(kSinkhorn);
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
     mark("hc_post");
 }

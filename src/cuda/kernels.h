@@ -151,9 +151,13 @@ void embed(const DevWeight& emb, const DevRow* rows, uint32_t R, uint32_t E, uin
 // With xn (only where hc_pre_norm_fusable): also the sublayer's RMSNorm, xn = rms_norm(x_sub)
 // * norm_w bit for bit as rms_norm() would give, and x_sub is not written.
 bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn, const float* norm_w);
+// with_sinkhorn = false: comb is not computed here; hc_sinkhorn makes it (from mix alone).
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
                    uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s,
-                   const float* norm_w = nullptr, float rms_eps = 0.0f, float* xn = nullptr);
+                   const float* norm_w = nullptr, float rms_eps = 0.0f, float* xn = nullptr,
+                   bool with_sinkhorn = true);
+void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
+                 uint32_t iters, float* comb, cudaStream_t s);
 // X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place.
 void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
              cudaStream_t s);

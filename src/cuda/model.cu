@@ -4,7 +4,10 @@
 // (exp, the FP8/FP4 simulations, RoPE), the same float operations are used, unfused.
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "cuda/common.cuh"
 
@@ -140,9 +143,51 @@ __device__ void sinkhorn_warp(const float* m, const float* scale, const float* b
     if (act) C[lane] = c;
 }
 
+// Sinkhorn of one row (comb) by the calling warp: sinkhorn_warp when H * H <= 32, else lane 0
+// alone, the CPU's loops in order.
+__device__ void sinkhorn_row(const float* m, const float* scale, const float* base, uint32_t H, float eps,
+                             uint32_t iters, float* C) {
+    if (H * H <= 32) {
+        sinkhorn_warp(m, scale, base, H, eps, iters, C);
+        return;
+    }
+    if ((threadIdx.x & 31) != 0) return;
+    for (uint32_t a = 0; a < H; ++a) {
+        float mx = -INFINITY;
+        for (uint32_t c = 0; c < H; ++c) {
+            C[a * H + c] = __fadd_rn(__fmul_rn(m[2 * H + a * H + c], scale[2]), base[2 * H + a * H + c]);
+            mx = fmaxf(mx, C[a * H + c]);
+        }
+        float sum = 0;
+        for (uint32_t c = 0; c < H; ++c) sum += (C[a * H + c] = exp_cr(C[a * H + c] - mx));
+        for (uint32_t c = 0; c < H; ++c) C[a * H + c] = C[a * H + c] / sum + eps;
+    }
+    auto col_norm = [&] {
+        for (uint32_t c = 0; c < H; ++c) {
+            float sum = 0;
+            for (uint32_t a = 0; a < H; ++a) sum += C[a * H + c];
+            for (uint32_t a = 0; a < H; ++a) C[a * H + c] /= (sum + eps);
+        }
+    };
+    auto row_norm = [&] {
+        for (uint32_t a = 0; a < H; ++a) {
+            float sum = 0;
+            for (uint32_t c = 0; c < H; ++c) sum += C[a * H + c];
+            for (uint32_t c = 0; c < H; ++c) C[a * H + c] /= (sum + eps);
+        }
+    };
+    col_norm();
+    for (uint32_t it = 1; it < iters; ++it) {
+        row_norm();
+        col_norm();
+    }
+}
+
+// sinkhorn: also comb (warp 0); without it, comb is left to hc_sinkhorn_kernel, which the
+// backend runs beside the sublayer (comb is needed only by hc_post, at its end).
 __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
                                      uint32_t H, uint32_t E, float eps, uint32_t iters, float* post, float* comb,
-                                     float* x_sub, const float* norm_w, float rms_eps, float* xn) {
+                                     float* x_sub, const float* norm_w, float rms_eps, float* xn, bool sinkhorn) {
     const uint32_t r = blockIdx.x, M = 2 * H + H * H;
     __shared__ float pre_s[16];
     const float* m = mix + uint64_t(r) * M;
@@ -179,7 +224,7 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
         reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] =
             make_float4(__fmul_rn(__fmul_rn(v.x, rr), g.x), __fmul_rn(__fmul_rn(v.y, rr), g.y),
                         __fmul_rn(__fmul_rn(v.z, rr), g.z), __fmul_rn(__fmul_rn(v.w, rr), g.w));
-        if (threadIdx.x < 32) sinkhorn_warp(m, scale, base, H, eps, iters, C);
+        if (sinkhorn && threadIdx.x < 32) sinkhorn_row(m, scale, base, H, eps, iters, C);
         return;
     }
     if (threadIdx.x >= 32) {
@@ -189,39 +234,15 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
             for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(pre_s[h], Xr[h * E + e]));
             x_sub[uint64_t(r) * E + e] = acc;
         }
-    } else if (H * H <= 32) {
-        sinkhorn_warp(m, scale, base, H, eps, iters, C);
-    } else if (threadIdx.x == 0) {
-        for (uint32_t a = 0; a < H; ++a) {
-            float mx = -INFINITY;
-            for (uint32_t c = 0; c < H; ++c) {
-                C[a * H + c] = __fadd_rn(__fmul_rn(m[2 * H + a * H + c], scale[2]), base[2 * H + a * H + c]);
-                mx = fmaxf(mx, C[a * H + c]);
-            }
-            float sum = 0;
-            for (uint32_t c = 0; c < H; ++c) sum += (C[a * H + c] = exp_cr(C[a * H + c] - mx));
-            for (uint32_t c = 0; c < H; ++c) C[a * H + c] = C[a * H + c] / sum + eps;
-        }
-        auto col_norm = [&] {
-            for (uint32_t c = 0; c < H; ++c) {
-                float sum = 0;
-                for (uint32_t a = 0; a < H; ++a) sum += C[a * H + c];
-                for (uint32_t a = 0; a < H; ++a) C[a * H + c] /= (sum + eps);
-            }
-        };
-        auto row_norm = [&] {
-            for (uint32_t a = 0; a < H; ++a) {
-                float sum = 0;
-                for (uint32_t c = 0; c < H; ++c) sum += C[a * H + c];
-                for (uint32_t c = 0; c < H; ++c) C[a * H + c] /= (sum + eps);
-            }
-        };
-        col_norm();
-        for (uint32_t it = 1; it < iters; ++it) {
-            row_norm();
-            col_norm();
-        }
+    } else if (sinkhorn) {
+        sinkhorn_row(m, scale, base, H, eps, iters, C);
     }
+}
+
+__global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const float* base, uint32_t H, float eps,
+                                   uint32_t iters, float* comb) {
+    const uint32_t r = blockIdx.x;
+    sinkhorn_row(mix + uint64_t(r) * (2 * H + H * H), scale, base, H, eps, iters, comb + r * H * H);
 }
 
 __global__ void hc_post_kernel(float* X, const float* y, const float* post, const float* comb, uint32_t H,
@@ -510,133 +531,358 @@ __global__ void topk_plain_kernel(const float* score, uint32_t n, uint32_t k, ui
     topk_block(score, n, k, sel);
 }
 
-constexpr uint32_t kAttnTile = 1024;
+// ---- sink attention (§5.12), split over keys (flash-decoding) -----------------------------
+// Every head attends to the same keys (K = V = one latent row per key), so a work item of
+// attn_split_kernel is kAttnHB heads of one row over one split of that row's keys: each
+// staged key is used for kAttnHB dot products and kAttnHB weighted sums, and a decoded row
+// still makes (n_head / kAttnHB) x splits items for the GPU. The splits' partials (max,
+// denominator, unnormalised output) are merged per (row, head) by attn_merge_kernel, which
+// adds the sink, normalises and undoes the RoPE.
+// The split count and boundaries are a function of the row's own key count only, and the
+// order of every floating-point operation is fixed, so a row's output is bit-identical
+// whether it is computed alone (decode), in a prefill batch, or beside other sessions.
 constexpr uint32_t kAttnThreads = 256;
 constexpr uint32_t kAttnWarps = kAttnThreads / 32;
-constexpr uint32_t kAttnMaxD = 512;   // float4 accumulators per lane: kAttnMaxD / 128
+constexpr uint32_t kAttnMaxD = 512;
+constexpr uint32_t kAttnHB = 8;         // heads per block; = kAttnWarps (softmax: one warp per head)
+constexpr uint32_t kAttnKT = 32;        // keys per staged tile; = warp width (softmax: a lane per key)
+constexpr uint32_t kAttnKS = 32;        // keys per split, at least (until the split count is capped)
+constexpr uint32_t kAttnMaxSplit = 32;  // = warp width (the merge reduces the splits in one warp)
+constexpr uint32_t kAttnPad = 4;        // floats after each staged query/key row: no bank conflicts across rows
+constexpr uint32_t kAttnMergeThreads = kAttnMaxD / 4;
+constexpr uint32_t kAttnMaxSliceRows = 64;   // rows per launch; = two warps (the split kernel's item list)
+static_assert(kAttnHB == kAttnWarps && kAttnHB == 8 && kAttnKT == 32 && kAttnMaxSplit == 32, "attention layout");
+static_assert(kAttnThreads == 2 * (kAttnMaxD / 4), "weighted sum: two key groups of one float4 column per thread");
+static_assert(kAttnThreads == 8 * kAttnKT, "staging: eight threads per key");
+static_assert(kAttnMaxSliceRows == 64 && kAttnThreads >= 64, "item list: one thread per row of a slice");
 
-// One block per (row, head). Per tile of keys: key pointers, then scores (a warp per key,
-// float4 loads), a tile-wise rescaled softmax, and the weighted sum with keys split across
-// the warps (each lane owns float4 slices of the output); the warps' partial outputs are
-// added in a fixed order at the end, so results are deterministic.
-__global__ void __launch_bounds__(kAttnThreads) attention_kernel(const float* q, const float* sinks, uint32_t n_head,
-                                                                 uint32_t D, uint32_t n_swa, uint32_t ratio,
-                                                                 uint32_t top_k, const uint32_t* sel,
-                                                                 const DevRow* rows, const DevLayerKV* lkv,
-                                                                 uint32_t n_layer, uint32_t il, uint32_t n_rot,
-                                                                 const double* inv_freq, float* o) {
-    extern __shared__ float4 sm4[];
-    float* q_s = reinterpret_cast<float*>(sm4);                                 // D
-    float* o_part = q_s + D;                                                     // kAttnWarps * D
-    float* sc_s = o_part + kAttnWarps * D;                                       // kAttnTile
-    const float** kp_s = reinterpret_cast<const float**>(sc_s + kAttnTile);      // kAttnTile
-    __shared__ float red_s[kAttnWarps];
-    const uint32_t r = blockIdx.x / n_head, h = blockIdx.x % n_head;
-    const int64_t p = rows[r].pos;
-    const int64_t lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
-    const uint64_t n_raw = uint64_t(p + 1 - lo);
+// Number of splits of a row with NK keys; non-decreasing in NK (the launcher bounds it by the
+// largest NK a layer can have).
+__host__ __device__ constexpr uint32_t attn_nsplit(uint64_t NK) {
+    const uint64_t n = (NK + kAttnKS - 1) / kAttnKS;
+    return uint32_t(n < kAttnMaxSplit ? n : kAttnMaxSplit);
+}
+
+// A row's keys: raw window positions lo .. lo+n_raw-1, then n_comp compressed rows (the
+// selected ones when use_sel).
+struct AttnKeys {
+    int64_t lo;
+    uint64_t n_raw, NK;
+    bool use_sel;
+};
+__device__ __forceinline__ AttnKeys attn_keys(int64_t p, uint32_t n_swa, uint32_t ratio, uint32_t top_k) {
+    AttnKeys k;
+    k.lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
+    k.n_raw = uint64_t(p + 1 - k.lo);
     const uint64_t n_vis = ratio ? uint64_t(p + 1) / ratio : 0;
-    const bool use_sel = ratio == 4 && n_vis > top_k;
-    const uint64_t n_comp = use_sel ? top_k : n_vis;
-    const uint64_t NK = n_raw + n_comp;
-    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-    const float* qh = q + (uint64_t(r) * n_head + h) * D;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) q_s[d] = qh[d];
-    const float sink = sinks[h];
-    const float scale = float(1.0 / sqrt(double(D)));
-    float m = sink, den = 1.0f;   // den = exp(sink - m) + sum so far
+    k.use_sel = ratio == 4 && n_vis > top_k;
+    k.NK = k.n_raw + (k.use_sel ? top_k : n_vis);
+    return k;
+}
+
+// 16-byte global → shared copy, asynchronous where the architecture has cp.async (the
+// staged keys bypass L1: they are read from shared memory only).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void fma4(float a, const float4& k, float4& acc) {
+    acc.x = fmaf(a, k.x, acc.x);
+    acc.y = fmaf(a, k.y, acc.y);
+    acc.z = fmaf(a, k.z, acc.z);
+    acc.w = fmaf(a, k.w, acc.w);
+}
+
+// Work item = (row r0 + rl, split, head group). Scratch rows are slice-relative (rl): partial
+// (head h, split s) at part_o[((rl * n_head + h) * max_split + s) * D], its (max, sum) at
+// part_ml[(rl * n_head + h) * max_split + s].
+// The blocks are persistent: the grid is sized for the residency of the GPU, not for the
+// slice's max_split splits per row (most of which short rows do not have, and empty blocks
+// that exit at once still cost a launch each); every block first lists the slice's items
+// (the rows' split counts, prefix-summed) and takes items blockIdx.x, + gridDim.x, ...
+// An item's result does not depend on which block computes it.
+// Per tile of up to kAttnKT keys: stage the keys (eight threads per key row), scores with a
+// lane per (two keys, four heads) and the warps over slices of D (a fixed-order sum of the
+// warps' parts), the online softmax with a warp per head, and the weighted sum with a thread per (float4
+// column, key parity); the two parities are added in a fixed order at the end.
+__global__ void __launch_bounds__(kAttnThreads, 2)
+    attn_split_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
+                      uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
+                      const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
+                      uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml) {
+    extern __shared__ float4 sm4[];
+    const uint32_t DP = D + kAttnPad, D4 = D / 4;
+    float* q_s = reinterpret_cast<float*>(sm4);      // kAttnHB * DP
+    float* k_s = q_s + kAttnHB * DP;                 // kAttnKT * DP
+    float* red_s = k_s + kAttnKT * DP;               // kAttnWarps * kAttnHB * kAttnKT: score parts
+    float* p_s = red_s + kAttnWarps * kAttnHB * kAttnKT;   // kAttnKT * kAttnHB: weights [key][head]
+    __shared__ float corr_s[kAttnHB];
+    __shared__ uint32_t incl_s[kAttnMaxSliceRows];   // splits of rows 0..i of the slice
+
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const uint32_t D4 = D / 4;
-    float4 acc[kAttnMaxD / 128];
-    for (auto& a : acc) a = make_float4(0, 0, 0, 0);
+    if (threadIdx.x < kAttnMaxSliceRows) {   // two warps: split counts, inclusive scan per warp
+        const uint32_t i = threadIdx.x;
+        uint32_t v = i < n_rows ? attn_nsplit(attn_keys(rows[r0 + i].pos, n_swa, ratio, top_k).NK) : 0;
+        for (uint32_t o = 1; o < 32; o <<= 1) {
+            const uint32_t t = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += t;
+        }
+        incl_s[i] = v;
+    }
     __syncthreads();
-    const float4* q4 = reinterpret_cast<const float4*>(q_s);
-    for (uint64_t t0 = 0; t0 < NK; t0 += kAttnTile) {
-        const uint32_t nt = uint32_t(NK - t0 < kAttnTile ? NK - t0 : kAttnTile);
-        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) {
-            const uint64_t g = t0 + j;
-            const float* kp;
-            if (g < n_raw) {
-                kp = L.raw + uint64_t((lo + int64_t(g)) % L.raw_cap) * D;
-            } else {
-                const uint64_t c = use_sel ? sel[uint64_t(r) * top_k + (g - n_raw)] : g - n_raw;
-                kp = L.comp + c * L.comp_stride;
-            }
-            kp_s[j] = kp;
+    if (threadIdx.x >= 32 && threadIdx.x < kAttnMaxSliceRows) incl_s[threadIdx.x] += incl_s[31];
+    __syncthreads();
+    const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
+    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_groups;
+    const float scale = float(1.0 / sqrt(double(D)));
+    const uint32_t col = threadIdx.x % (kAttnMaxD / 4), par = threadIdx.x / (kAttnMaxD / 4);
+
+    for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        // (row, split) pair P: the first row whose inclusive count exceeds P.
+        const uint32_t P = item / n_groups, grp = item % n_groups;
+        uint32_t lo_i = 0, hi_i = kAttnMaxSliceRows - 1;
+        while (lo_i < hi_i) {
+            const uint32_t mid = (lo_i + hi_i) / 2;
+            if (incl_s[mid] > P) hi_i = mid;
+            else lo_i = mid + 1;
         }
-        __syncthreads();
-        for (uint32_t j = w; j < nt; j += kAttnWarps) {
-            const float4* k4 = reinterpret_cast<const float4*>(kp_s[j]);
-            float s = 0;
-            for (uint32_t u = lane; u < D4; u += 32) {
-                const float4 kv = k4[u], qv = q4[u];
-                s = fmaf(qv.x, kv.x, s);
-                s = fmaf(qv.y, kv.y, s);
-                s = fmaf(qv.z, kv.z, s);
-                s = fmaf(qv.w, kv.w, s);
-            }
-            s = warp_sum(s);
-            if (lane == 0) sc_s[j] = s * scale;
+        const uint32_t rl = lo_i, r = r0 + rl, split = P - (rl ? incl_s[rl - 1] : 0);
+        const int64_t p = rows[r].pos;
+        const AttnKeys ks = attn_keys(p, n_swa, ratio, top_k);
+        const uint32_t ns = attn_nsplit(ks.NK);
+        const uint64_t kb = uint64_t(split) * ks.NK / ns, ke = uint64_t(split + 1) * ks.NK / ns;
+        const uint32_t h0 = grp * kAttnHB, nh = min(kAttnHB, n_head - h0);
+        const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+
+        // The group's queries (absent heads of a partial group: zeros, never written out).
+        for (uint32_t i = threadIdx.x; i < kAttnHB * D4; i += kAttnThreads) {
+            const uint32_t h = i / D4, u = i % D4;
+            if (h < nh) cp_async16(q_s + h * DP + 4 * u, q + (uint64_t(r) * n_head + h0 + h) * D + 4 * u);
+            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
         }
-        __syncthreads();
-        float tmax = -INFINITY;
-        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) tmax = fmaxf(tmax, sc_s[j]);
-        tmax = block_max(tmax);
-        const float nm = fmaxf(m, tmax);
-        const float corr = exp_cr(m - nm);
-        __syncthreads();
-        float part = 0;
-        for (uint32_t j = threadIdx.x; j < nt; j += blockDim.x) {
-            const float e = exp_cr(sc_s[j] - nm);
-            sc_s[j] = e;
-            part += e;
-        }
-        part = warp_sum(part);
-        if (lane == 0) red_s[w] = part;
-        __syncthreads();
-        float tsum = 0;
-        for (uint32_t i = 0; i < kAttnWarps; ++i) tsum += red_s[i];
-        den = den * corr + tsum;
-        for (auto& a : acc) {
-            a.x *= corr;
-            a.y *= corr;
-            a.z *= corr;
-            a.w *= corr;
-        }
-        for (uint32_t j = w; j < nt; j += kAttnWarps) {
-            const float e = sc_s[j];
-            const float4* k4 = reinterpret_cast<const float4*>(kp_s[j]);
+
+        float m_run = -INFINITY, l_run = 0.0f;   // warp w: running max and sum of head w
+        float4 acc[kAttnHB];
 #pragma unroll
-            for (uint32_t i = 0; i < kAttnMaxD / 128; ++i) {
-                const uint32_t u = lane + 32 * i;
-                if (u < D4) {
-                    const float4 kv = k4[u];
-                    acc[i].x = fmaf(e, kv.x, acc[i].x);
-                    acc[i].y = fmaf(e, kv.y, acc[i].y);
-                    acc[i].z = fmaf(e, kv.z, acc[i].z);
-                    acc[i].w = fmaf(e, kv.w, acc[i].w);
+        for (uint32_t h = 0; h < kAttnHB; ++h) acc[h] = make_float4(0, 0, 0, 0);
+
+        for (uint64_t t0 = kb; t0 < ke; t0 += kAttnKT) {
+            const uint32_t nt = uint32_t(ke - t0 < kAttnKT ? ke - t0 : kAttnKT);
+            {   // stage keys t0 .. t0+nt-1
+                const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
+                if (j < nt) {
+                    const uint64_t g = t0 + j;
+                    const float* kp;
+                    if (g < ks.n_raw) {
+                        kp = L.raw + uint64_t((ks.lo + int64_t(g)) % L.raw_cap) * D;
+                    } else {
+                        const uint64_t c = ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : g - ks.n_raw;
+                        kp = L.comp + c * L.comp_stride;
+                    }
+                    for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
+                }
+            }
+            cp_async_wait_all();
+            __syncthreads();
+
+            {   // scores: lane = (jp, hh) takes keys jp and jp+16 of heads 4hh..4hh+3, warp w the
+                // float4 columns w, w+8, ... Per column a warp reads 16 key float4 twice and 2
+                // query float4 four times (the padded rows put them in distinct banks): eight
+                // shared-memory wavefronts for 32 FMAs a lane, as fast as the FMAs go.
+                const uint32_t jp = lane & 15, hh = lane >> 4;
+                float sc[kAttnHB];   // [key jp, jp+16][head 4hh + i]
+#pragma unroll
+                for (uint32_t i = 0; i < kAttnHB; ++i) sc[i] = 0.0f;
+                if (jp < nt) {   // key jp+16 may be past nt: computed from stale data, never used
+                    const float4* ka = reinterpret_cast<const float4*>(k_s + jp * DP);
+                    const float4* kb4 = reinterpret_cast<const float4*>(k_s + (jp + 16) * DP);
+                    const float* qh = q_s + hh * 4 * DP;
+                    // (not unrolled, and the weighted sum twice at most: 128 registers, no spills)
+#pragma unroll 1
+                    for (uint32_t u = w; u < D4; u += kAttnWarps) {
+                        const float4 a = ka[u], b = kb4[u];
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; ++i) {
+                            const float4 qv = reinterpret_cast<const float4*>(qh + i * DP)[u];
+                            sc[i] = fmaf(qv.x, a.x, sc[i]);
+                            sc[i] = fmaf(qv.y, a.y, sc[i]);
+                            sc[i] = fmaf(qv.z, a.z, sc[i]);
+                            sc[i] = fmaf(qv.w, a.w, sc[i]);
+                            sc[4 + i] = fmaf(qv.x, b.x, sc[4 + i]);
+                            sc[4 + i] = fmaf(qv.y, b.y, sc[4 + i]);
+                            sc[4 + i] = fmaf(qv.z, b.z, sc[4 + i]);
+                            sc[4 + i] = fmaf(qv.w, b.w, sc[4 + i]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (uint32_t i = 0; i < 4; ++i) {
+                    float* rs = red_s + (w * kAttnHB + 4 * hh + i) * kAttnKT;
+                    rs[jp] = sc[i];
+                    rs[jp + 16] = sc[4 + i];
+                }
+            }
+            __syncthreads();
+
+            {   // online softmax: warp w = head w, lane = key
+                float sv = -INFINITY;
+                if (lane < nt) {
+                    float a = 0.0f;
+                    for (uint32_t i = 0; i < kAttnWarps; ++i) a += red_s[(i * kAttnHB + w) * kAttnKT + lane];
+                    sv = a * scale;
+                }
+                const float nm = fmaxf(m_run, warp_max(sv));
+                const float corr = exp_cr(m_run - nm);   // 0 on the first tile (m_run = -inf)
+                const float e = lane < nt ? exp_cr(sv - nm) : 0.0f;
+                l_run = l_run * corr + warp_sum(e);
+                m_run = nm;
+                p_s[lane * kAttnHB + w] = e;
+                if (lane == 0) corr_s[w] = corr;
+            }
+            __syncthreads();
+
+            if (col < D4) {   // weighted sum: thread = (float4 column, keys of one parity)
+#pragma unroll
+                for (uint32_t h = 0; h < kAttnHB; ++h) {
+                    const float c = corr_s[h];
+                    acc[h].x *= c;
+                    acc[h].y *= c;
+                    acc[h].z *= c;
+                    acc[h].w *= c;
+                }
+#pragma unroll 2
+                for (uint32_t j = par; j < nt; j += 2) {
+                    const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
+                    const float4 pa = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[0];
+                    const float4 pb = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[1];
+                    fma4(pa.x, kv, acc[0]);
+                    fma4(pa.y, kv, acc[1]);
+                    fma4(pa.z, kv, acc[2]);
+                    fma4(pa.w, kv, acc[3]);
+                    fma4(pb.x, kv, acc[4]);
+                    fma4(pb.y, kv, acc[5]);
+                    fma4(pb.z, kv, acc[6]);
+                    fma4(pb.w, kv, acc[7]);
+                }
+            }
+            __syncthreads();   // the next tile overwrites k_s, red_s and p_s
+        }
+
+        // Odd keys' sums through shared memory (k_s is free now), added to the even keys' sums.
+        float4* comb = reinterpret_cast<float4*>(k_s);   // kAttnHB * D4 float4 <= kAttnKT * DP floats
+        if (par == 1 && col < D4) {
+#pragma unroll
+            for (uint32_t h = 0; h < kAttnHB; ++h) comb[h * D4 + col] = acc[h];
+        }
+        __syncthreads();
+        const uint64_t base = (uint64_t(rl) * n_head + h0) * max_split + split;
+        if (par == 0 && col < D4) {
+#pragma unroll
+            for (uint32_t h = 0; h < kAttnHB; ++h) {
+                if (h < nh) {
+                    const float4 b = comb[h * D4 + col];
+                    const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
+                    reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
                 }
             }
         }
-        m = nm;
-        __syncthreads();
+        if (lane == 0 && w < nh) part_ml[base + uint64_t(w) * max_split] = make_float2(m_run, l_run);
+        __syncthreads();   // the next item overwrites q_s and k_s
     }
+}
+
+// Block = (row r0 + rl, head h): merges the row's splits in split order with the sink,
+// normalises, rotates the RoPE tail back by -pos and writes o[r][h].
+__global__ void __launch_bounds__(kAttnMergeThreads)
+    attn_merge_kernel(const float* __restrict__ sinks, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
+                      uint32_t top_k, const DevRow* __restrict__ rows, uint32_t r0, uint32_t max_split,
+                      const float* __restrict__ part_o, const float2* __restrict__ part_ml, uint32_t n_rot,
+                      const double* __restrict__ inv_freq, float* __restrict__ o) {
+    __shared__ float4 v_s[kAttnMaxD / 4];
+    __shared__ float w_s[kAttnMaxSplit];
+    __shared__ float inv_s;
+    const uint32_t rl = blockIdx.x / n_head, h = blockIdx.x % n_head, r = r0 + rl;
+    const int64_t p = rows[r].pos;
+    const uint32_t ns = attn_nsplit(attn_keys(p, n_swa, ratio, top_k).NK);
+    const uint64_t base = (uint64_t(rl) * n_head + h) * max_split;
+    const uint32_t D4 = D / 4, c = threadIdx.x;
+    const float4* src = reinterpret_cast<const float4*>(part_o + base * D) + c;
+    // The first splits' partials are requested before the weights are known (their loads
+    // overlap the weights' exps); sixteen loads in flight per batch.
+    constexpr uint32_t kBatch = 16;
+    float4 v[kBatch];
 #pragma unroll
-    for (uint32_t i = 0; i < kAttnMaxD / 128; ++i) {
-        const uint32_t u = lane + 32 * i;
-        if (u < D4) reinterpret_cast<float4*>(o_part + w * D)[u] = acc[i];
+    for (uint32_t i = 0; i < kBatch; ++i) v[i] = c < D4 && i < ns ? src[uint64_t(i) * D4] : make_float4(0, 0, 0, 0);
+    if (threadIdx.x < 32) {   // one warp: lane s = split s (ns <= 32)
+        const uint32_t s = threadIdx.x;
+        const float sink = sinks[h];
+        const float2 ml = s < ns ? part_ml[base + s] : make_float2(-INFINITY, 0.0f);
+        const float M = fmaxf(sink, warp_max(ml.x));
+        const float ws = s < ns ? exp_cr(ml.x - M) : 0.0f;
+        const float den = exp_cr(sink - M) + warp_sum(ml.y * ws);
+        w_s[s] = ws;
+        if (s == 0) inv_s = 1.0f / den;
     }
     __syncthreads();
-    const float inv = 1.0f / den;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float v = 0;
-        for (uint32_t i = 0; i < kAttnWarps; ++i) v += o_part[i * D + d];
-        q_s[d] = v * inv;
+    if (c < D4) {
+        float4 acc = make_float4(0, 0, 0, 0);
+        for (uint32_t s0 = 0; s0 < ns; s0 += kBatch) {   // in split order
+            if (s0) {
+#pragma unroll
+                for (uint32_t i = 0; i < kBatch; ++i)
+                    v[i] = s0 + i < ns ? src[uint64_t(s0 + i) * D4] : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (uint32_t i = 0; i < kBatch; ++i)
+                if (s0 + i < ns) fma4(w_s[s0 + i], v[i], acc);
+        }
+        const float inv = inv_s;
+        v_s[c] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     }
     __syncthreads();
-    rope_block(q_s, D, n_rot, p, inv_freq, true);
+    float* x = reinterpret_cast<float*>(v_s);
+    rope_block(x, D, n_rot, p, inv_freq, true);
     float* oh = o + (uint64_t(r) * n_head + h) * D;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) oh[d] = q_s[d];
+    if (c < D4) reinterpret_cast<float4*>(oh)[c] = v_s[c];
+}
+
+// Scratch of the attention splits, shared by every caller: the backends run one forward pass
+// at a time and synchronise their stream at its end, so no two launches overlap on it.
+// Grow-only, and a replaced buffer is kept rather than freed: a CUDA graph captured earlier
+// (by this or another backend) still holds its address. Its size depends on R, n_head, D and
+// the layer kind only, never on positions, so graph replays whose positions advance still fit.
+constexpr size_t kAttnScratchBudget = size_t(144) << 20;   // bytes per slice of rows
+std::mutex g_attn_mu;
+void* g_attn_scratch = nullptr;
+size_t g_attn_scratch_bytes = 0;
+std::vector<void*> g_attn_retired;
+
+void* attn_scratch(size_t need, cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(g_attn_mu);
+    if (need <= g_attn_scratch_bytes) return g_attn_scratch;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(s, &st), "attention scratch");
+    if (st != cudaStreamCaptureStatusNone)
+        throw_too_small("attention scratch (bytes; it cannot grow while a CUDA graph is captured, so this round "
+                        "should have run eagerly first)",
+                        need, g_attn_scratch_bytes);
+    const size_t bytes = std::max(need, std::min(2 * g_attn_scratch_bytes, kAttnScratchBudget));
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "attention scratch");
+    if (g_attn_scratch) g_attn_retired.push_back(g_attn_scratch);
+    g_attn_scratch = p;
+    g_attn_scratch_bytes = bytes;
+    return p;
 }
 
 __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
@@ -790,12 +1036,19 @@ bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn
 
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
                    uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s,
-                   const float* norm_w, float rms_eps, float* xn) {
+                   const float* norm_w, float rms_eps, float* xn, bool with_sinkhorn) {
     if (!R) return;
     if (xn && !hc_pre_norm_fusable(H, E, X, xn, norm_w)) throw std::runtime_error("hc_pre_finish: norm not fusable");
     hc_pre_finish_kernel<<<R, 1024, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub, norm_w,
-                                            rms_eps, xn);
+                                            rms_eps, xn, with_sinkhorn);
     check_launch("hc_pre_finish");
+}
+
+void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
+                 uint32_t iters, float* comb, cudaStream_t s) {
+    if (!R) return;
+    hc_sinkhorn_kernel<<<R, 32, 0, s>>>(mix, scale, base, H, eps, iters, comb);
+    check_launch("hc_sinkhorn");
 }
 
 void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
@@ -892,19 +1145,55 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s) {
-    if (!R) return;
-    if (D > kAttnMaxD || D % 4 != 0) throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
+    if (!R || !n_head) return;
+    if (D > kAttnMaxD || D % 4 != 0 || D == 0)
+        throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
+    // Splits per row at most: a layer without compression sees at most n_swa keys, a ratio-4
+    // layer at most n_swa + top_k; others grow with the position and take the cap.
+    const uint32_t max_split = std::max(
+        1u, ratio == 0 ? attn_nsplit(n_swa) : ratio == 4 ? attn_nsplit(uint64_t(n_swa) + top_k) : kAttnMaxSplit);
+    const uint64_t row_bytes = uint64_t(n_head) * max_split * (uint64_t(D) * sizeof(float) + sizeof(float2));
+    // Rows in slices, so the scratch stays bounded; slices of equal size (±1) balance the launches.
+    const uint32_t cap = uint32_t(std::clamp<uint64_t>(kAttnScratchBudget / row_bytes, 1, kAttnMaxSliceRows));
+    const uint32_t n_slices = (R + cap - 1) / cap, slice = (R + n_slices - 1) / n_slices;
+    const uint64_t o_floats = uint64_t(slice) * n_head * max_split * D;
+    float* part_o = static_cast<float*>(attn_scratch(slice * row_bytes, s));
+    float2* part_ml = reinterpret_cast<float2*>(part_o + o_floats);
+
     const size_t smem =
-        (size_t(D) * (1 + kAttnWarps) + kAttnTile) * sizeof(float) + kAttnTile * sizeof(const float*);
+        (size_t(kAttnHB + kAttnKT) * (D + kAttnPad) + kAttnWarps * kAttnHB * kAttnKT + kAttnKT * kAttnHB) * sizeof(float);
+    // Shared-memory limit and residency (blocks the GPU holds at once: the persistent grid):
+    // found by the first call of each width, an eager round, so graph capture finds them.
     static size_t raised = 0;
+    static std::vector<std::pair<size_t, uint32_t>> resident_by_smem;
     if (smem > 48 * 1024 && smem > raised) {
-        check(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        check(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
               "attention shared memory");
         raised = smem;
     }
-    attention_kernel<<<R * n_head, kAttnThreads, smem, s>>>(q, sinks, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
-                                                            n_layer, il, n_rot, inv_freq, o);
-    check_launch("attention");
+    auto it = std::find_if(resident_by_smem.begin(), resident_by_smem.end(),
+                           [&](const auto& e) { return e.first == smem; });
+    if (it == resident_by_smem.end()) {
+        int dev = 0, sms = 0, per_sm = 0;
+        check(cudaGetDevice(&dev), "attention");
+        check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attention");
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_kernel, kAttnThreads, smem),
+              "attention occupancy");
+        resident_by_smem.push_back({smem, uint32_t(std::max(1, sms) * std::max(1, per_sm))});
+        it = resident_by_smem.end() - 1;
+    }
+    const uint32_t resident = it->second;
+    const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
+    for (uint32_t r0 = 0; r0 < R; r0 += slice) {
+        const uint32_t n = std::min(slice, R - r0);
+        const uint32_t blocks = std::min(n * n_groups * max_split, resident);
+        attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer,
+                                                             il, r0, n, max_split, part_o, part_ml);
+        check_launch("attention");
+        attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,
+                                                                   max_split, part_o, part_ml, n_rot, inv_freq, o);
+        check_launch("attention merge");
+    }
 }
 
 void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,

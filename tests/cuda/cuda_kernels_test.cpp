@@ -38,7 +38,7 @@ HostWeight random_weight(Type t, uint64_t K, uint64_t rows, uint64_t seed) {
     return w;
 }
 
-// The device copy of a weight in the backend's layout (Q8_0 repacked).
+// The device copy of a weight in the backend's layout (Q8_0, Q2_K, IQ2_XXS repacked).
 struct DevWeightHolder {
     DevVec<uint8_t> data;
     DevVec<int8_t> qs;
@@ -49,10 +49,12 @@ struct DevWeightHolder {
         w.K = h.K;
         w.rows = h.rows;
         w.row_bytes = quant::row_bytes(h.t, h.K);
-        if (h.t == Type::Q8_0) {
-            std::vector<int8_t> q(h.rows * h.K);
-            std::vector<uint16_t> dd(h.rows * h.K / 32);
-            cuda::repack_q8_0(h.bytes.data(), h.rows, h.K, q.data(), dd.data());
+        if (cuda::RepackShape rs; cuda::repack_shape(w.type, &rs)) {
+            const uint64_t blocks = h.rows * (h.K / rs.block_values);
+            std::vector<int8_t> q(blocks * rs.body_bytes);
+            std::vector<uint16_t> dd(blocks * rs.aux_bytes / 2);
+            cuda::repack_rows(w.type, h.bytes.data(), h.rows, h.K, reinterpret_cast<uint8_t*>(q.data()),
+                              reinterpret_cast<uint8_t*>(dd.data()));
             qs.resize(q.size());
             qs.upload(q);
             d.resize(dd.size());
@@ -459,6 +461,294 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
             idx.resize(k);
             std::sort(idx.begin(), idx.end());
             ASSERT_EQ(got, idx) << "n " << n << " k " << k;
+        }
+    }
+}
+
+// ---- sink attention (§5.12) ---------------------------------------------------------------
+namespace {
+
+// The KV of layer il of n_sess sessions on the device (a raw ring longer than the window, so
+// windows wrap around it, and compressed rows with a padded stride), plus the sinks and the
+// RoPE frequencies. Rows, queries and selections are per call.
+struct AttnProblem {
+    uint32_t n_head, D, n_rot, n_swa, top_k, ratio;
+    uint32_t n_layer = 2, il = 1, n_sess = 2, raw_cap;
+    uint64_t n_comp, comp_stride;
+    std::vector<std::vector<float>> raw, comp;   // per session
+    std::vector<float> sinks;
+    std::vector<double> inv_freq;
+    std::vector<std::unique_ptr<DevVec<float>>> draw, dcomp;
+    std::unique_ptr<DevVec<float>> dsinks;
+    std::unique_ptr<DevVec<double>> dinv;
+    std::unique_ptr<DevVec<cuda::DevLayerKV>> dlkv;
+
+    AttnProblem(uint32_t n_head_, uint32_t D_, uint32_t n_rot_, uint32_t n_swa_, uint32_t top_k_, uint32_t ratio_,
+                int64_t max_pos, uint64_t seed)
+        : n_head(n_head_), D(D_), n_rot(n_rot_), n_swa(n_swa_), top_k(top_k_), ratio(ratio_) {
+        raw_cap = n_swa + 24;
+        comp_stride = D + 8;
+        n_comp = std::max<uint64_t>(1, ratio ? uint64_t(max_pos + 1) / ratio : 0);
+        std::vector<cuda::DevLayerKV> lkv(n_sess * n_layer);
+        for (uint32_t s = 0; s < n_sess; ++s) {
+            raw.push_back(random_floats(uint64_t(raw_cap) * D, seed * 100 + 2 * s, -1.0f, 1.0f));
+            comp.push_back(random_floats(n_comp * comp_stride, seed * 100 + 2 * s + 1, -1.0f, 1.0f));
+            draw.push_back(std::make_unique<DevVec<float>>(raw.back()));
+            dcomp.push_back(std::make_unique<DevVec<float>>(comp.back()));
+            cuda::DevLayerKV& L = lkv[s * n_layer + il];
+            L.raw = draw.back()->get();
+            L.comp = dcomp.back()->get();
+            L.comp_stride = comp_stride;
+            L.raw_cap = raw_cap;
+        }
+        sinks = random_floats(n_head, seed * 100 + 99, -2.0f, 2.0f);
+        sinks[0] = 6.0f;                  // a sink that takes most of the weight
+        if (n_head > 1) sinks[1] = -30.0f;   // one that takes none
+        for (uint32_t i = 0; i < n_rot / 2; ++i) inv_freq.push_back(std::pow(10000.0, -2.0 * i / n_rot));
+        dsinks = std::make_unique<DevVec<float>>(sinks);
+        dinv = std::make_unique<DevVec<double>>(inv_freq);
+        dlkv = std::make_unique<DevVec<cuda::DevLayerKV>>(lkv);
+    }
+
+    bool uses_sel(int64_t pos) const { return ratio == 4 && uint64_t(pos + 1) / 4 > top_k; }
+
+    // Rows at the given positions (sessions alternate), their queries and their selections
+    // (top_k distinct ascending rows of the visible ones where the row has more than top_k).
+    void make_rows(const std::vector<int64_t>& pos, uint64_t seed, std::vector<cuda::DevRow>* rows,
+                   std::vector<float>* q, std::vector<uint32_t>* sel) const {
+        rows->clear();
+        for (size_t i = 0; i < pos.size(); ++i) rows->push_back({pos[i], 0, int32_t(i % n_sess)});
+        *q = random_floats(pos.size() * n_head * D, seed, -4.0f, 4.0f);
+        sel->assign(std::max<size_t>(1, pos.size() * top_k), 0u);
+        uint64_t st = seed * 0x9E3779B97F4A7C15ull + 11;
+        for (size_t i = 0; i < pos.size(); ++i) {
+            if (!uses_sel(pos[i])) continue;
+            std::vector<uint32_t> idx(uint64_t(pos[i] + 1) / 4);
+            std::iota(idx.begin(), idx.end(), 0u);
+            for (uint32_t k = 0; k < top_k; ++k) {   // partial Fisher-Yates
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                std::swap(idx[k], idx[k + (st >> 33) % (idx.size() - k)]);
+            }
+            std::sort(idx.begin(), idx.begin() + top_k);
+            std::copy(idx.begin(), idx.begin() + top_k, sel->begin() + i * top_k);
+        }
+    }
+
+    std::vector<float> run(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q,
+                           const std::vector<uint32_t>& sel, cudaStream_t s = nullptr) const {
+        const uint32_t R = uint32_t(rows.size());
+        DevVec<cuda::DevRow> drows(rows);
+        DevVec<float> dq(q), dout(uint64_t(R) * n_head * D);
+        DevVec<uint32_t> dsel(sel);
+        cuda::attention(dq.get(), dsinks->get(), R, n_head, D, n_swa, ratio, top_k, dsel.get(), drows.get(),
+                        dlkv->get(), n_layer, il, n_rot, dinv->get(), dout.get(), s);
+        EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        return dout.download();
+    }
+
+    // §5.12 in double for row i, then the inverse RoPE of the tail: out [n_head][D].
+    std::vector<double> reference(const cuda::DevRow& row, const float* q, const uint32_t* sel) const {
+        const int64_t p = row.pos;
+        const int64_t lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
+        const uint64_t n_vis = ratio ? uint64_t(p + 1) / ratio : 0;
+        std::vector<const float*> keys;
+        for (int64_t t = lo; t <= p; ++t) keys.push_back(&raw[row.sess][uint64_t(t % raw_cap) * D]);
+        const uint64_t n_c = uses_sel(p) ? top_k : n_vis;
+        for (uint64_t j = 0; j < n_c; ++j)
+            keys.push_back(&comp[row.sess][(uses_sel(p) ? sel[j] : j) * comp_stride]);
+        std::vector<double> out(uint64_t(n_head) * D, 0.0), sc(keys.size());
+        for (uint32_t h = 0; h < n_head; ++h) {
+            const float* qh = q + uint64_t(h) * D;
+            double m = sinks[h];
+            for (size_t j = 0; j < keys.size(); ++j) {
+                double s = 0;
+                for (uint32_t d = 0; d < D; ++d) s += double(qh[d]) * keys[j][d];
+                sc[j] = s / std::sqrt(double(D));
+                m = std::max(m, sc[j]);
+            }
+            double den = std::exp(double(sinks[h]) - m);
+            double* oh = &out[uint64_t(h) * D];
+            for (size_t j = 0; j < keys.size(); ++j) {
+                const double e = std::exp(sc[j] - m);
+                den += e;
+                for (uint32_t d = 0; d < D; ++d) oh[d] += e * keys[j][d];
+            }
+            for (uint32_t d = 0; d < D; ++d) oh[d] /= den;
+            double* t = oh + (D - n_rot);
+            for (uint32_t i = 0; i < n_rot / 2; ++i) {
+                const double th = double(p) * inv_freq[i], c = std::cos(th), sn = -std::sin(th);
+                const double x0 = t[2 * i], x1 = t[2 * i + 1];
+                t[2 * i] = x0 * c - x1 * sn;
+                t[2 * i + 1] = x0 * sn + x1 * c;
+            }
+        }
+        return out;
+    }
+};
+
+struct AttnShape {
+    uint32_t n_head, D, n_rot, n_swa, top_k;
+};
+// The model's shape, and a small one with a partial group of heads (12 = 8 + 4) and D = 64.
+const AttnShape kAttnShapes[] = {{64, 512, 64, 128, 512}, {12, 64, 16, 16, 8}};
+
+// Positions per layer kind: window only, partial window, ring wrap (raw_cap = n_swa + 24),
+// compressed rows below/at/above top_k (ratio 4), and long contexts (ratio 128: up to ~3000 keys).
+std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
+    const int64_t w = sh.n_swa, k4 = 4 * int64_t(sh.top_k);
+    if (ratio == 0) return {0, 1, w / 2, w - 1, w, w + 30, 5 * w + 7};
+    if (ratio == 4) return {0, 3, w + 2, k4 - 2, k4 - 1, k4 + 2, k4 + 3, k4 + 777, 10 * k4 + 5};
+    return {0, 5, w - 1, w, 127, 128, 300, 4095, 65535, 200001, 369999};
+}
+
+}  // namespace
+
+// Against a double-precision evaluation of §5.12 from the same inputs: raw ring rows (with
+// wrap-around), all visible or the selected compressed rows, sinks, inverse RoPE; key counts
+// from 1 to ~3000, so rows have one split up to the capped 32.
+TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
+    for (const AttnShape& sh : kAttnShapes) {
+        for (uint32_t ratio : {0u, 4u, 128u}) {
+            const auto pos = attn_positions(sh, ratio);
+            const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
+            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, sh.D + ratio);
+            std::vector<cuda::DevRow> rows;
+            std::vector<float> q;
+            std::vector<uint32_t> sel;
+            P.make_rows(pos, 5 + ratio, &rows, &q, &sel);
+            const auto got = P.run(rows, q, sel);
+            for (size_t i = 0; i < rows.size(); ++i) {
+                const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
+                for (uint32_t h = 0; h < sh.n_head; ++h) {
+                    double md = 0, mr = 0;
+                    for (uint32_t d = 0; d < sh.D; ++d) {
+                        const double a = got[(i * sh.n_head + h) * sh.D + d], b = ref[uint64_t(h) * sh.D + d];
+                        md = std::max(md, std::isnan(a) ? INFINITY : std::fabs(a - b));
+                        mr = std::max(mr, std::fabs(b));
+                    }
+                    // ~1e-6 expected (float scores over D = 512 and exps rounded once).
+                    ASSERT_LE(md, 1e-5 * mr + 1e-12) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos
+                                                     << " head " << h << " max|ref| " << mr;
+                }
+            }
+        }
+    }
+}
+
+// A row's output is the same bits computed alone (decode), in a batch of many rows (several
+// slices of rows inside the launcher), or at another place in the batch.
+TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
+    for (const AttnShape& sh : kAttnShapes) {
+        for (uint32_t ratio : {0u, 4u, 128u}) {
+            auto base = attn_positions(sh, ratio);
+            std::vector<int64_t> pos;
+            const uint32_t R = ratio == 0 ? 40 : 80;
+            for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 7) % base.size()] + (i % 3));
+            const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
+            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 3 * sh.D + ratio);
+            std::vector<cuda::DevRow> rows;
+            std::vector<float> q;
+            std::vector<uint32_t> sel;
+            P.make_rows(pos, 17 + ratio, &rows, &q, &sel);
+            const size_t HD = size_t(sh.n_head) * sh.D;
+            const auto batch = P.run(rows, q, sel);
+            // The batch reversed.
+            std::vector<cuda::DevRow> rrows(rows.rbegin(), rows.rend());
+            std::vector<float> rq(q.size());
+            std::vector<uint32_t> rsel(sel.size());
+            for (uint32_t i = 0; i < R; ++i) {
+                std::copy_n(&q[i * HD], HD, &rq[(R - 1 - i) * HD]);
+                std::copy_n(&sel[i * sh.top_k], sh.top_k, &rsel[(R - 1 - i) * sh.top_k]);
+            }
+            const auto rev = P.run(rrows, rq, rsel);
+            for (uint32_t i = 0; i < R; ++i) {
+                const std::vector<cuda::DevRow> one = {rows[i]};
+                const std::vector<float> q1(q.begin() + i * HD, q.begin() + (i + 1) * HD);
+                const std::vector<uint32_t> s1(sel.begin() + i * sh.top_k, sel.begin() + (i + 1) * sh.top_k);
+                const auto alone = P.run(one, q1, s1);
+                ASSERT_EQ(std::memcmp(alone.data(), &batch[i * HD], HD * sizeof(float)), 0)
+                    << "D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos;
+                ASSERT_EQ(std::memcmp(alone.data(), &rev[(R - 1 - i) * HD], HD * sizeof(float)), 0)
+                    << "D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos << " (reversed)";
+            }
+        }
+    }
+}
+
+// Captured into a CUDA graph after an eager run of the same shape (as the backend does), the
+// launch replays with the same scratch and gives the eager run's bits.
+TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
+    const AttnShape sh = kAttnShapes[0];
+    const std::vector<int64_t> pos = {5, 700, 2051, 9000};
+    const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 9000, 77);
+    std::vector<cuda::DevRow> rows;
+    std::vector<float> q;
+    std::vector<uint32_t> sel;
+    P.make_rows(pos, 78, &rows, &q, &sel);
+    const uint32_t R = uint32_t(rows.size());
+    cudaStream_t s = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    const auto eager = P.run(rows, q, sel, s);
+    DevVec<cuda::DevRow> drows(rows);
+    DevVec<float> dq(q), dout(uint64_t(R) * sh.n_head * sh.D);
+    DevVec<uint32_t> dsel(sel);
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t e = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, 4, sh.top_k, dsel.get(), drows.get(),
+                    P.dlkv->get(), P.n_layer, P.il, sh.n_rot, P.dinv->get(), dout.get(), s);
+    ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+    for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(e, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    const auto replay = dout.download();
+    cudaGraphExecDestroy(e);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    ASSERT_EQ(std::memcmp(replay.data(), eager.data(), replay.size() * sizeof(float)), 0);
+}
+
+TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
+    // Prefill gathers the (row, expert) pairs by expert so a block reads an expert's rows once
+    // for up to 8 pairs; every pair's result must be bit-identical to computing it alone.
+    // Uneven counts: one expert with 19 pairs (three groups), some with one, some with none.
+    const uint64_t K = 1024, RPE = 24, N = 20;
+    const uint32_t NEXP = 7, KU = 3, R = 13, P = R * KU;
+    std::vector<int32_t> ex(P);
+    for (uint32_t p = 0; p < P; ++p) ex[p] = p % 2 ? 4 : int32_t((p * 5) % NEXP);
+    DevVec<int32_t> dex(ex);
+    const uint32_t cap = cuda::moe_groups_cap(P, NEXP, 8);
+    DevVec<int32_t> grp(3 * cap), pairs(P), count(1);
+    const cuda::MoeGroups groups{grp.get(), pairs.get(), count.get(), cap, 8};
+    cuda::moe_groups(dex.get(), P, NEXP, groups, nullptr);
+    auto cnt = count.download();
+    ASSERT_GE(cnt[0], int32_t(NEXP - 2));
+    ASSERT_LE(uint32_t(cnt[0]), cap);
+    for (Type t : {Type::Q8_0, Type::IQ2_XXS, Type::Q2_K, Type::Q4_K, Type::MXFP4, Type::F16}) {
+        const HostWeight hg = random_weight(t, K, RPE * NEXP, 501 + uint64_t(t));
+        const HostWeight hu = random_weight(t, K, RPE * NEXP, 601 + uint64_t(t));
+        DevWeightHolder dg(hg), du(hu);
+        auto x = random_floats(R * K, 17 + uint64_t(t), -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(R * K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, R, K, ah.buf, nullptr);
+        auto wv = random_floats(P, 19, 0.1f, 1.0f);
+        DevVec<float> dew(wv);
+        // ungrouped expert pairs run one pair per block row, as decode does
+        DevVec<float> alone(P * N), grouped(P * N);
+        cuda::matvec(dg.w, a, P, alone.get(), N, N, 0, nullptr, dex.get(), RPE, KU);
+        cuda::matvec(dg.w, a, P, grouped.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &groups);
+        auto ref = alone.download();
+        auto got = grouped.download();
+        ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << quant::traits(t).name << " matvec";
+        if (cuda::matvec_swiglu_ok(dg.w, du.w)) {
+            DevVec<float> f1(P * N), f2(P * N);
+            cuda::matvec_swiglu(dg.w, du.w, a, P, f1.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU);
+            cuda::matvec_swiglu(dg.w, du.w, a, P, f2.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU,
+                                &groups);
+            auto r1 = f1.download();
+            auto r2 = f2.download();
+            ASSERT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * 4)) << quant::traits(t).name << " swiglu";
         }
     }
 }
