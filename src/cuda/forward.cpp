@@ -716,7 +716,8 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     if (FS) {
         fork(0);
         const cudaStream_t ss = side(0);
-        if (matvec_swiglu_ok(L.gate_sh, L.up_sh)) {
+        // (many rows of Q8_0: two tensor-core products and the SwiGLU beat the fused kernel)
+        if (matvec_swiglu_ok(L.gate_sh, L.up_sh) && !gemm_q8_0_eligible(L.gate_sh, R, FS, 0, false)) {
             matvec_swiglu(L.gate_sh, L.up_sh, xn_act(L.gate_sh.type, R), R, shg_.get(), FS, FS,
                           c_.swiglu_clamp_shexp[il], nullptr, ss);
             mark("shared expert", double(FS) * (L.gate_sh.row_bytes + L.up_sh.row_bytes));

@@ -100,6 +100,12 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
             cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
             const MoeGroups* groups = nullptr);
 
+// Q8_0 products of R >= 16 rows on the tensor cores, bit for bit what matvec gives (see
+// gemm.cu); matvec calls it itself where eligible. DSV4_CUDA_TC=0 turns it off.
+bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert);
+void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+               uint64_t row0, uint64_t rpg, cudaStream_t s);
+
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).
 // Block-quantised activations of the whole row equal the per-group ones (groups are whole

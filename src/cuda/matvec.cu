@@ -1050,6 +1050,10 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
                       (reinterpret_cast<uintptr_t>(a.f) % 16 == 0) && (a.f_stride % 4 == 0);
     const bool kq = W.type == T_Q2_K || W.type == T_IQ2_XXS;
     if (kq && rpg) throw_mismatch("matvec_grouped: no kernel for this weight type", W.type, W.K, a.K);
+    if (gemm_q8_0_eligible(W, R, N, rpg, expert != nullptr)) {
+        gemm_q8_0(W, a, R, y, y_stride, N, row0, rpg, s);
+        return;
+    }
     switch (W.type) {
         case T_F32: fvec ? launch_rb<T_F32, true>(p, s) : launch_rb<T_F32, false>(p, s); break;
         case T_F16: fvec ? launch_rb<T_F16, true>(p, s) : launch_rb<T_F16, false>(p, s); break;

@@ -752,3 +752,49 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
         }
     }
 }
+
+TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
+    // Prefill's tensor-core Q8_0 product (R >= 16) must give each row exactly what decode
+    // (one row at a time) gives: same integer block sums, same float steps, same tree of sums.
+    // K below, at and above 32 blocks (a lane with no, one, several blocks), N with a tail,
+    // R with a tail, and the grouped product of the attention output.
+    struct Case {
+        uint64_t K, N, rpg;
+        uint32_t R;
+    };
+    // (decode takes wide blocks for N <= 1024 with K >= 2048: the tensor cores are not used there)
+    for (const Case c : {Case{512, 100, 0, 16}, Case{1024, 256, 0, 37}, Case{4096, 1100, 0, 20},
+                         Case{8192, 1088, 0, 33}, Case{1024, 128, 64, 17}}) {
+        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+        ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
+                                             false))
+            << "K " << c.K;
+        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 900 + c.K + c.N);
+        DevWeightHolder dw(hw);
+        auto x = random_floats(c.R * AK, 31 + c.R, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(c.R * AK);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+        DevVec<float> tc(c.R * c.N), one(c.R * c.N);
+        cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
+        for (uint32_t r = 0; r < c.R; ++r) {
+            cuda::DevAct ar = a;
+            ar.q = a.q + uint64_t(r) * AK;
+            ar.d = a.d + uint64_t(r) * (AK / 32);
+            if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
+            else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
+        }
+        auto got = tc.download();
+        auto ref = one.download();
+        ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4)) << "K " << c.K << " N " << c.N;
+        // and near the CPU's dot product (a sanity check of the layout, not of the order)
+        std::vector<uint8_t> act(quant::act_bytes(Type::Q8_0, c.K));
+        const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
+        for (uint32_t r = 0; r < c.R; r += 7) {
+            const uint64_t n = (r * 13) % c.N, g = c.rpg ? n / c.rpg : 0;
+            quant::quantize_act(Type::Q8_0, &x[r * AK + g * c.K], act.data(), c.K);
+            const float cpu = quant::vec_dot(Type::Q8_0, hw.bytes.data() + n * rb, act.data(), c.K);
+            ASSERT_NEAR(got[r * c.N + n], cpu, 1e-3 * (std::fabs(cpu) + 1)) << "K " << c.K;
+        }
+    }
+}
