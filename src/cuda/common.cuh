@@ -64,6 +64,18 @@ __device__ __forceinline__ float softplus_cr(float x) {
     return x > 20 ? x : (x < -20 ? exp_cr(x) : float(log1p(double(exp_cr(x)))));
 }
 
+// SwiGLU of a (gate, up) pair of sums: swiglu_kernel's operations, in its order (the fused
+// products' epilogues use it, so they equal matvec + matvec + swiglu bit for bit).
+__device__ __forceinline__ float swiglu_pair(float v, float u, float clamp, const float* ew, uint32_t pair) {
+    if (clamp > 1e-6f) {
+        v = fminf(v, clamp);
+        u = fminf(fmaxf(u, -clamp), clamp);
+    }
+    v = __fmul_rn(silu_cr(v), u);
+    if (ew) v = __fmul_rn(v, ew[pair]);
+    return v;
+}
+
 __device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float f16_round(float f) { return __half2float(__float2half_rn(f)); }
 __device__ __forceinline__ float bf16_to_f32(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }

@@ -106,6 +106,15 @@ bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                uint64_t row0, uint64_t rpg, cudaStream_t s);
 
+// The routed experts' IQ2_XXS / Q2_K products of a prefill (pairs gathered in groups) on the
+// tensor cores, bit for bit what matvec / matvec_swiglu give; they call it where eligible.
+bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups);
+void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,
+                     uint64_t y_stride, uint64_t N, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups& g,
+                     float clamp, const float* ew, cudaStream_t s);
+// Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them).
+void iq2_tables(const uint64_t** grid, const uint64_t** sign);
+
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).
 // Block-quantised activations of the whole row equal the per-group ones (groups are whole

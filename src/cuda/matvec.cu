@@ -164,17 +164,6 @@ __device__ __forceinline__ bool get_slots(const MV& p, Slots<RB>& s) {
     return true;
 }
 
-// SwiGLU of a (gate, up) pair of sums: swiglu_kernel's operations, in its order.
-__device__ __forceinline__ float swiglu_pair(float v, float u, float clamp, const float* ew, uint32_t pair) {
-    if (clamp > 1e-6f) {
-        v = fminf(v, clamp);
-        u = fminf(fmaxf(u, -clamp), clamp);
-    }
-    v = __fmul_rn(silu_cr(v), u);
-    if (ew) v = __fmul_rn(v, ew[pair]);
-    return v;
-}
-
 constexpr int kRowsPerBlock = 4;   // warps per block, one output row each
 
 template <uint32_t T>
@@ -950,6 +939,15 @@ __global__ void __launch_bounds__(1024) moe_groups_kernel(const int32_t* experts
 
 }  // namespace
 
+void iq2_tables(const uint64_t** grid, const uint64_t** sign) {
+    void* g = nullptr;
+    void* sg = nullptr;
+    check(cudaGetSymbolAddress(&g, g_iq2_grid), "IQ2_XXS grid");
+    check(cudaGetSymbolAddress(&sg, g_iq2_sign), "IQ2_XXS signs");
+    *grid = static_cast<const uint64_t*>(g);
+    *sign = static_cast<const uint64_t*>(sg);
+}
+
 void upload_iq2xxs_grid(const uint64_t* grid) {
     check(cudaMemcpyToSymbol(g_iq2_grid, grid, 256 * sizeof(uint64_t)), "upload of the IQ2_XXS grid");
     uint64_t sign[128];
@@ -1054,6 +1052,10 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
         gemm_q8_0(W, a, R, y, y_stride, N, row0, rpg, s);
         return;
     }
+    if (row0 == 0 && gemm_kq_eligible(W, groups)) {
+        gemm_kq_experts(W, nullptr, a, R, y, y_stride, N, rows_per_expert, act_div, *groups, 0.0f, nullptr, s);
+        return;
+    }
     switch (W.type) {
         case T_F32: fvec ? launch_rb<T_F32, true>(p, s) : launch_rb<T_F32, false>(p, s); break;
         case T_F16: fvec ? launch_rb<T_F16, true>(p, s) : launch_rb<T_F16, false>(p, s); break;
@@ -1098,6 +1100,10 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     if (!matvec_swiglu_ok(Wg, Wu)) throw_mismatch("matvec_swiglu: gate and up differ or are float", Wu.type, Wu.K, a.K);
     if (R == 0 || N == 0) return;
     if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);
+    if (Wg.type == T_IQ2_XXS && gemm_kq_eligible(Wg, groups)) {
+        gemm_kq_experts(Wg, &Wu, a, R, mid, mid_stride, N, rows_per_expert, act_div, *groups, clamp, ew, s);
+        return;
+    }
     MV p = make_mv(Wg, a, R, mid, mid_stride, N, 0, expert, rows_per_expert, act_div, groups);
     p.w2 = Wu.data;
     p.wqs2 = Wu.qs;

@@ -712,43 +712,48 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
     // Prefill gathers the (row, expert) pairs by expert so a block reads an expert's rows once
     // for up to 8 pairs; every pair's result must be bit-identical to computing it alone.
     // Uneven counts: one expert with 19 pairs (three groups), some with one, some with none.
-    const uint64_t K = 1024, RPE = 24, N = 20;
-    const uint32_t NEXP = 7, KU = 3, R = 13, P = R * KU;
-    std::vector<int32_t> ex(P);
-    for (uint32_t p = 0; p < P; ++p) ex[p] = p % 2 ? 4 : int32_t((p * 5) % NEXP);
-    DevVec<int32_t> dex(ex);
-    const uint32_t cap = cuda::moe_groups_cap(P, NEXP, 8);
-    DevVec<int32_t> grp(3 * cap), pairs(P), count(1);
-    const cuda::MoeGroups groups{grp.get(), pairs.get(), count.get(), cap, 8};
-    cuda::moe_groups(dex.get(), P, NEXP, groups, nullptr);
-    auto cnt = count.download();
-    ASSERT_GE(cnt[0], int32_t(NEXP - 2));
-    ASSERT_LE(uint32_t(cnt[0]), cap);
-    for (Type t : {Type::Q8_0, Type::IQ2_XXS, Type::Q2_K, Type::Q4_K, Type::MXFP4, Type::F16}) {
-        const HostWeight hg = random_weight(t, K, RPE * NEXP, 501 + uint64_t(t));
-        const HostWeight hu = random_weight(t, K, RPE * NEXP, 601 + uint64_t(t));
-        DevWeightHolder dg(hg), du(hu);
-        auto x = random_floats(R * K, 17 + uint64_t(t), -2.0f, 2.0f);
-        DevVec<float> dx(x);
-        ActHolder ah(R * K);
-        const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, R, K, ah.buf, nullptr);
-        auto wv = random_floats(P, 19, 0.1f, 1.0f);
-        DevVec<float> dew(wv);
-        // ungrouped expert pairs run one pair per block row, as decode does
-        DevVec<float> alone(P * N), grouped(P * N);
-        cuda::matvec(dg.w, a, P, alone.get(), N, N, 0, nullptr, dex.get(), RPE, KU);
-        cuda::matvec(dg.w, a, P, grouped.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &groups);
-        auto ref = alone.download();
-        auto got = grouped.download();
-        ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << quant::traits(t).name << " matvec";
-        if (cuda::matvec_swiglu_ok(dg.w, du.w)) {
-            DevVec<float> f1(P * N), f2(P * N);
-            cuda::matvec_swiglu(dg.w, du.w, a, P, f1.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU);
-            cuda::matvec_swiglu(dg.w, du.w, a, P, f2.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU,
-                                &groups);
-            auto r1 = f1.download();
-            auto r2 = f2.download();
-            ASSERT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * 4)) << quant::traits(t).name << " swiglu";
+    // Groups of IQ2_XXS / Q2_K pairs take the tensor cores (gemm_kq_experts): K = 4,096 puts
+    // two super-blocks on each of the decode kernel's lanes.
+    for (const uint64_t K : {1024, 4096}) {
+        const uint64_t RPE = 24, N = 20;
+        const uint32_t NEXP = 7, KU = 3, R = 13, P = R * KU;
+        std::vector<int32_t> ex(P);
+        for (uint32_t p = 0; p < P; ++p) ex[p] = p % 2 ? 4 : int32_t((p * 5) % NEXP);
+        DevVec<int32_t> dex(ex);
+        const uint32_t cap = cuda::moe_groups_cap(P, NEXP, 8);
+        DevVec<int32_t> grp(3 * cap), pairs(P), count(1);
+        const cuda::MoeGroups groups{grp.get(), pairs.get(), count.get(), cap, 8};
+        cuda::moe_groups(dex.get(), P, NEXP, groups, nullptr);
+        auto cnt = count.download();
+        ASSERT_GE(cnt[0], int32_t(NEXP - 2));
+        ASSERT_LE(uint32_t(cnt[0]), cap);
+        for (Type t : {Type::Q8_0, Type::IQ2_XXS, Type::Q2_K, Type::Q4_K, Type::MXFP4, Type::F16}) {
+            const HostWeight hg = random_weight(t, K, RPE * NEXP, 501 + uint64_t(t));
+            const HostWeight hu = random_weight(t, K, RPE * NEXP, 601 + uint64_t(t));
+            DevWeightHolder dg(hg), du(hu);
+            auto x = random_floats(R * K, 17 + uint64_t(t), -2.0f, 2.0f);
+            DevVec<float> dx(x);
+            ActHolder ah(R * K);
+            const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, R, K, ah.buf, nullptr);
+            auto wv = random_floats(P, 19, 0.1f, 1.0f);
+            DevVec<float> dew(wv);
+            // ungrouped expert pairs run one pair per block row, as decode does
+            DevVec<float> alone(P * N), grouped(P * N);
+            cuda::matvec(dg.w, a, P, alone.get(), N, N, 0, nullptr, dex.get(), RPE, KU);
+            cuda::matvec(dg.w, a, P, grouped.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &groups);
+            auto ref = alone.download();
+            auto got = grouped.download();
+            ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << quant::traits(t).name << " matvec K " << K;
+            if (cuda::matvec_swiglu_ok(dg.w, du.w)) {
+                DevVec<float> f1(P * N), f2(P * N);
+                cuda::matvec_swiglu(dg.w, du.w, a, P, f1.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU);
+                cuda::matvec_swiglu(dg.w, du.w, a, P, f2.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU,
+                                    &groups);
+                auto r1 = f1.download();
+                auto r2 = f2.download();
+                ASSERT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * 4))
+                    << quant::traits(t).name << " swiglu K " << K;
+            }
         }
     }
 }
