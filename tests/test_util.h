@@ -1,9 +1,11 @@
-// Helpers shared by the test folders: temporary files and synthetic models.
+// Helpers shared by the test folders: temporary files, synthetic models, logits.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -42,17 +44,28 @@ inline model::Vocab byte_vocab() {
     return out;
 }
 
+// Writes a synthetic model once per distinct name and returns its path: the preset with
+// `layers` layers (0: the preset's own) and `n_vocab` tokens, changed by `edit`, with the
+// vocabulary `vocab` gives for the final vocabulary size (`edit` may change it).
+inline std::string synth_model_with_vocab(const std::string& name, const std::string& preset, uint32_t layers,
+                                          uint32_t n_vocab, const std::function<model::Vocab(uint32_t)>& vocab,
+                                          const std::function<void(model::Config&)>& edit,
+                                          const std::string& types, uint64_t seed) {
+    const std::string path = tmp_dir() + "/" + name + ".gguf";
+    if (std::filesystem::exists(path)) return path;
+    model::Config c = model::synth_config(preset, layers, n_vocab);
+    if (edit) edit(c);
+    model::synth_write(c, model::TypeMix::preset(types), vocab(c.n_vocab), seed, path);
+    return path;
+}
+
 // Writes a synthetic model (byte vocabulary) once per distinct name and returns its path.
 inline std::string synth_model(const std::string& name, const std::string& preset,
                                const std::function<void(model::Config&)>& edit = {},
                                const std::string& types = "f32", uint64_t seed = 1) {
-    const std::string path = tmp_dir() + "/" + name + ".gguf";
-    if (std::filesystem::exists(path)) return path;
-    model::Vocab v = byte_vocab();
-    model::Config c = model::synth_config(preset, 0, uint32_t(v.tokens.size()));
-    if (edit) edit(c);
-    model::synth_write(c, model::TypeMix::preset(types), v, seed, path);
-    return path;
+    const model::Vocab v = byte_vocab();
+    return synth_model_with_vocab(name, preset, 0, uint32_t(v.tokens.size()), [&v](uint32_t) { return v; }, edit,
+                                  types, seed);
 }
 
 // Deterministic pseudo-random tokens in [lo, hi).
@@ -96,6 +109,15 @@ inline int32_t argmax(const float* x, size_t n) {
     for (size_t i = 1; i < n; ++i)
         if (x[i] > x[best]) best = i;
     return int32_t(best);
+}
+
+// Bit-identical comparison of logits (V per position) with a useful message on failure.
+inline void expect_same(const std::vector<float>& a, const std::vector<float>& b, size_t V, const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (size_t i = 0; i < a.size(); ++i)
+        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            FAIL() << what << ": first difference at position " << i / V << ", logit " << i % V << ": " << a[i]
+                   << " vs " << b[i];
 }
 
 }  // namespace dsv4::test

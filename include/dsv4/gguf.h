@@ -114,6 +114,10 @@ private:
     void parse_all();
     const Value& need(std::string_view key, size_t* index) const;
     [[noreturn]] void type_error(size_t index, const char* expected, const std::string& found) const;
+    // The typed getters' common part: the value of `key` as `convert` makes it (false: a value
+    // of another type, reported as a type error naming `expected`). Defined in reader.cpp.
+    template <typename T>
+    T get_as(std::string_view key, const char* expected, bool (*convert)(const Value&, T*)) const;
 
     std::string path_;
     const uint8_t* base_ = nullptr;

@@ -346,24 +346,21 @@ private:
 
     static std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
+    static const char* chunk_object(serve::Endpoint ep) {
+        return ep == serve::Endpoint::Chat ? "chat.completion.chunk" : "text_completion";
+    }
+
     json chunk(const std::string& id, int64_t created, const std::string& model, serve::Endpoint ep, json delta,
                json finish) const {
-        json c = json::object();
-        c["id"] = id;
-        c["object"] = ep == serve::Endpoint::Chat ? "chat.completion.chunk" : "text_completion";
-        c["created"] = created;
-        c["model"] = model;
-        json choice = json::object();
-        choice["index"] = 0;
+        json c = serve::response_head(id, chunk_object(ep), created, model);
+        json fields = json::object();
         if (ep == serve::Endpoint::Chat) {
-            choice["delta"] = std::move(delta);
+            fields["delta"] = std::move(delta);
         } else {
-            choice["text"] = delta.value("content", std::string());
-            if (delta.contains("reasoning_content")) choice["reasoning_content"] = delta["reasoning_content"];
+            fields["text"] = delta.value("content", std::string());
+            if (delta.contains("reasoning_content")) fields["reasoning_content"] = delta["reasoning_content"];
         }
-        choice["logprobs"] = nullptr;
-        choice["finish_reason"] = std::move(finish);
-        c["choices"] = json::array({choice});
+        c["choices"] = json::array({serve::one_choice(fields, std::move(finish))});
         return c;
     }
 
@@ -415,11 +412,7 @@ private:
                 }
                 out += sse(chunk(id, created, model, ep, json::object(), serve::finish_reason(r, m)));
                 if (include_usage) {
-                    json u = json::object();
-                    u["id"] = id;
-                    u["object"] = ep == serve::Endpoint::Chat ? "chat.completion.chunk" : "text_completion";
-                    u["created"] = created;
-                    u["model"] = model;
+                    json u = serve::response_head(id, chunk_object(ep), created, model);
                     u["choices"] = json::array();
                     u["usage"] = serve::usage_json(r);
                     out += sse(u);

@@ -54,6 +54,18 @@ const json* field(const json& obj, const char* name) {
     return &*it;
 }
 
+// `param`: the path of the parameter in the body ("messages[2].role").
+[[noreturn]] void missing_parameter(const std::string& param) {
+    bad_request(cat("Missing required parameter: '", param, "'."), param, "missing_required_parameter");
+}
+
+// A field that must be present and not null; never nullptr.
+const json* required_field(const json& obj, const char* name, const std::string& param) {
+    const json* v = field(obj, name);
+    if (!v) missing_parameter(param);
+    return v;
+}
+
 std::optional<double> get_number(const json& obj, const char* name, double lo, double hi) {
     const json* v = field(obj, name);
     if (!v) return std::nullopt;
@@ -207,8 +219,7 @@ ParsedRequest parse_chat_request(const json& body, const ParseContext& pc) {
     if (!body.is_object()) wrong_type("body", "a JSON object", body);
     ParsedRequest r;
     r.endpoint = Endpoint::Chat;
-    const json* msgs = field(body, "messages");
-    if (!msgs) bad_request("Missing required parameter: 'messages'.", "messages", "missing_required_parameter");
+    const json* msgs = required_field(body, "messages", "messages");
     if (!msgs->is_array()) wrong_type("messages", "an array", *msgs);
     if (msgs->empty()) bad_request("Invalid 'messages': empty array. Expected an array with minimum length 1.", "messages",
                                    "empty_array");
@@ -216,9 +227,7 @@ ParsedRequest parse_chat_request(const json& body, const ParseContext& pc) {
         const json& m = (*msgs)[i];
         const std::string pm = cat("messages[", i, "]");
         if (!m.is_object()) wrong_type(pm, "an object", m);
-        const json* role = field(m, "role");
-        if (!role) bad_request(cat("Missing required parameter: '", pm, ".role'."), pm + ".role",
-                               "missing_required_parameter");
+        const json* role = required_field(m, "role", pm + ".role");
         if (!role->is_string()) wrong_type(pm + ".role", "a string", *role);
         text::Message msg;
         msg.role = role->get<std::string>();
@@ -231,8 +240,7 @@ ParsedRequest parse_chat_request(const json& body, const ParseContext& pc) {
         auto cit = m.find("content");
         if (cit != m.end()) msg.content = content_text(*cit, pm + ".content");
         else if (msg.role != "assistant")
-            bad_request(cat("Missing required parameter: '", pm, ".content'."), pm + ".content",
-                        "missing_required_parameter");
+            missing_parameter(pm + ".content");
         if (msg.role == "assistant") {
             if (const json* rc = field(m, "reasoning_content")) {
                 if (!rc->is_string()) wrong_type(pm + ".reasoning_content", "a string", *rc);
@@ -299,8 +307,7 @@ ParsedRequest parse_completion_request(const json& body, const ParseContext& pc)
     if (!body.is_object()) wrong_type("body", "a JSON object", body);
     ParsedRequest r;
     r.endpoint = Endpoint::Completions;
-    const json* p = field(body, "prompt");
-    if (!p) bad_request("Missing required parameter: 'prompt'.", "prompt", "missing_required_parameter");
+    const json* p = required_field(body, "prompt", "prompt");
     if (p->is_string()) {
         r.prompt_text = p->get<std::string>();
     } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
@@ -565,6 +572,37 @@ std::string finish_reason(const runtime::JobResult& r, const text::ParsedMessage
     return "stop";
 }
 
+json response_head(const std::string& id, const char* object, int64_t created, const std::string& model) {
+    json h = json::object();
+    h["id"] = id;
+    h["object"] = object;
+    h["created"] = created;
+    h["model"] = model;
+    return h;
+}
+
+json one_choice(const json& fields, json finish) {
+    json choice = json::object();
+    choice["index"] = 0;
+    for (const auto& field : fields.items()) choice[field.key()] = field.value();
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = std::move(finish);
+    return choice;
+}
+
+namespace {
+
+// A non-streamed answer: the head, the one choice and the usage.
+json response_json(const std::string& id, const char* object, int64_t created, const std::string& model,
+                   const json& fields, const std::string& finish, const runtime::JobResult& r) {
+    json out = response_head(id, object, created, model);
+    out["choices"] = json::array({one_choice(fields, finish)});
+    out["usage"] = usage_json(r);
+    return out;
+}
+
+}  // namespace
+
 json chat_response(const std::string& id, int64_t created, const std::string& model, const text::ParsedMessage& m,
                    const std::vector<std::string>& call_ids, const std::string& finish, const runtime::JobResult& r) {
     json msg = json::object();
@@ -579,37 +617,17 @@ json chat_response(const std::string& id, int64_t created, const std::string& mo
                                  {"function", {{"name", m.tool_calls[i].name}, {"arguments", m.tool_calls[i].arguments}}}});
         msg["tool_calls"] = calls;
     }
-    json choice = json::object();
-    choice["index"] = 0;
-    choice["message"] = msg;
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish;
-    json out = json::object();
-    out["id"] = id;
-    out["object"] = "chat.completion";
-    out["created"] = created;
-    out["model"] = model;
-    out["choices"] = json::array({choice});
-    out["usage"] = usage_json(r);
-    return out;
+    json fields = json::object();
+    fields["message"] = std::move(msg);
+    return response_json(id, "chat.completion", created, model, fields, finish, r);
 }
 
 json completion_response(const std::string& id, int64_t created, const std::string& model,
                          const text::ParsedMessage& m, const std::string& finish, const runtime::JobResult& r) {
-    json choice = json::object();
-    choice["index"] = 0;
-    choice["text"] = m.content;
-    if (!m.reasoning.empty()) choice["reasoning_content"] = m.reasoning;
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = finish;
-    json out = json::object();
-    out["id"] = id;
-    out["object"] = "text_completion";
-    out["created"] = created;
-    out["model"] = model;
-    out["choices"] = json::array({choice});
-    out["usage"] = usage_json(r);
-    return out;
+    json fields = json::object();
+    fields["text"] = m.content;
+    if (!m.reasoning.empty()) fields["reasoning_content"] = m.reasoning;
+    return response_json(id, "text_completion", created, model, fields, finish, r);
 }
 
 }  // namespace dsv4::apps::serve

@@ -127,7 +127,11 @@ private:
     Delta pending_;
 };
 
-// Response bodies.
+// Response bodies and stream chunks. Each starts with the head (id, object, created, model)
+// and holds one choice: index 0, then `fields` in their order (message, delta or text...),
+// no logprobs, and the finish reason (null in a chunk that does not finish).
+json response_head(const std::string& id, const char* object, int64_t created, const std::string& model);
+json one_choice(const json& fields, json finish);
 json usage_json(const runtime::JobResult& r);
 json chat_response(const std::string& id, int64_t created, const std::string& model, const text::ParsedMessage& m,
                    const std::vector<std::string>& call_ids, const std::string& finish, const runtime::JobResult& r);

@@ -364,54 +364,53 @@ bool is_numeric(ValueType t) {
 
 }  // namespace
 
-uint32_t File::get_u32(std::string_view key) const {
+template <typename T>
+T File::get_as(std::string_view key, const char* expected, bool (*convert)(const Value&, T*)) const {
     size_t k;
     const Value& v = need(key, &k);
-    uint64_t u;
-    if (!as_u64(v, &u) || u > std::numeric_limits<uint32_t>::max())
-        type_error(k, "an unsigned integer that fits u32", describe(v));
-    return uint32_t(u);
+    T out{};
+    if (!convert(v, &out)) type_error(k, expected, describe(v));
+    return out;
 }
 
-uint64_t File::get_u64(std::string_view key) const {
-    size_t k;
-    const Value& v = need(key, &k);
-    uint64_t u;
-    if (!as_u64(v, &u)) type_error(k, "a non-negative integer", describe(v));
-    return u;
+uint32_t File::get_u32(std::string_view key) const {
+    return get_as<uint32_t>(key, "an unsigned integer that fits u32", [](const Value& v, uint32_t* out) {
+        uint64_t u;
+        if (!as_u64(v, &u) || u > std::numeric_limits<uint32_t>::max()) return false;
+        *out = uint32_t(u);
+        return true;
+    });
 }
+
+uint64_t File::get_u64(std::string_view key) const { return get_as<uint64_t>(key, "a non-negative integer", as_u64); }
 
 double File::get_f64(std::string_view key) const {
-    size_t k;
-    const Value& v = need(key, &k);
-    double d;
-    if (!as_f64(v, &d)) type_error(k, "a number (f32, f64 or an integer exact in f64)", describe(v));
-    return d;
+    return get_as<double>(key, "a number (f32, f64 or an integer exact in f64)", as_f64);
 }
 
 bool File::get_bool(std::string_view key) const {
-    size_t k;
-    const Value& v = need(key, &k);
-    if (v.type != ValueType::BOOL) type_error(k, "bool", describe(v));
-    return v.u != 0;
+    return get_as<bool>(key, "bool", [](const Value& v, bool* out) {
+        if (v.type != ValueType::BOOL) return false;
+        *out = v.u != 0;
+        return true;
+    });
 }
 
 std::string File::get_string(std::string_view key) const {
-    size_t k;
-    const Value& v = need(key, &k);
-    if (v.type != ValueType::STRING) type_error(k, "string", describe(v));
-    return v.str;
+    return get_as<std::string>(key, "string", [](const Value& v, std::string* out) {
+        if (v.type != ValueType::STRING) return false;
+        *out = v.str;
+        return true;
+    });
 }
 
 std::vector<std::string> File::get_string_array(std::string_view key) const {
-    size_t k;
-    const Value& v = need(key, &k);
-    if (v.type != ValueType::ARRAY || v.elem_type != ValueType::STRING)
-        type_error(k, "array of string", describe(v));
-    std::vector<std::string> out;
-    out.reserve(v.items.size());
-    for (const Value& item : v.items) out.push_back(item.str);
-    return out;
+    return get_as<std::vector<std::string>>(key, "array of string", [](const Value& v, std::vector<std::string>* out) {
+        if (v.type != ValueType::ARRAY || v.elem_type != ValueType::STRING) return false;
+        out->reserve(v.items.size());
+        for (const Value& item : v.items) out->push_back(item.str);
+        return true;
+    });
 }
 
 std::vector<double> File::get_number_array(std::string_view key) const {

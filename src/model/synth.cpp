@@ -148,10 +148,60 @@ TypeMix TypeMix::preset(const std::string& name) {
     fail("unknown type mix '", name, "' (expected f32, f16, bf16, q8_0, flash, q4k or mxfp4)");
 }
 
+namespace {
+
+// What the presets differ in; everything else is the same for all (synth_config).
+struct PresetShape {
+    const char* preset;
+    uint32_t n_layer, n_embd, n_head, head_dim, n_rot, n_out_group, q_lora_rank, o_lora_rank;
+    uint32_t n_expert, n_expert_used, n_ff_exp, n_hash_layer, n_swa;
+    uint32_t n_indexer_head, indexer_head_dim, indexer_top_k;
+    uint64_t n_ctx_train;
+    uint32_t min_vocab;  // flash: at least the real tokenizer's vocabulary
+};
+
+constexpr PresetShape kPresets[] = {
+    {.preset = "tiny", .n_layer = 4, .n_embd = 64, .n_head = 4, .head_dim = 64, .n_rot = 16, .n_out_group = 2,
+     .q_lora_rank = 32, .o_lora_rank = 16, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 32, .n_hash_layer = 2,
+     .n_swa = 16, .n_indexer_head = 8, .indexer_head_dim = 64, .indexer_top_k = 8, .n_ctx_train = 65536,
+     .min_vocab = 0},
+    {.preset = "small", .n_layer = 6, .n_embd = 128, .n_head = 8, .head_dim = 128, .n_rot = 64, .n_out_group = 4,
+     .q_lora_rank = 64, .o_lora_rank = 64, .n_expert = 16, .n_expert_used = 4, .n_ff_exp = 128, .n_hash_layer = 3,
+     .n_swa = 128, .n_indexer_head = 8, .indexer_head_dim = 64, .indexer_top_k = 32, .n_ctx_train = 1048576,
+     .min_vocab = 0},
+    {.preset = "flash", .n_layer = 43, .n_embd = 4096, .n_head = 64, .head_dim = 512, .n_rot = 64, .n_out_group = 8,
+     .q_lora_rank = 1024, .o_lora_rank = 1024, .n_expert = 256, .n_expert_used = 6, .n_ff_exp = 2048,
+     .n_hash_layer = 3, .n_swa = 128, .n_indexer_head = 64, .indexer_head_dim = 128, .indexer_top_k = 512,
+     .n_ctx_train = 1048576, .min_vocab = 129280},
+};
+
+}  // namespace
+
 Config synth_config(const std::string& preset, uint32_t layers, uint32_t n_vocab) {
+    const PresetShape* p = nullptr;
+    for (const PresetShape& shape : kPresets)
+        if (preset == shape.preset) p = &shape;
+    if (!p) fail("unknown synth preset '", preset, "' (expected tiny, small or flash)");
     Config c;
-    c.n_ctx_train = 1048576;
+    c.name = cat("dsv4-synth-", preset);
+    c.n_embd = p->n_embd;
+    c.n_vocab = std::max(n_vocab, p->min_vocab);
+    c.n_ctx_train = p->n_ctx_train;
+    c.n_head = p->n_head;
     c.n_head_kv = 1;
+    c.head_dim = p->head_dim;
+    c.n_rot = p->n_rot;
+    c.n_out_group = p->n_out_group;
+    c.q_lora_rank = p->q_lora_rank;
+    c.o_lora_rank = p->o_lora_rank;
+    c.n_expert = p->n_expert;
+    c.n_expert_used = p->n_expert_used;
+    c.n_expert_shared = 1;
+    c.n_ff_exp = p->n_ff_exp;
+    c.n_swa = p->n_swa;
+    c.n_indexer_head = p->n_indexer_head;
+    c.indexer_head_dim = p->indexer_head_dim;
+    c.indexer_top_k = p->indexer_top_k;
     c.n_hc = 4;
     c.n_sinkhorn_iter = 20;
     c.hc_eps = 1e-6f;
@@ -165,75 +215,13 @@ Config synth_config(const std::string& preset, uint32_t layers, uint32_t n_vocab
     c.expert_weights_scale = 1.5f;
     c.expert_weights_norm = true;
     c.expert_gating_func = 4;
-    c.n_expert_shared = 1;
-    c.n_vocab = n_vocab;
-    uint32_t n_layer = 0;
-    if (preset == "tiny") {
-        c.name = "dsv4-synth-tiny";
-        n_layer = 4;
-        c.n_embd = 64;
-        c.n_head = 4;
-        c.head_dim = 64;
-        c.n_rot = 16;
-        c.n_out_group = 2;
-        c.q_lora_rank = 32;
-        c.o_lora_rank = 16;
-        c.n_expert = 8;
-        c.n_expert_used = 2;
-        c.n_ff_exp = 32;
-        c.n_hash_layer = 2;
-        c.n_swa = 16;
-        c.n_indexer_head = 8;
-        c.indexer_head_dim = 64;
-        c.indexer_top_k = 8;
-        c.n_ctx_train = 65536;
-    } else if (preset == "small") {
-        c.name = "dsv4-synth-small";
-        n_layer = 6;
-        c.n_embd = 128;
-        c.n_head = 8;
-        c.head_dim = 128;
-        c.n_rot = 64;
-        c.n_out_group = 4;
-        c.q_lora_rank = 64;
-        c.o_lora_rank = 64;
-        c.n_expert = 16;
-        c.n_expert_used = 4;
-        c.n_ff_exp = 128;
-        c.n_hash_layer = 3;
-        c.n_swa = 128;
-        c.n_indexer_head = 8;
-        c.indexer_head_dim = 64;
-        c.indexer_top_k = 32;
-    } else if (preset == "flash") {
-        c.name = "dsv4-synth-flash";
-        n_layer = 43;
-        c.n_embd = 4096;
-        c.n_head = 64;
-        c.head_dim = 512;
-        c.n_rot = 64;
-        c.n_out_group = 8;
-        c.q_lora_rank = 1024;
-        c.o_lora_rank = 1024;
-        c.n_expert = 256;
-        c.n_expert_used = 6;
-        c.n_ff_exp = 2048;
-        c.n_hash_layer = 3;
-        c.n_swa = 128;
-        c.n_indexer_head = 64;
-        c.indexer_head_dim = 128;
-        c.indexer_top_k = 512;
-        if (n_vocab < 129280) c.n_vocab = 129280;
-    } else {
-        fail("unknown synth preset '", preset, "' (expected tiny, small or flash)");
-    }
-    c.n_layer = layers ? layers : n_layer;
+    c.n_layer = layers ? layers : p->n_layer;
     for (uint32_t il = 0; il < c.n_layer; ++il) {
         c.compress_ratio.push_back(il < 2 ? 0 : (il % 2 == 0 ? 4 : 128));
         c.swiglu_clamp_exp.push_back(10.0f);
     }
     c.swiglu_clamp_shexp = c.swiglu_clamp_exp;
-    c.n_hash_layer = std::min(c.n_hash_layer, c.n_layer);
+    c.n_hash_layer = std::min(p->n_hash_layer, c.n_layer);
     return c;
 }
 

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include "dsv4/common.h"
 #include "dsv4/quant.h"
 
 namespace dsv4::quant::detail {
@@ -77,16 +78,15 @@ inline float e8m0_to_fp32_half(uint8_t e) {
     return std::bit_cast<float>(bits);
 }
 
-inline uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, 2);
+// A little-endian field at any address (see the top of this file).
+template <typename T>
+inline T load(const uint8_t* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
     return v;
 }
-inline uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
+inline uint16_t load_u16(const uint8_t* p) { return load<uint16_t>(p); }
+inline uint32_t load_u32(const uint8_t* p) { return load<uint32_t>(p); }
 // Block scales are converted on every block of every dot product: use the F16C instruction
 // where the build has it (exact, so identical to fp16_to_fp32 for every non-NaN half).
 inline float load_f16(const uint8_t* p) {
@@ -96,21 +96,23 @@ inline float load_f16(const uint8_t* p) {
     return fp16_to_fp32(load_u16(p));
 #endif
 }
-inline float load_f32(const uint8_t* p) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-inline int16_t load_i16(const uint8_t* p) {
-    int16_t v;
-    std::memcpy(&v, p, 2);
-    return v;
-}
+inline float load_bf16(const uint8_t* p) { return bf16_to_fp32(load_u16(p)); }
+inline float load_f32(const uint8_t* p) { return load<float>(p); }
+inline int16_t load_i16(const uint8_t* p) { return load<int16_t>(p); }
 inline void store_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
 inline void store_u32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }
 inline void store_f16(uint8_t* p, float f) { store_u16(p, fp32_to_fp16(f)); }
 inline void store_f32(uint8_t* p, float f) { std::memcpy(p, &f, 4); }
 inline void store_i16(uint8_t* p, int16_t v) { std::memcpy(p, &v, 2); }
+
+// Blocks in a row of n values of type t; throws, naming `what`, when n is not a whole
+// number of blocks (every row-level entry point checks this first).
+inline size_t row_blocks(const char* what, Type t, size_t n) {
+    const TypeTraits& tr = traits(t);
+    if (n % tr.block_elems != 0)
+        fail(what, ": ", n, " values is not a multiple of the ", tr.name, " block (", tr.block_elems, ")");
+    return n / tr.block_elems;
+}
 
 // Q4_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes.
 inline void q4k_scale_min(const uint8_t* s, int j, uint8_t& sc, uint8_t& m) {

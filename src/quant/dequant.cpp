@@ -101,10 +101,7 @@ void dequantize_mxfp4(const BlockMXFP4* b, float* y, size_t nb) {
 }  // namespace
 
 void dequantize_row(Type t, const void* src, float* dst, size_t n) {
-    const TypeTraits& tr = traits(t);
-    if (n % tr.block_elems != 0)
-        fail("dequantize_row: ", n, " values is not a multiple of the ", tr.name, " block (", tr.block_elems, ")");
-    const size_t nb = n / tr.block_elems;
+    const size_t nb = row_blocks("dequantize_row", t, n);
     switch (t) {
         case Type::F32:
             std::memcpy(dst, src, n * sizeof(float));
@@ -116,7 +113,7 @@ void dequantize_row(Type t, const void* src, float* dst, size_t n) {
         }
         case Type::BF16: {
             const uint8_t* p = static_cast<const uint8_t*>(src);
-            for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_fp32(load_u16(p + 2 * i));
+            for (size_t i = 0; i < n; ++i) dst[i] = load_bf16(p + 2 * i);
             return;
         }
         case Type::Q8_0: return dequantize_q8_0(static_cast<const BlockQ8_0*>(src), dst, nb);
@@ -127,7 +124,7 @@ void dequantize_row(Type t, const void* src, float* dst, size_t n) {
         case Type::MXFP4: return dequantize_mxfp4(static_cast<const BlockMXFP4*>(src), dst, nb);
         case Type::I32: break;
     }
-    fail("dequantize_row: type ", tr.name, " has no float values");
+    fail("dequantize_row: type ", traits(t).name, " has no float values");
 }
 
 }  // namespace dsv4::quant

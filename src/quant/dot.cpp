@@ -32,43 +32,39 @@ namespace {
 
 // ---- scalar -------------------------------------------------------------------------------
 
-// Weight rows are read with memcpy: a row may sit at any address inside a mapping.
-float dot_f32(const uint8_t* w, const float* x, size_t n) {
+// F32, F16 and BF16 differ only in how an element of `Bytes` bytes is read (Load). Weight
+// rows are read with memcpy: a row may sit at any address inside a mapping.
+template <size_t Bytes, float (*Load)(const uint8_t*)>
+float dot_float(const uint8_t* w, const float* x, size_t n) {
     float s = 0.0f;
-    for (size_t i = 0; i < n; ++i) s += load_f32(w + 4 * i) * x[i];
+    for (size_t i = 0; i < n; ++i) s += Load(w + Bytes * i) * x[i];
     return s;
 }
 
-float dot_f16(const uint8_t* w, const float* x, size_t n) {
-    float s = 0.0f;
-    for (size_t i = 0; i < n; ++i) s += load_f16(w + 2 * i) * x[i];
-    return s;
-}
-
-float dot_bf16(const uint8_t* w, const float* x, size_t n) {
-    float s = 0.0f;
-    for (size_t i = 0; i < n; ++i) s += bf16_to_fp32(load_u16(w + 2 * i)) * x[i];
-    return s;
-}
-
-float dot_q8_0(const BlockQ8_0* w, const BlockQ8_0* x, size_t nb) {
+// Q8_0 and Q8_K differ only in the block length and in how the scale d is stored (LoadD:
+// f16 in Q8_0, f32 in Q8_K).
+template <typename Block, float (*LoadD)(const uint8_t*)>
+float dot_q8(const Block* w, const Block* x, size_t nb) {
+    constexpr int n = int(sizeof(Block::qs));  // int8 codes
     float s = 0.0f;
     for (size_t i = 0; i < nb; ++i) {
         int sumi = 0;
-        for (int j = 0; j < QK8_0; ++j) sumi += int(w[i].qs[j]) * int(x[i].qs[j]);
-        s = std::fma(load_f16(w[i].d) * load_f16(x[i].d), float(sumi), s);
+        for (int j = 0; j < n; ++j) sumi += int(w[i].qs[j]) * int(x[i].qs[j]);
+        s = std::fma(LoadD(w[i].d) * LoadD(x[i].d), float(sumi), s);
     }
     return s;
 }
 
-float dot_q8_k(const BlockQ8_K* w, const BlockQ8_K* x, size_t nb) {
-    float s = 0.0f;
-    for (size_t i = 0; i < nb; ++i) {
-        int sumi = 0;
-        for (int j = 0; j < QK_K; ++j) sumi += int(w[i].qs[j]) * int(x[i].qs[j]);
-        s = std::fma(load_f32(w[i].d) * load_f32(x[i].d), float(sumi), s);
-    }
-    return s;
+// A Q2_K or Q4_K super-block's share of the dot: dall * isum - dmin * mins, where isum is the
+// sum of the sub-block scales times their code dots, mins the sum of the sub-block mins times
+// the activation sums under them, and dall, dmin the block's d and dmin times the activation
+// scale. The scalar and AVX2 kernels end each block here, so they agree bit for bit.
+template <typename Block>
+float k_superblock(const Block& w, const BlockQ8_K& x, int isum, int mins) {
+    const float dx = load_f32(x.d);
+    const float dall = dx * load_f16(w.d);
+    const float dmin = dx * load_f16(w.dmin);
+    return std::fma(dall, float(isum), -(dmin * float(mins)));
 }
 
 // Sum over sub-blocks of min * (sum of the activation codes under it), from the bsums.
@@ -81,9 +77,6 @@ int q2k_mins(const BlockQ2_K& w, const BlockQ8_K& x) {
 float dot_q2_k(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
     float s = 0.0f;
     for (size_t i = 0; i < nb; ++i) {
-        const float dx = load_f32(x[i].d);
-        const float dall = dx * load_f16(w[i].d);
-        const float dmin = dx * load_f16(w[i].dmin);
         int isum = 0;
         for (int h = 0; h < 2; ++h)
             for (int j = 0; j < 4; ++j)
@@ -94,7 +87,7 @@ float dot_q2_k(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
                     for (int t = 0; t < 16; ++t) sumi += ((q[t] >> (2 * j)) & 3) * int(q8[t]);
                     isum += (w[i].scales[8 * h + 2 * j + sb] & 0xF) * sumi;
                 }
-        s += std::fma(dall, float(isum), -(dmin * float(q2k_mins(w[i], x[i]))));
+        s += k_superblock(w[i], x[i], isum, q2k_mins(w[i], x[i]));
     }
     return s;
 }
@@ -115,9 +108,6 @@ float dot_q4_k(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
     for (size_t i = 0; i < nb; ++i) {
         uint8_t sc[8], m[8];
         q4k_unpack_scales(w[i], sc, m);
-        const float dx = load_f32(x[i].d);
-        const float dall = dx * load_f16(w[i].d);
-        const float dmin = dx * load_f16(w[i].dmin);
         int isum = 0;
         for (int c = 0; c < 4; ++c)
             for (int half = 0; half < 2; ++half) {
@@ -127,7 +117,7 @@ float dot_q4_k(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
                 for (int t = 0; t < 32; ++t) sumi += ((q[t] >> (4 * half)) & 0xF) * int(q8[t]);
                 isum += sc[2 * c + half] * sumi;
             }
-        s += std::fma(dall, float(isum), -(dmin * float(q4k_mins(m, x[i]))));
+        s += k_superblock(w[i], x[i], isum, q4k_mins(m, x[i]));
     }
     return s;
 }
@@ -247,7 +237,7 @@ float dot_bf16_avx2(const uint8_t* w, const float* x, size_t n) {
     }
     for (; i + 8 <= n; i += 8) a0 = madd(ld(i), _mm256_loadu_ps(x + i), a0);
     float s = hsum_ps(_mm256_add_ps(a0, a1));
-    for (; i < n; ++i) s += bf16_to_fp32(load_u16(w + 2 * i)) * x[i];
+    for (; i < n; ++i) s += load_bf16(w + 2 * i) * x[i];
     return s;
 }
 
@@ -286,9 +276,6 @@ float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
     const __m256i m3 = _mm256_set1_epi8(3);
     float s = 0.0f;
     for (size_t i = 0; i < nb; ++i) {
-        const float dx = load_f32(x[i].d);
-        const float dall = dx * load_f16(w[i].d);
-        const float dmin = dx * load_f16(w[i].dmin);
         __m256i acc = _mm256_setzero_si256();
         for (int h = 0; h < 2; ++h) {
             const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * h));
@@ -300,7 +287,7 @@ float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
                 acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale_pair(w[i].scales[k] & 0xF, w[i].scales[k + 1] & 0xF)));
             }
         }
-        s += std::fma(dall, float(hsum_epi32(acc)), -(dmin * float(q2k_mins(w[i], x[i]))));
+        s += k_superblock(w[i], x[i], hsum_epi32(acc), q2k_mins(w[i], x[i]));
     }
     return s;
 }
@@ -311,9 +298,6 @@ float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
     for (size_t i = 0; i < nb; ++i) {
         uint8_t sc[8], m[8];
         q4k_unpack_scales(w[i], sc, m);
-        const float dx = load_f32(x[i].d);
-        const float dall = dx * load_f16(w[i].d);
-        const float dmin = dx * load_f16(w[i].dmin);
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 4; ++c) {
             const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * c));
@@ -325,7 +309,7 @@ float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
             const __m256i pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, q8b), _mm256_set1_epi16(short(sc[2 * c + 1])));
             acc = _mm256_add_epi32(acc, _mm256_add_epi32(pa, pb));
         }
-        s += std::fma(dall, float(hsum_epi32(acc)), -(dmin * float(q4k_mins(m, x[i]))));
+        s += k_superblock(w[i], x[i], hsum_epi32(acc), q4k_mins(m, x[i]));
     }
     return s;
 }
@@ -364,13 +348,15 @@ float vec_dot_scalar(Type t, const void* w_row, const void* act, size_t n) {
     const size_t nb = n / traits(t).block_elems;
     const auto* w = static_cast<const uint8_t*>(w_row);
     switch (t) {
-        case Type::F32: return dot_f32(w, static_cast<const float*>(act), n);
-        case Type::F16: return dot_f16(w, static_cast<const float*>(act), n);
-        case Type::BF16: return dot_bf16(w, static_cast<const float*>(act), n);
+        case Type::F32: return dot_float<4, load_f32>(w, static_cast<const float*>(act), n);
+        case Type::F16: return dot_float<2, load_f16>(w, static_cast<const float*>(act), n);
+        case Type::BF16: return dot_float<2, load_bf16>(w, static_cast<const float*>(act), n);
         case Type::Q8_0:
-            return dot_q8_0(static_cast<const BlockQ8_0*>(w_row), static_cast<const BlockQ8_0*>(act), nb);
+            return dot_q8<BlockQ8_0, load_f16>(static_cast<const BlockQ8_0*>(w_row),
+                                               static_cast<const BlockQ8_0*>(act), nb);
         case Type::Q8_K:
-            return dot_q8_k(static_cast<const BlockQ8_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+            return dot_q8<BlockQ8_K, load_f32>(static_cast<const BlockQ8_K*>(w_row),
+                                               static_cast<const BlockQ8_K*>(act), nb);
         case Type::Q2_K:
             return dot_q2_k(static_cast<const BlockQ2_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
         case Type::Q4_K:
@@ -422,9 +408,7 @@ bool vec_dot_simd(Type t, const void* w_row, const void* act, size_t n, float* o
 }  // namespace detail
 
 float vec_dot(Type t, const void* w_row, const void* act, size_t n) {
-    const TypeTraits& tr = traits(t);
-    if (n % tr.block_elems != 0)
-        fail("vec_dot: ", n, " values is not a multiple of the ", tr.name, " block (", tr.block_elems, ")");
+    row_blocks("vec_dot", t, n);  // throws unless n is whole blocks
     float r;
     if (detail::vec_dot_simd(t, w_row, act, n, &r)) return r;
     return detail::vec_dot_scalar(t, w_row, act, n);

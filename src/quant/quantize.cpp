@@ -280,10 +280,7 @@ void quantize_iq2_xxs(const float* x, BlockIQ2_XXS* y, size_t nb) {
 }  // namespace
 
 void quantize_row(Type t, const float* src, void* dst, size_t n) {
-    const TypeTraits& tr = traits(t);
-    if (n % tr.block_elems != 0)
-        fail("quantize_row: ", n, " values is not a multiple of the ", tr.name, " block (", tr.block_elems, ")");
-    const size_t nb = n / tr.block_elems;
+    const size_t nb = row_blocks("quantize_row", t, n);
     uint8_t* out = static_cast<uint8_t*>(dst);
     switch (t) {
         case Type::F32:
@@ -303,7 +300,7 @@ void quantize_row(Type t, const float* src, void* dst, size_t n) {
         case Type::IQ2_XXS: return quantize_iq2_xxs(src, reinterpret_cast<BlockIQ2_XXS*>(out), nb);
         case Type::I32: break;
     }
-    fail("quantize_row: cannot quantise to ", tr.name);
+    fail("quantize_row: cannot quantise to ", traits(t).name);
 }
 
 // Random valid blocks. For the 2-bit types (and Q4_K) these are not quantised from any
@@ -311,10 +308,7 @@ void quantize_row(Type t, const float* src, void* dst, size_t n) {
 // code path of the dot products. The scales are chosen so |value| <= scale (up to f16
 // rounding of the block scales, a relative 2^-11).
 void random_row(Type t, void* dst, size_t n, uint64_t seed, float scale) {
-    const TypeTraits& tr = traits(t);
-    if (n % tr.block_elems != 0)
-        fail("random_row: ", n, " values is not a multiple of the ", tr.name, " block (", tr.block_elems, ")");
-    const size_t nb = n / tr.block_elems;
+    const size_t nb = row_blocks("random_row", t, n);
     SplitMix64 rng{seed};
     uint8_t* out = static_cast<uint8_t*>(dst);
     auto random_bytes = [&](uint8_t* p, size_t len) {
@@ -417,7 +411,7 @@ void random_row(Type t, void* dst, size_t n, uint64_t seed, float scale) {
         }
         case Type::I32: break;
     }
-    fail("random_row: no random blocks for ", tr.name);
+    fail("random_row: no random blocks for ", traits(t).name);
 }
 
 size_t act_bytes(Type t, size_t n) {

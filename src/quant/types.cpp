@@ -1,5 +1,5 @@
 // Type traits and scalar float conversions. Block sizes are the GGUF/ggml definitions.
-#include <cstring>
+#include <bit>
 #include <string>
 
 #include "dsv4/common.h"
@@ -73,14 +73,11 @@ float fp16_to_fp32(uint16_t h) {
     } else {
         bits = sign | (exp + 127 - 15) << 23 | mant << 13;
     }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
+    return std::bit_cast<float>(bits);
 }
 
 uint16_t fp32_to_fp16(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
+    const uint32_t x = std::bit_cast<uint32_t>(f);
     uint32_t sign = (x >> 16) & 0x8000;
     uint32_t absx = x & 0x7fffffff;
     if (absx > 0x7f800000) return uint16_t(sign | 0x7e00);  // NaN
@@ -89,8 +86,7 @@ uint16_t fp32_to_fp16(float f) {
     }
     if (absx < 0x38800000) {  // below the smallest normal half: subnormal or zero
         // value = absx as float; half subnormal unit = 2^-24
-        float af;
-        std::memcpy(&af, &absx, 4);
+        const float af = std::bit_cast<float>(absx);
         // round to nearest even multiple of 2^-24
         float scaled = af * 16777216.0f;  // exact (power of two)
         uint32_t q = uint32_t(scaled);
@@ -106,16 +102,10 @@ uint16_t fp32_to_fp16(float f) {
     return uint16_t(sign | h);
 }
 
-float bf16_to_fp32(uint16_t h) {
-    uint32_t bits = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
+float bf16_to_fp32(uint16_t h) { return std::bit_cast<float>(uint32_t(h) << 16); }
 
 uint16_t fp32_to_bf16(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
+    uint32_t x = std::bit_cast<uint32_t>(f);
     if ((x & 0x7fffffff) > 0x7f800000) return uint16_t((x >> 16) | 0x40);  // quiet NaN
     x += 0x7fff + ((x >> 16) & 1);
     return uint16_t(x >> 16);

@@ -3,22 +3,13 @@
 // the budget, and snapshot -> restore -> continue.
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include "test_util.h"
 
 using namespace dsv4;
 
 namespace {
 
-// Bit-identical comparison with a useful message on failure.
-void expect_same(const std::vector<float>& a, const std::vector<float>& b, size_t V, const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    for (size_t i = 0; i < a.size(); ++i)
-        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            FAIL() << what << ": first difference at position " << i / V << ", logit " << i % V << ": " << a[i]
-                   << " vs " << b[i];
-}
+using test::expect_same;
 
 std::string tiny() { return test::synth_model("cons-tiny", "tiny"); }
 std::string small() { return test::synth_model("cons-small", "small", [](model::Config& c) { c.n_layer = 6; }); }

@@ -2,7 +2,6 @@
 // position, greedy continuations), and its own consistency: prefill = decode = any chunking
 // (bit-identical), batched sessions = solo, lazy = eager KV (bit-identical), the guard.
 #include <cstdio>
-#include <cstring>
 
 #include "cuda_test_util.h"
 
@@ -37,14 +36,6 @@ std::unique_ptr<Backend> open_gpu(const model::Model& m, Numerics n, uint32_t ch
     auto b = make_cuda_backend(m, o, &why);
     EXPECT_TRUE(b) << why;
     return b;
-}
-
-void expect_same(const std::vector<float>& a, const std::vector<float>& b, size_t V, const std::string& what) {
-    ASSERT_EQ(a.size(), b.size()) << what;
-    for (size_t i = 0; i < a.size(); ++i)
-        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            FAIL() << what << ": first difference at position " << i / V << ", logit " << i % V << ": " << a[i]
-                   << " vs " << b[i];
 }
 
 std::string tiny(const std::string& mix) { return synth("tiny-" + mix, "tiny", mix); }
@@ -219,14 +210,30 @@ TEST_P(CudaGreedy, SixtyFourTokensAsTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Numerics, CudaGreedy, ::testing::Values(Numerics::Official, Numerics::Plain),
                          [](const auto& info) { return std::string(numerics_name(info.param)); });
 
+// The small model with the flash type mix on the GPU (Official numerics): what the
+// consistency and KV tests run.
+class SmallFlashOnGpu : public ::testing::Test {
+protected:
+    void SetUp() override {
+        DSV4_REQUIRE_CUDA();
+        m = model::Model::load(small("flash"));
+        g = open_gpu(*m, Numerics::Official);
+        ASSERT_TRUE(g);
+        V = m->config.n_vocab;
+    }
+
+    std::unique_ptr<model::Model> m;
+    std::unique_ptr<Backend> g;
+    size_t V = 0;
+};
+
+class CudaConsistency : public SmallFlashOnGpu {};
+class CudaKv : public SmallFlashOnGpu {};
+
 // Every per-row computation is independent of the batch, so any chunking is bit-identical.
-TEST(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
-    DSV4_REQUIRE_CUDA();
-    auto m = model::Model::load(small("flash"));
-    auto g = open_gpu(*m, Numerics::Official);
+TEST_F(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
     auto g37 = open_gpu(*m, Numerics::Official, 37);
-    ASSERT_TRUE(g && g37);
-    const size_t V = m->config.n_vocab;
+    ASSERT_TRUE(g37);
     const auto toks = random_tokens(400, 0, int32_t(V), 21);
     kv::Budget budget;
     auto k1 = session(*g, 4096, &budget);
@@ -239,12 +246,7 @@ TEST(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
     expect_same(ref, all_logits(*g, *k4, toks, 129), V, "pieces of 129");
 }
 
-TEST(CudaConsistency, BatchedSessionsEqualSolo) {
-    DSV4_REQUIRE_CUDA();
-    auto m = model::Model::load(small("flash"));
-    auto g = open_gpu(*m, Numerics::Official);
-    ASSERT_TRUE(g);
-    const size_t V = m->config.n_vocab;
+TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
     const auto a = random_tokens(300, 0, int32_t(V), 1), b = random_tokens(170, 0, int32_t(V), 2);
     kv::Budget budget;
     auto sa = session(*g, 2048, &budget), sb = session(*g, 2048, &budget);
@@ -270,12 +272,7 @@ TEST(CudaConsistency, BatchedSessionsEqualSolo) {
     }
 }
 
-TEST(CudaKv, LazyAndEagerAreBitIdenticalAcrossGrowth) {
-    DSV4_REQUIRE_CUDA();
-    auto m = model::Model::load(small("flash"));
-    auto g = open_gpu(*m, Numerics::Official);
-    ASSERT_TRUE(g);
-    const size_t V = m->config.n_vocab;
+TEST_F(CudaKv, LazyAndEagerAreBitIdenticalAcrossGrowth) {
     // The small model's ratio-4 rows fill a 2 MiB granule every 8,192 tokens: a 9,000-token
     // prompt and some decode steps cross growth points of the lazy session.
     kv::Options lazy_opt, eager_opt;
@@ -303,12 +300,7 @@ TEST(CudaKv, LazyAndEagerAreBitIdenticalAcrossGrowth) {
     EXPECT_LT(la.committed, ea.committed);
 }
 
-TEST(CudaKv, TheGuardRefusesAStepAndOthersRun) {
-    DSV4_REQUIRE_CUDA();
-    auto m = model::Model::load(small("flash"));
-    auto g = open_gpu(*m, Numerics::Official);
-    ASSERT_TRUE(g);
-    const size_t V = m->config.n_vocab;
+TEST_F(CudaKv, TheGuardRefusesAStepAndOthersRun) {
     kv::Options fixed;
     fixed.allow_growth = false;
     fixed.initial_rows = 1;

@@ -4,11 +4,9 @@
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,6 +15,7 @@
 #include "dsv4/backend.h"
 #include "dsv4/kv.h"
 #include "dsv4/model.h"
+#include "test_util.h"
 
 #define DSV4_REQUIRE_CUDA() \
     do { \
@@ -64,20 +63,11 @@ private:
     size_t n_ = 0;
 };
 
-inline const std::string& tmp_dir() {
-    static const std::string dir = [] {
-        std::string d =
-            (std::filesystem::temp_directory_path() / ("dsv4-cuda-test-" + std::to_string(getpid()))).string();
-        std::filesystem::create_directories(d);
-        std::atexit([] {
-            std::error_code ec;
-            std::filesystem::remove_all(
-                std::filesystem::temp_directory_path() / ("dsv4-cuda-test-" + std::to_string(getpid())), ec);
-        });
-        return d;
-    }();
-    return dir;
-}
+// The helpers of every test folder (tests/test_util.h), under the names these tests use.
+using test::argmax;
+using test::expect_same;
+using test::random_tokens;
+using test::tmp_dir;
 
 // A plain vocabulary of n tokens (no merges): the forward pass needs only its size.
 inline model::Vocab plain_vocab(uint32_t n) {
@@ -91,26 +81,11 @@ inline model::Vocab plain_vocab(uint32_t n) {
     return v;
 }
 
-// Writes a synthetic model once per name and returns its path.
+// Writes a synthetic model (plain vocabulary) once per name and returns its path.
 inline std::string synth(const std::string& name, const std::string& preset, const std::string& mix,
                          uint32_t layers = 0, uint32_t n_vocab = 320,
                          const std::function<void(model::Config&)>& edit = {}) {
-    const std::string path = tmp_dir() + "/" + name + ".gguf";
-    if (std::filesystem::exists(path)) return path;
-    model::Config c = model::synth_config(preset, layers, n_vocab);
-    if (edit) edit(c);
-    model::synth_write(c, model::TypeMix::preset(mix), plain_vocab(c.n_vocab), 1, path);
-    return path;
-}
-
-inline std::vector<int32_t> random_tokens(size_t n, int32_t lo, int32_t hi, uint64_t seed = 7) {
-    std::vector<int32_t> t(n);
-    uint64_t s = seed * 2654435761u + 1;
-    for (auto& x : t) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        x = lo + int32_t((s >> 33) % uint64_t(hi - lo));
-    }
-    return t;
+    return test::synth_model_with_vocab(name, preset, layers, n_vocab, plain_vocab, edit, mix, 1);
 }
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
@@ -121,13 +96,6 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0
         x = lo + (hi - lo) * float((s >> 40) & 0xFFFFFF) / float(1 << 24);
     }
     return v;
-}
-
-inline int32_t argmax(const float* x, size_t n) {
-    size_t best = 0;
-    for (size_t i = 1; i < n; ++i)
-        if (x[i] > x[best]) best = i;
-    return int32_t(best);
 }
 
 // A session of a backend's own regions.

@@ -9,20 +9,14 @@
 
 #include "dsv4/quant.h"
 #include "quant/blocks.h"
+#include "quant/quant_test_util.h"
 
 using namespace dsv4::quant;
 
 namespace {
 
-std::vector<float> gaussian(size_t n, uint64_t seed, float sigma) {
-    detail::SplitMix64 r{seed};
-    std::vector<float> x(n);
-    for (auto& v : x) v = sigma * 0.866f * (r.sym() + r.sym() + r.sym() + r.sym());
-    return x;
-}
-
-const Type kDotTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q8_K,
-                          Type::Q2_K, Type::Q4_K, Type::IQ2_XXS, Type::MXFP4};
+using test::gaussian;
+using test::kAllTypes;
 
 struct Case {
     std::vector<uint8_t> w;    // weight row
@@ -65,7 +59,7 @@ Case make_case(Type t, size_t n, uint64_t seed, bool random_weights) {
 }  // namespace
 
 TEST(QuantDot, MatchesDequantisedDot) {
-    for (Type t : kDotTypes) {
+    for (Type t : kAllTypes) {
         for (size_t n : {256u, 1024u, 4096u}) {
             for (bool rnd : {true, false}) {
                 for (uint64_t seed : {1u, 2u, 3u}) {
@@ -94,7 +88,7 @@ TEST(QuantDot, FloatTails) {
 
 TEST(QuantDot, SimdAgreesWithScalar) {
 #if defined(__AVX2__)
-    for (Type t : kDotTypes) {
+    for (Type t : kAllTypes) {
         for (uint64_t seed : {5u, 6u, 7u, 8u}) {
             const size_t n = 2048;
             const Case c = make_case(t, n, seed, seed & 1);
@@ -117,7 +111,7 @@ TEST(QuantDot, SimdAgreesWithScalar) {
 
 TEST(QuantDot, UnalignedRows) {
     // Rows inside a GGUF mapping sit at any offset; results must not depend on it.
-    for (Type t : kDotTypes) {
+    for (Type t : kAllTypes) {
         const size_t n = 512;
         const Case c = make_case(t, n, 77, true);
         const float base = vec_dot(t, c.w.data(), c.act.data(), n);

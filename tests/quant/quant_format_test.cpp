@@ -13,6 +13,7 @@
 #include "dsv4/quant.h"
 #include "quant/blocks.h"
 #include "quant/iq2_tables.h"
+#include "quant/quant_test_util.h"
 
 using namespace dsv4::quant;
 
@@ -32,16 +33,8 @@ void put32(std::vector<uint8_t>& b, size_t off, uint32_t v) {
     for (int k = 0; k < 4; ++k) b[off + k] = uint8_t(v >> (8 * k));
 }
 
-// Deterministic test data: roughly Gaussian (sum of 4 uniforms), scaled.
-std::vector<float> gaussian(size_t n, uint64_t seed, float sigma) {
-    detail::SplitMix64 r{seed};
-    std::vector<float> x(n);
-    for (auto& v : x) v = sigma * 0.866f * (r.sym() + r.sym() + r.sym() + r.sym());
-    return x;
-}
-
-const Type kAllTypes[] = {Type::F32, Type::F16, Type::BF16, Type::Q8_0, Type::Q8_K,
-                          Type::Q2_K, Type::Q4_K, Type::IQ2_XXS, Type::MXFP4};
+using test::gaussian;
+using test::kAllTypes;
 
 }  // namespace
 

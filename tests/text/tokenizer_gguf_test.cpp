@@ -24,6 +24,17 @@ std::vector<uint8_t> tokenizer_gguf(const Vocab& v, bool with_types, const char*
     return w.to_bytes();
 }
 
+// Tokenizer::from_gguf must refuse the file (`what` is wrong with it) naming `key`.
+void expect_refused_naming(const std::vector<uint8_t>& bytes, const std::string& key, const char* what) {
+    auto file = gguf::File::parse(bytes.data(), bytes.size(), "tok.gguf");
+    try {
+        Tokenizer::from_gguf(*file);
+        ADD_FAILURE() << "accepted " << what;
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+}
+
 }  // namespace
 
 TEST(TokenizerGguf, SameAsFromVocab) {
@@ -43,26 +54,8 @@ TEST(TokenizerGguf, SameAsFromVocab) {
 
 TEST(TokenizerGguf, ErrorsNameTheKey) {
     const Vocab v = builtin_byte_vocab();
-    {
-        const auto bytes = tokenizer_gguf(v, true, "llama");
-        auto file = gguf::File::parse(bytes.data(), bytes.size(), "tok.gguf");
-        try {
-            Tokenizer::from_gguf(*file);
-            ADD_FAILURE() << "accepted a non-BPE tokenizer";
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.model"), std::string::npos) << e.what();
-        }
-    }
-    {
-        gguf::Writer w;
-        w.set("tokenizer.ggml.tokens", gguf::make_string_array(v.tokens));
-        const auto bytes = w.to_bytes();
-        auto file = gguf::File::parse(bytes.data(), bytes.size(), "tok.gguf");
-        try {
-            Tokenizer::from_gguf(*file);
-            ADD_FAILURE() << "accepted a file without merges";
-        } catch (const Error& e) {
-            EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.merges"), std::string::npos) << e.what();
-        }
-    }
+    expect_refused_naming(tokenizer_gguf(v, true, "llama"), "tokenizer.ggml.model", "a non-BPE tokenizer");
+    gguf::Writer w;
+    w.set("tokenizer.ggml.tokens", gguf::make_string_array(v.tokens));
+    expect_refused_naming(w.to_bytes(), "tokenizer.ggml.merges", "a file without merges");
 }
