@@ -738,7 +738,12 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // routed experts: pair p = r*K + k. With several rows, the pairs are gathered by expert
     // first so each expert's weight rows are read once for up to 8 of its pairs.
     const uint32_t P = R * K;
-    MoeGroups groups{grp_.get(), grp_pairs_.get(), grp_count_.get(), moe_groups_cap(P, NE, 8), 8};
+    // 2-bit experts on the tensor cores take groups of gemm_kq_pairs() pairs (the fused
+    // gate+up there exists for IQ2_XXS); every other case matvec's groups of 8
+    MoeGroups groups{grp_.get(), grp_pairs_.get(), grp_count_.get(), moe_groups_cap(P, NE, 8), gemm_kq_pairs()};
+    if (!(L.gate_exps.type == uint32_t(quant::Type::IQ2_XXS) && gemm_kq_eligible(L.gate_exps, &groups) &&
+          gemm_kq_eligible(L.up_exps, &groups) && gemm_kq_eligible(L.down_exps, &groups)))
+        groups.per_group = 8;
     const MoeGroups* gp = R > 1 ? &groups : nullptr;
     if (gp) moe_groups(experts_.get(), P, NE, groups, stream_);
     const DevAct ag = xn_act(L.gate_exps.type, R);

@@ -48,7 +48,7 @@ __host__ __device__ constexpr int bitrev5(int j) {
 
 // The "lane" sums of one leaf: blocks l, l + 32, ... for this thread's 2 × 2 tiles
 // (16 values: tile (mt, nt), element e of the MMA's accumulator layout).
-__device__ __forceinline__ void leaf_sums(const Gemm& p, int l, const int8_t* const (&wr)[2][2],
+__device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_t stride, const int8_t* const (&wr)[2][2],
                                           const uint16_t* const (&wdr)[2][2], const int8_t* const (&ar)[2],
                                           const float* const (&adr)[2][2], uint32_t tig, float (&acc)[2][2][4]) {
 #pragma unroll
@@ -58,7 +58,7 @@ __device__ __forceinline__ void leaf_sums(const Gemm& p, int l, const int8_t* co
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
     const uint64_t nb = p.K / 32;
-    for (uint64_t b = uint64_t(l); b < nb; b += 32) {
+    for (uint64_t b = first; b < nb; b += stride) {
         const uint64_t k = b * 32 + tig * 4;
         uint32_t a[2][4], bf[2][2];
 #pragma unroll
@@ -96,6 +96,9 @@ __device__ __forceinline__ void leaf_sums(const Gemm& p, int l, const int8_t* co
     }
 }
 
+// WT: the threads decode gives a row (32: a warp per row; 256 or 1024: matvec_kernel's wide
+// blocks, whose warps' butterfly sums are then added one after another from 0).
+template <int WT>
 __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t gid = lane >> 2, tig = lane & 3;
@@ -126,26 +129,51 @@ __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
     // The butterfly's tree, leaf by leaf: after leaf j, merge as many levels as j + 1 has
     // trailing zero bits (a binary counter); st[i] holds a finished subtree of 2^i leaves.
     float st[5][2][2][4];
-    float cur[2][2][4];
+    float cur[2][2][4], total[2][2][4];
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        leaf_sums(p, bitrev5(j), wr, wdr, ar, adr, tig, cur);
-        int level = 0;
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int c = j + 1; (c & 1) == 0; c >>= 1, ++level)
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) total[mt][nt][e] = 0.0f;
+    for (int w = 0; w < WT / 32; ++w) {
+        if (uint64_t(32 * w) < nb) {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {
+                leaf_sums(p, uint64_t(32 * w + bitrev5(j)), WT, wr, wdr, ar, adr, tig, cur);
+                int level = 0;
+#pragma unroll
+                for (int c = j + 1; (c & 1) == 0; c >>= 1, ++level)
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) cur[mt][nt][e] = st[level][mt][nt][e] + cur[mt][nt][e];
+                if (level < 5)
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) st[level][mt][nt][e] = cur[mt][nt][e];
+            }
+        } else {
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) cur[mt][nt][e] = st[level][mt][nt][e] + cur[mt][nt][e];
-        if (level < 5)
+                    for (int e = 0; e < 4; ++e) cur[mt][nt][e] = 0.0f;   // a warp with no blocks
+        }
+        // one warp per row: its sum is the result; wide blocks: 0 + warp 0 + warp 1 + ...
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) st[level][mt][nt][e] = cur[mt][nt][e];
+                for (int e = 0; e < 4; ++e)
+                    total[mt][nt][e] = WT == 32 ? cur[mt][nt][e] : total[mt][nt][e] + cur[mt][nt][e];
     }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -155,7 +183,7 @@ __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
             for (int e = 0; e < 4; ++e) {
                 const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
                 const uint32_t r = n0 + nt * 8 + 2 * tig + (e & 1);
-                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = cur[mt][nt][e];
+                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = total[mt][nt][e];
             }
 }
 
@@ -202,10 +230,15 @@ struct KqGemm {
     const uint64_t *grid, *sign;
 };
 
-constexpr int kKqBM = 128;   // weight rows per block: 4 warps × 2 MMA tiles of 16
+// A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs (a group of up to 8 NT pairs), so
+// each expanded weight fragment serves NT × 8 pairs. A block: 4 warps, 64 MT rows.
+constexpr int kKqMT = 1, kKqNT = 4;
+constexpr int kKqBM = 4 * 16 * kKqMT;
+constexpr uint32_t kKqPairs = 8 * kKqNT;   // MoeGroups::per_group for these kernels
 
 template <uint32_t T, int NW>
 __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
+    constexpr int MT = kKqMT, NT = kKqNT;
     constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80, AUX = T == T_IQ2_XXS ? 1 : 2;
     const uint32_t gi = blockIdx.y;
     if (gi >= uint32_t(*p.count)) return;
@@ -213,60 +246,75 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
     const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
     const int cnt = g[2];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint64_t m0 = uint64_t(blockIdx.x) * kKqBM + warp * 32;
+    const uint64_t m0 = uint64_t(blockIdx.x) * kKqBM + warp * 16 * MT;
     const uint64_t nsb = p.K / 256;
-    // this thread's B column (pair gid) and C columns (pairs 2tig, 2tig+1); dead columns
-    // repeat the last live pair and are not stored
-    const uint32_t pb = uint32_t(p.pairs[g[1] + min(int(gid), cnt - 1)]);
-    const int8_t* ab = p.aq + uint64_t(pb / p.act_div) * p.AL;
-    uint32_t pc[2];
-    const float* adc[2];
-    const int32_t* bsc[2];
+    // B columns: pair nt*8 + gid; C columns: pairs nt*8 + 2tig + c. Columns past the group's
+    // pairs repeat its last pair and are not stored.
+    const int8_t* ab[NT];
+    uint32_t pc[NT][2];
+    const float* adc[NT][2];
+    const int32_t* bsc[NT][2];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-        pc[c] = uint32_t(p.pairs[g[1] + min(int(2 * tig) + c, cnt - 1)]);
-        adc[c] = p.ad + uint64_t(pc[c] / p.act_div) * (p.AL / 256);
-        bsc[c] = p.absum + uint64_t(pc[c] / p.act_div) * (p.AL / 16);
+    for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t pb = uint32_t(p.pairs[g[1] + min(nt * 8 + int(gid), cnt - 1)]);
+        ab[nt] = p.aq + uint64_t(pb / p.act_div) * p.AL;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            pc[nt][c] = uint32_t(p.pairs[g[1] + min(nt * 8 + int(2 * tig) + c, cnt - 1)]);
+            adc[nt][c] = p.ad + uint64_t(pc[nt][c] / p.act_div) * (p.AL / 256);
+            bsc[nt][c] = p.absum + uint64_t(pc[nt][c] / p.act_div) * (p.AL / 16);
+        }
     }
-    const uint8_t* wr[NW][2][2];
-    const uint16_t* wdr[NW][2][2];
+    const uint8_t* wr[NW][MT][2];
+    const uint16_t* wdr[NW][MT][2];
 #pragma unroll
     for (int j = 0; j < NW; ++j)
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const uint64_t row = wbase + min(m0 + mt * 16 + gid + 8 * h, p.N - 1);
                 wr[j][mt][h] = p.wq[j] + row * nsb * BODY;
                 wdr[j][mt][h] = p.wd[j] + row * nsb * AUX;
             }
-    float st[3][NW][2][4], cur[NW][2][4];
+    float st[3][NW][MT][NT][4], cur[NW][MT][NT][4];
 #pragma unroll
     for (int jj = 0; jj < 8; ++jj) {
         const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
 #pragma unroll
         for (int j = 0; j < NW; ++j)
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) cur[j][mt][e] = 0.0f;
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = 0.0f;
         for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += 8) {
-            int isum[NW][2][4], mins[NW][2][4];
+            int isum[NW][MT][NT][4], mins[MT][NT][4];
 #pragma unroll
-            for (int j = 0; j < NW; ++j)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
+                for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) isum[j][mt][e] = mins[j][mt][e] = 0;
+                    for (int e = 0; e < 4; ++e) {
+                        mins[mt][nt][e] = 0;
+#pragma unroll
+                        for (int j = 0; j < NW; ++j) isum[j][mt][nt][e] = 0;
+                    }
             if constexpr (T == T_IQ2_XXS) {
-#pragma unroll 2
+#pragma unroll 1
                 for (int grp32 = 0; grp32 < 8; ++grp32) {
-                    const int8_t* ak = ab + sb * 256 + 32 * grp32 + 4 * tig;
-                    const uint32_t b[2] = {ld32(ak), ld32(ak + 16)};
+                    uint32_t b[NT][2];
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const int8_t* ak = ab[nt] + sb * 256 + 32 * grp32 + 4 * tig;
+                        b[nt][0] = ld32(ak);
+                        b[nt][1] = ld32(ak + 16);
+                    }
 #pragma unroll
                     for (int j = 0; j < NW; ++j)
 #pragma unroll
-                        for (int mt = 0; mt < 2; ++mt) {
+                        for (int mt = 0; mt < MT; ++mt) {
                             uint32_t a0w[2], a1w[2];
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
@@ -280,64 +328,90 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                                 iq2_word(p.grid, p.sign, a0w[1], a1w[1], tig >> 1, tig & 1),
                                 iq2_word(p.grid, p.sign, a0w[0], a1w[0], 2 + (tig >> 1), tig & 1),
                                 iq2_word(p.grid, p.sign, a0w[1], a1w[1], 2 + (tig >> 1), tig & 1)};
-                            int d[4];
-                            mma_s8(a, b, d);
+                            const int ls[2] = {int(2 * (a1w[0] >> 28) + 1), int(2 * (a1w[1] >> 28) + 1)};
 #pragma unroll
-                            for (int e = 0; e < 4; ++e) isum[j][mt][e] += d[e] * int(2 * (a1w[e >> 1] >> 28) + 1);
+                            for (int nt = 0; nt < NT; ++nt) {
+                                int d[4];
+                                mma_s8(a, b[nt], d);
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) isum[j][mt][nt][e] += d[e] * ls[e >> 1];
+                            }
                         }
                 }
             } else {
                 // Q2_K: sub-block u = 8h + 2jp + s holds values 16u + t at code bytes
                 // 32h + 16s + t, bits 2jp; its scale byte is scales[u]
-                uint4 sc[2][2];
+                uint4 sc[MT][2];
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) sc[mt][h] = *reinterpret_cast<const uint4*>(wr[0][mt][h] + sb * BODY);
 #pragma unroll
                 for (int u = 0; u < 16; ++u) {
                     const uint32_t hh = u >> 3, jp = (u >> 1) & 3, s = u & 1;
-                    const uint32_t b = ld32(ab + sb * 256 + 16 * u + 4 * tig);
-                    const int bs[2] = {bsc[0][sb * 16 + u], bsc[1][sb * 16 + u]};
+                    uint32_t b[NT];
+                    int bs[NT][2];
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
+                    for (int nt = 0; nt < NT; ++nt) {
+                        b[nt] = ld32(ab[nt] + sb * 256 + 16 * u + 4 * tig);
+                        bs[nt][0] = bsc[nt][0][sb * 16 + u];
+                        bs[nt][1] = bsc[nt][1][sb * 16 + u];
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) {
                         uint32_t a[2], scb[2];
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            const uint32_t qw =
-                                *reinterpret_cast<const uint32_t*>(wr[0][mt][h] + sb * BODY + 16 + 32 * hh + 16 * s + 4 * tig);
+                            const uint32_t qw = *reinterpret_cast<const uint32_t*>(wr[0][mt][h] + sb * BODY + 16 +
+                                                                                    32 * hh + 16 * s + 4 * tig);
                             a[h] = (qw >> (2 * jp)) & 0x03030303u;
-                            const uint32_t wsel = u >> 2, words[4] = {sc[mt][h].x, sc[mt][h].y, sc[mt][h].z, sc[mt][h].w};
-                            scb[h] = (words[wsel] >> (8 * (u & 3))) & 0xFF;
+                            const uint32_t words[4] = {sc[mt][h].x, sc[mt][h].y, sc[mt][h].z, sc[mt][h].w};
+                            scb[h] = (words[u >> 2] >> (8 * (u & 3))) & 0xFF;
                         }
-                        int d[4];
-                        mma_s8_k16(a[0], a[1], b, d);
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            isum[0][mt][e] += d[e] * int(scb[e >> 1] & 0xF);
-                            mins[0][mt][e] += int(scb[e >> 1] >> 4) * bs[e & 1];
+                        for (int nt = 0; nt < NT; ++nt) {
+                            int d[4];
+                            mma_s8_k16(a[0], a[1], b[nt], d);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                isum[0][mt][nt][e] += d[e] * int(scb[e >> 1] & 0xF);
+                                mins[mt][nt][e] += int(scb[e >> 1] >> 4) * bs[nt][e & 1];
+                            }
                         }
                     }
                 }
             }
             // the super-block's float step, as the decode kernel's lane 4j does it
-            float dx[2];
 #pragma unroll
-            for (int c = 0; c < 2; ++c) dx[c] = adc[c][sb];
+            for (int mt = 0; mt < MT; ++mt) {
+                float dw[NW][2][2];   // (weight, row h, d / dmin)
 #pragma unroll
-            for (int j = 0; j < NW; ++j)
+                for (int j = 0; j < NW; ++j)
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const uint16_t* wd = wdr[j][mt][e >> 1] + sb * AUX;
-                        if constexpr (T == T_IQ2_XXS) {
-                            cur[j][mt][e] = fmaf(f16_to_f32(wd[0]) * dx[e & 1], float(isum[j][mt][e]), cur[j][mt][e]);
-                        } else {
-                            const float dall = dx[e & 1] * f16_to_f32(wd[0]), dmin = dx[e & 1] * f16_to_f32(wd[1]);
-                            cur[j][mt][e] += fmaf(dall, float(isum[j][mt][e]), -(dmin * float(mins[j][mt][e])));
-                        }
+                    for (int h = 0; h < 2; ++h) {
+                        const uint16_t* wd = wdr[j][mt][h] + sb * AUX;
+                        dw[j][h][0] = f16_to_f32(wd[0]);
+                        dw[j][h][1] = T == T_Q2_K ? f16_to_f32(wd[AUX - 1]) : 0.0f;
                     }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float dx[2] = {adc[nt][0][sb], adc[nt][1][sb]};
+#pragma unroll
+                    for (int j = 0; j < NW; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float x = dx[e & 1];
+                            if constexpr (T == T_IQ2_XXS) {
+                                cur[j][mt][nt][e] =
+                                    fmaf(dw[j][e >> 1][0] * x, float(isum[j][mt][nt][e]), cur[j][mt][nt][e]);
+                            } else {
+                                const float dall = x * dw[j][e >> 1][0], dmin = x * dw[j][e >> 1][1];
+                                cur[j][mt][nt][e] +=
+                                    fmaf(dall, float(isum[j][mt][nt][e]), -(dmin * float(mins[mt][nt][e])));
+                            }
+                        }
+                }
+            }
         }
         int level = 0;
 #pragma unroll
@@ -345,36 +419,51 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
 #pragma unroll
             for (int j = 0; j < NW; ++j)
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) cur[j][mt][e] = st[level][j][mt][e] + cur[j][mt][e];
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = st[level][j][mt][nt][e] + cur[j][mt][nt][e];
         if (level < 3)
 #pragma unroll
             for (int j = 0; j < NW; ++j)
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) st[level][j][mt][e] = cur[j][mt][e];
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) st[level][j][mt][nt][e] = cur[j][mt][nt][e];
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
-            const int c = int(2 * tig) + (e & 1);
-            if (n >= p.N || c >= cnt) continue;
-            // the butterfly's last two steps add the zero lanes' sums
-            float v = (cur[0][mt][e] + 0.0f) + 0.0f;
-            if (T == T_IQ2_XXS) v *= 0.125f;
-            if constexpr (NW == 2) {
-                float u = (cur[NW - 1][mt][e] + 0.0f) + 0.0f;
-                if (T == T_IQ2_XXS) u *= 0.125f;
-                v = swiglu_pair(v, u, p.clamp, p.ew, pc[e & 1]);
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
+                const int c = nt * 8 + int(2 * tig) + (e & 1);
+                if (n >= p.N || c >= cnt) continue;
+                // the butterfly's last two steps add the zero lanes' sums
+                float v = (cur[0][mt][nt][e] + 0.0f) + 0.0f;
+                if (T == T_IQ2_XXS) v *= 0.125f;
+                if constexpr (NW == 2) {
+                    float u = (cur[NW - 1][mt][nt][e] + 0.0f) + 0.0f;
+                    if (T == T_IQ2_XXS) u *= 0.125f;
+                    v = swiglu_pair(v, u, p.clamp, p.ew, pc[nt][e & 1]);
+                }
+                p.y[uint64_t(pc[nt][e & 1]) * p.y_stride + n] = v;
             }
-            p.y[uint64_t(pc[e & 1]) * p.y_stride + n] = v;
-        }
 }
 
+}  // namespace
+
+namespace {
+// The threads matvec gives one row of this product in decode (matvec.cu's launch_rb).
+int decode_threads(uint64_t K, uint64_t N, bool expert) {
+    if (!expert && N <= 1024 && K >= 8192) return 1024;
+    if (!expert && N <= 1024 && K >= 2048) return 256;
+    return 32;
+}
 }  // namespace
 
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
@@ -382,10 +471,7 @@ bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg
         const char* e = std::getenv("DSV4_CUDA_TC");
         return !e || e[0] != '0';
     }();
-    // Only where decode takes matvec_kernel's warp per row (plain rows, not the wide blocks
-    // of launch_rb: N <= 1024 with K >= 2048), whose order of sums this kernel follows.
-    const bool wide = N <= 1024 && W.K >= 2048;
-    return on && W.type == T_Q8_0 && !expert && !wide && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
+    return on && W.type == T_Q8_0 && !expert && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
            (rpg == 0 || rpg % kBM == 0);
 }
 
@@ -395,16 +481,23 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || (rpg && rpg % kBM)) throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
-    gemm_q8_0_kernel<<<grid, 128, 0, s>>>(p);
+    switch (decode_threads(W.K, N, false)) {
+        case 1024: gemm_q8_0_kernel<1024><<<grid, 128, 0, s>>>(p); break;
+        case 256: gemm_q8_0_kernel<256><<<grid, 128, 0, s>>>(p); break;
+        default: gemm_q8_0_kernel<32><<<grid, 128, 0, s>>>(p); break;
+    }
     check_launch("gemm_q8_0");
 }
+
+uint32_t gemm_kq_pairs() { return kKqPairs; }
 
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups) {
     static const bool on = [] {
         const char* e = std::getenv("DSV4_CUDA_TC");
         return !e || e[0] != '0';
     }();
-    return on && groups && groups->per_group == 8 && (W.type == T_IQ2_XXS || W.type == T_Q2_K) && W.K % 256 == 0;
+    return on && groups && groups->per_group == kKqPairs && (W.type == T_IQ2_XXS || W.type == T_Q2_K) &&
+           W.K % 256 == 0;
 }
 
 void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,

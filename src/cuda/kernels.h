@@ -86,7 +86,8 @@ struct MoeGroups {
     int32_t* pairs = nullptr;
     int32_t* count = nullptr;
     uint32_t cap = 0;          // >= moe_groups_cap(P, NE, per_group)
-    uint32_t per_group = 8;    // the products' slots per block (8)
+    uint32_t per_group = 8;    // pairs a group: 8 (matvec's slots), or gemm_kq_pairs() where
+                               // every product of the experts takes gemm_kq_experts
 };
 uint32_t moe_groups_cap(uint32_t P, uint32_t NE, uint32_t per_group);
 void moe_groups(const int32_t* experts, uint32_t P, uint32_t NE, const MoeGroups& g, cudaStream_t s);
@@ -108,6 +109,7 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
 
 // The routed experts' IQ2_XXS / Q2_K products of a prefill (pairs gathered in groups) on the
 // tensor cores, bit for bit what matvec / matvec_swiglu give; they call it where eligible.
+uint32_t gemm_kq_pairs();
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups);
 void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,
                      uint64_t y_stride, uint64_t N, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups& g,

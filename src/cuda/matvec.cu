@@ -1031,7 +1031,9 @@ MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y
         p.grp_pairs = groups->pairs;
         p.n_grp = groups->count;
         p.grp_cap = groups->cap;
-        if (!expert || groups->per_group != 8) throw_mismatch("matvec: pair groups need experts and 8 pairs a group", W.type, W.K, a.K);
+        if (!expert || groups->per_group != 8)
+            throw_mismatch("matvec: pair groups need experts and 8 pairs a group (32 only for the tensor-core types)",
+                           W.type, W.K, a.K);
     }
     return p;
 }
@@ -1040,20 +1042,20 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
                  uint64_t row0, cudaStream_t s, const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div,
                  uint64_t rpg, const MoeGroups* groups) {
     if (R == 0 || N == 0) return;
-    MV p = make_mv(W, a, R, y, y_stride, N, row0, expert, rows_per_expert, act_div, groups);
-    p.rpg = rpg;
     const uint64_t n_groups = rpg ? (row0 + N + rpg - 1) / rpg : 1;
     if (act_kind(W.type) != a.kind || (rpg ? a.K < n_groups * W.K : a.K != W.K)) throw_mismatch("matvec", W.type, W.K, a.K);
+    if (row0 == 0 && gemm_kq_eligible(W, groups)) {
+        gemm_kq_experts(W, nullptr, a, R, y, y_stride, N, rows_per_expert, act_div, *groups, 0.0f, nullptr, s);
+        return;
+    }
+    MV p = make_mv(W, a, R, y, y_stride, N, row0, expert, rows_per_expert, act_div, groups);
+    p.rpg = rpg;
     const bool fvec = (W.K % 8 == 0) && (reinterpret_cast<uintptr_t>(W.data) % 16 == 0) && (W.row_bytes % 16 == 0) &&
                       (reinterpret_cast<uintptr_t>(a.f) % 16 == 0) && (a.f_stride % 4 == 0);
     const bool kq = W.type == T_Q2_K || W.type == T_IQ2_XXS;
     if (kq && rpg) throw_mismatch("matvec_grouped: no kernel for this weight type", W.type, W.K, a.K);
     if (gemm_q8_0_eligible(W, R, N, rpg, expert != nullptr)) {
         gemm_q8_0(W, a, R, y, y_stride, N, row0, rpg, s);
-        return;
-    }
-    if (row0 == 0 && gemm_kq_eligible(W, groups)) {
-        gemm_kq_experts(W, nullptr, a, R, y, y_stride, N, rows_per_expert, act_div, *groups, 0.0f, nullptr, s);
         return;
     }
     switch (W.type) {

@@ -715,19 +715,25 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
     // Groups of IQ2_XXS / Q2_K pairs take the tensor cores (gemm_kq_experts): K = 4,096 puts
     // two super-blocks on each of the decode kernel's lanes.
     for (const uint64_t K : {1024, 4096}) {
-        const uint64_t RPE = 24, N = 20;
-        const uint32_t NEXP = 7, KU = 3, R = 13, P = R * KU;
+        // (groups of 8 for matvec, of gemm_kq_pairs() = 32 for the tensor cores: expert 4 has
+        // 51 pairs, so two groups, the second partial)
+        const uint64_t RPE = 70, N = 70;
+        const uint32_t NEXP = 7, KU = 3, R = 30, P = R * KU;
         std::vector<int32_t> ex(P);
         for (uint32_t p = 0; p < P; ++p) ex[p] = p % 2 ? 4 : int32_t((p * 5) % NEXP);
         DevVec<int32_t> dex(ex);
         const uint32_t cap = cuda::moe_groups_cap(P, NEXP, 8);
-        DevVec<int32_t> grp(3 * cap), pairs(P), count(1);
-        const cuda::MoeGroups groups{grp.get(), pairs.get(), count.get(), cap, 8};
-        cuda::moe_groups(dex.get(), P, NEXP, groups, nullptr);
-        auto cnt = count.download();
-        ASSERT_GE(cnt[0], int32_t(NEXP - 2));
+        DevVec<int32_t> grp8(3 * cap), pairs8(P), count8(1), grp32(3 * cap), pairs32(P), count32(1);
+        const cuda::MoeGroups groups8{grp8.get(), pairs8.get(), count8.get(), cap, 8};
+        const cuda::MoeGroups groups32{grp32.get(), pairs32.get(), count32.get(), cap, cuda::gemm_kq_pairs()};
+        cuda::moe_groups(dex.get(), P, NEXP, groups8, nullptr);
+        cuda::moe_groups(dex.get(), P, NEXP, groups32, nullptr);
+        auto cnt = count8.download();
+        ASSERT_GE(cnt[0], int32_t(NEXP + 5));
         ASSERT_LE(uint32_t(cnt[0]), cap);
         for (Type t : {Type::Q8_0, Type::IQ2_XXS, Type::Q2_K, Type::Q4_K, Type::MXFP4, Type::F16}) {
+            const bool tc = t == Type::IQ2_XXS || t == Type::Q2_K;
+            const cuda::MoeGroups& groups = tc ? groups32 : groups8;
             const HostWeight hg = random_weight(t, K, RPE * NEXP, 501 + uint64_t(t));
             const HostWeight hu = random_weight(t, K, RPE * NEXP, 601 + uint64_t(t));
             DevWeightHolder dg(hg), du(hu);
@@ -745,10 +751,12 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
             auto got = grouped.download();
             ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * 4)) << quant::traits(t).name << " matvec K " << K;
             if (cuda::matvec_swiglu_ok(dg.w, du.w)) {
+                // (a fused Q2_K gate+up has no tensor-core kernel: it takes matvec's groups of 8)
+                const cuda::MoeGroups& gsw = t == Type::Q2_K ? groups8 : groups;
                 DevVec<float> f1(P * N), f2(P * N);
                 cuda::matvec_swiglu(dg.w, du.w, a, P, f1.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU);
                 cuda::matvec_swiglu(dg.w, du.w, a, P, f2.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, KU,
-                                    &groups);
+                                    &gsw);
                 auto r1 = f1.download();
                 auto r2 = f2.download();
                 ASSERT_EQ(0, std::memcmp(r1.data(), r2.data(), r1.size() * 4))
@@ -767,9 +775,11 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
         uint64_t K, N, rpg;
         uint32_t R;
     };
-    // (decode takes wide blocks for N <= 1024 with K >= 2048: the tensor cores are not used there)
+    // Decode gives rows of N <= 1024 with K >= 2048 a wide block (256 or 1024 threads): those
+    // shapes follow that block's order (N 72 and 64 below).
     for (const Case c : {Case{512, 100, 0, 16}, Case{1024, 256, 0, 37}, Case{4096, 1100, 0, 20},
-                         Case{8192, 1088, 0, 33}, Case{1024, 128, 64, 17}}) {
+                         Case{8192, 1088, 0, 33}, Case{1024, 128, 64, 17}, Case{4096, 72, 0, 20},
+                         Case{8192, 64, 0, 18}, Case{2048, 1024, 0, 16}}) {
         const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
         ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
                                              false))
