@@ -230,229 +230,236 @@ struct KqGemm {
     const uint64_t *grid, *sign;
 };
 
-// A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs (a group of up to 8 NT pairs), so
-// each expanded weight fragment serves NT × 8 pairs. A block: 4 warps, 64 MT rows.
-constexpr int kKqMT = 1, kKqNT = 4;
-constexpr int kKqBM = 4 * 16 * kKqMT;
-constexpr uint32_t kKqPairs = 8 * kKqNT;   // MoeGroups::per_group for these kernels
+// A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs, so each expanded weight
+// fragment serves NT × 8 pairs; a group of kKqPairs pairs takes kKqPairs / (8 NT) passes.
+// A block: 4 warps, 64 MT rows. IQ2_XXS (costly expansion): MT 1, NT 4; Q2_K (its mins need
+// a per-pair sum per sub-block): MT 2, NT 2.
+constexpr uint32_t kKqPairs = 32;   // MoeGroups::per_group for these kernels
+template <uint32_t T>
+constexpr int kq_mt() { return T == T_IQ2_XXS ? 1 : 2; }
+template <uint32_t T>
+constexpr int kq_nt() { return T == T_IQ2_XXS ? 4 : 2; }
 
 template <uint32_t T, int NW>
 __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
-    constexpr int MT = kKqMT, NT = kKqNT;
+    constexpr int MT = kq_mt<T>(), NT = kq_nt<T>();
     constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80, AUX = T == T_IQ2_XXS ? 1 : 2;
     const uint32_t gi = blockIdx.y;
     if (gi >= uint32_t(*p.count)) return;
     const int32_t* g = p.grp + 3 * gi;
     const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
-    const int cnt = g[2];
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint64_t m0 = uint64_t(blockIdx.x) * kKqBM + warp * 16 * MT;
+    const uint64_t m0 = uint64_t(blockIdx.x) * (64 * MT) + warp * 16 * MT;
     const uint64_t nsb = p.K / 256;
-    // B columns: pair nt*8 + gid; C columns: pairs nt*8 + 2tig + c. Columns past the group's
-    // pairs repeat its last pair and are not stored.
-    const int8_t* ab[NT];
-    uint32_t pc[NT][2];
-    const float* adc[NT][2];
-    const int32_t* bsc[NT][2];
+    for (int pass = 0; pass * 8 * NT < g[2]; ++pass) {
+        const int32_t* gp = p.pairs + g[1] + pass * 8 * NT;   // this pass's pairs
+        const int cnt = min(g[2] - pass * 8 * NT, 8 * NT);
+        // B columns: pair nt*8 + gid; C columns: pairs nt*8 + 2tig + c. Columns past the group's
+        // pairs repeat its last pair and are not stored.
+        const int8_t* ab[NT];
+        uint32_t pc[NT][2];
+        const float* adc[NT][2];
+        const int32_t* bsc[NT][2];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-        const uint32_t pb = uint32_t(p.pairs[g[1] + min(nt * 8 + int(gid), cnt - 1)]);
-        ab[nt] = p.aq + uint64_t(pb / p.act_div) * p.AL;
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint32_t pb = uint32_t(gp[min(nt * 8 + int(gid), cnt - 1)]);
+            ab[nt] = p.aq + uint64_t(pb / p.act_div) * p.AL;
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            pc[nt][c] = uint32_t(p.pairs[g[1] + min(nt * 8 + int(2 * tig) + c, cnt - 1)]);
-            adc[nt][c] = p.ad + uint64_t(pc[nt][c] / p.act_div) * (p.AL / 256);
-            bsc[nt][c] = p.absum + uint64_t(pc[nt][c] / p.act_div) * (p.AL / 16);
-        }
-    }
-    const uint8_t* wr[NW][MT][2];
-    const uint16_t* wdr[NW][MT][2];
-#pragma unroll
-    for (int j = 0; j < NW; ++j)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint64_t row = wbase + min(m0 + mt * 16 + gid + 8 * h, p.N - 1);
-                wr[j][mt][h] = p.wq[j] + row * nsb * BODY;
-                wdr[j][mt][h] = p.wd[j] + row * nsb * AUX;
+            for (int c = 0; c < 2; ++c) {
+                pc[nt][c] = uint32_t(gp[min(nt * 8 + int(2 * tig) + c, cnt - 1)]);
+                adc[nt][c] = p.ad + uint64_t(pc[nt][c] / p.act_div) * (p.AL / 256);
+                bsc[nt][c] = p.absum + uint64_t(pc[nt][c] / p.act_div) * (p.AL / 16);
             }
-    float st[3][NW][MT][NT][4], cur[NW][MT][NT][4];
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
+        }
+        const uint8_t* wr[NW][MT][2];
+        const uint16_t* wdr[NW][MT][2];
 #pragma unroll
         for (int j = 0; j < NW; ++j)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                for (int h = 0; h < 2; ++h) {
+                    const uint64_t row = wbase + min(m0 + mt * 16 + gid + 8 * h, p.N - 1);
+                    wr[j][mt][h] = p.wq[j] + row * nsb * BODY;
+                    wdr[j][mt][h] = p.wd[j] + row * nsb * AUX;
+                }
+        float st[3][NW][MT][NT][4], cur[NW][MT][NT][4];
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = 0.0f;
-        for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += 8) {
-            int isum[NW][MT][NT][4], mins[MT][NT][4];
+        for (int jj = 0; jj < 8; ++jj) {
+            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
+            for (int j = 0; j < NW; ++j)
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
+                for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        mins[mt][nt][e] = 0;
+                    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                        for (int j = 0; j < NW; ++j) isum[j][mt][nt][e] = 0;
-                    }
-            if constexpr (T == T_IQ2_XXS) {
+                        for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = 0.0f;
+            for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += 8) {
+                int isum[NW][MT][NT][4], mins[MT][NT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            mins[mt][nt][e] = 0;
+#pragma unroll
+                            for (int j = 0; j < NW; ++j) isum[j][mt][nt][e] = 0;
+                        }
+                if constexpr (T == T_IQ2_XXS) {
 #pragma unroll 1
-                for (int grp32 = 0; grp32 < 8; ++grp32) {
-                    uint32_t b[NT][2];
+                    for (int grp32 = 0; grp32 < 8; ++grp32) {
+                        uint32_t b[NT][2];
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        const int8_t* ak = ab[nt] + sb * 256 + 32 * grp32 + 4 * tig;
-                        b[nt][0] = ld32(ak);
-                        b[nt][1] = ld32(ak + 16);
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const int8_t* ak = ab[nt] + sb * 256 + 32 * grp32 + 4 * tig;
+                            b[nt][0] = ld32(ak);
+                            b[nt][1] = ld32(ak + 16);
+                        }
+#pragma unroll
+                        for (int j = 0; j < NW; ++j)
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt) {
+                                uint32_t a0w[2], a1w[2];
+#pragma unroll
+                                for (int h = 0; h < 2; ++h) {
+                                    const uint2 q = *reinterpret_cast<const uint2*>(wr[j][mt][h] + sb * BODY + 8 * grp32);
+                                    a0w[h] = q.x;
+                                    a1w[h] = q.y;
+                                }
+                                // a[0..3]: rows gid / gid+8 at k = 4tig.. (grid row tig>>1) and k + 16
+                                const uint32_t a[4] = {
+                                    iq2_word(p.grid, p.sign, a0w[0], a1w[0], tig >> 1, tig & 1),
+                                    iq2_word(p.grid, p.sign, a0w[1], a1w[1], tig >> 1, tig & 1),
+                                    iq2_word(p.grid, p.sign, a0w[0], a1w[0], 2 + (tig >> 1), tig & 1),
+                                    iq2_word(p.grid, p.sign, a0w[1], a1w[1], 2 + (tig >> 1), tig & 1)};
+                                const int ls[2] = {int(2 * (a1w[0] >> 28) + 1), int(2 * (a1w[1] >> 28) + 1)};
+#pragma unroll
+                                for (int nt = 0; nt < NT; ++nt) {
+                                    int d[4];
+                                    mma_s8(a, b[nt], d);
+#pragma unroll
+                                    for (int e = 0; e < 4; ++e) isum[j][mt][nt][e] += d[e] * ls[e >> 1];
+                                }
+                            }
                     }
+                } else {
+                    // Q2_K: sub-block u = 8h + 2jp + s holds values 16u + t at code bytes
+                    // 32h + 16s + t, bits 2jp; its scale byte is scales[u]
+                    uint4 sc[MT][2];
 #pragma unroll
-                    for (int j = 0; j < NW; ++j)
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) sc[mt][h] = *reinterpret_cast<const uint4*>(wr[0][mt][h] + sb * BODY);
+#pragma unroll
+                    for (int u = 0; u < 16; ++u) {
+                        const uint32_t hh = u >> 3, jp = (u >> 1) & 3, s = u & 1;
+                        uint32_t b[NT];
+                        int bs[NT][2];
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            b[nt] = ld32(ab[nt] + sb * 256 + 16 * u + 4 * tig);
+                            bs[nt][0] = bsc[nt][0][sb * 16 + u];
+                            bs[nt][1] = bsc[nt][1][sb * 16 + u];
+                        }
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
-                            uint32_t a0w[2], a1w[2];
+                            uint32_t a[2], scb[2];
 #pragma unroll
                             for (int h = 0; h < 2; ++h) {
-                                const uint2 q = *reinterpret_cast<const uint2*>(wr[j][mt][h] + sb * BODY + 8 * grp32);
-                                a0w[h] = q.x;
-                                a1w[h] = q.y;
+                                const uint32_t qw = *reinterpret_cast<const uint32_t*>(wr[0][mt][h] + sb * BODY + 16 +
+                                                                                        32 * hh + 16 * s + 4 * tig);
+                                a[h] = (qw >> (2 * jp)) & 0x03030303u;
+                                const uint32_t words[4] = {sc[mt][h].x, sc[mt][h].y, sc[mt][h].z, sc[mt][h].w};
+                                scb[h] = (words[u >> 2] >> (8 * (u & 3))) & 0xFF;
                             }
-                            // a[0..3]: rows gid / gid+8 at k = 4tig.. (grid row tig>>1) and k + 16
-                            const uint32_t a[4] = {
-                                iq2_word(p.grid, p.sign, a0w[0], a1w[0], tig >> 1, tig & 1),
-                                iq2_word(p.grid, p.sign, a0w[1], a1w[1], tig >> 1, tig & 1),
-                                iq2_word(p.grid, p.sign, a0w[0], a1w[0], 2 + (tig >> 1), tig & 1),
-                                iq2_word(p.grid, p.sign, a0w[1], a1w[1], 2 + (tig >> 1), tig & 1)};
-                            const int ls[2] = {int(2 * (a1w[0] >> 28) + 1), int(2 * (a1w[1] >> 28) + 1)};
 #pragma unroll
                             for (int nt = 0; nt < NT; ++nt) {
                                 int d[4];
-                                mma_s8(a, b[nt], d);
+                                mma_s8_k16(a[0], a[1], b[nt], d);
 #pragma unroll
-                                for (int e = 0; e < 4; ++e) isum[j][mt][nt][e] += d[e] * ls[e >> 1];
-                            }
-                        }
-                }
-            } else {
-                // Q2_K: sub-block u = 8h + 2jp + s holds values 16u + t at code bytes
-                // 32h + 16s + t, bits 2jp; its scale byte is scales[u]
-                uint4 sc[MT][2];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) sc[mt][h] = *reinterpret_cast<const uint4*>(wr[0][mt][h] + sb * BODY);
-#pragma unroll
-                for (int u = 0; u < 16; ++u) {
-                    const uint32_t hh = u >> 3, jp = (u >> 1) & 3, s = u & 1;
-                    uint32_t b[NT];
-                    int bs[NT][2];
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt) {
-                        b[nt] = ld32(ab[nt] + sb * 256 + 16 * u + 4 * tig);
-                        bs[nt][0] = bsc[nt][0][sb * 16 + u];
-                        bs[nt][1] = bsc[nt][1][sb * 16 + u];
-                    }
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        uint32_t a[2], scb[2];
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const uint32_t qw = *reinterpret_cast<const uint32_t*>(wr[0][mt][h] + sb * BODY + 16 +
-                                                                                    32 * hh + 16 * s + 4 * tig);
-                            a[h] = (qw >> (2 * jp)) & 0x03030303u;
-                            const uint32_t words[4] = {sc[mt][h].x, sc[mt][h].y, sc[mt][h].z, sc[mt][h].w};
-                            scb[h] = (words[u >> 2] >> (8 * (u & 3))) & 0xFF;
-                        }
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt) {
-                            int d[4];
-                            mma_s8_k16(a[0], a[1], b[nt], d);
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                isum[0][mt][nt][e] += d[e] * int(scb[e >> 1] & 0xF);
-                                mins[mt][nt][e] += int(scb[e >> 1] >> 4) * bs[nt][e & 1];
+                                for (int e = 0; e < 4; ++e) {
+                                    isum[0][mt][nt][e] += d[e] * int(scb[e >> 1] & 0xF);
+                                    mins[mt][nt][e] += int(scb[e >> 1] >> 4) * bs[nt][e & 1];
+                                }
                             }
                         }
                     }
                 }
-            }
-            // the super-block's float step, as the decode kernel's lane 4j does it
+                // the super-block's float step, as the decode kernel's lane 4j does it
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                float dw[NW][2][2];   // (weight, row h, d / dmin)
-#pragma unroll
-                for (int j = 0; j < NW; ++j)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint16_t* wd = wdr[j][mt][h] + sb * AUX;
-                        dw[j][h][0] = f16_to_f32(wd[0]);
-                        dw[j][h][1] = T == T_Q2_K ? f16_to_f32(wd[AUX - 1]) : 0.0f;
-                    }
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    const float dx[2] = {adc[nt][0][sb], adc[nt][1][sb]};
+                for (int mt = 0; mt < MT; ++mt) {
+                    float dw[NW][2][2];   // (weight, row h, d / dmin)
 #pragma unroll
                     for (int j = 0; j < NW; ++j)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const float x = dx[e & 1];
-                            if constexpr (T == T_IQ2_XXS) {
-                                cur[j][mt][nt][e] =
-                                    fmaf(dw[j][e >> 1][0] * x, float(isum[j][mt][nt][e]), cur[j][mt][nt][e]);
-                            } else {
-                                const float dall = x * dw[j][e >> 1][0], dmin = x * dw[j][e >> 1][1];
-                                cur[j][mt][nt][e] +=
-                                    fmaf(dall, float(isum[j][mt][nt][e]), -(dmin * float(mins[mt][nt][e])));
-                            }
+                        for (int h = 0; h < 2; ++h) {
+                            const uint16_t* wd = wdr[j][mt][h] + sb * AUX;
+                            dw[j][h][0] = f16_to_f32(wd[0]);
+                            dw[j][h][1] = T == T_Q2_K ? f16_to_f32(wd[AUX - 1]) : 0.0f;
                         }
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const float dx[2] = {adc[nt][0][sb], adc[nt][1][sb]};
+#pragma unroll
+                        for (int j = 0; j < NW; ++j)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const float x = dx[e & 1];
+                                if constexpr (T == T_IQ2_XXS) {
+                                    cur[j][mt][nt][e] =
+                                        fmaf(dw[j][e >> 1][0] * x, float(isum[j][mt][nt][e]), cur[j][mt][nt][e]);
+                                } else {
+                                    const float dall = x * dw[j][e >> 1][0], dmin = x * dw[j][e >> 1][1];
+                                    cur[j][mt][nt][e] +=
+                                        fmaf(dall, float(isum[j][mt][nt][e]), -(dmin * float(mins[mt][nt][e])));
+                                }
+                            }
+                    }
                 }
             }
+            int level = 0;
+#pragma unroll
+            for (int c = jj + 1; (c & 1) == 0; c >>= 1, ++level)
+#pragma unroll
+                for (int j = 0; j < NW; ++j)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = st[level][j][mt][nt][e] + cur[j][mt][nt][e];
+            if (level < 3)
+#pragma unroll
+                for (int j = 0; j < NW; ++j)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) st[level][j][mt][nt][e] = cur[j][mt][nt][e];
         }
-        int level = 0;
 #pragma unroll
-        for (int c = jj + 1; (c & 1) == 0; c >>= 1, ++level)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-            for (int j = 0; j < NW; ++j)
+            for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = st[level][j][mt][nt][e] + cur[j][mt][nt][e];
-        if (level < 3)
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) st[level][j][mt][nt][e] = cur[j][mt][nt][e];
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
-                const int c = nt * 8 + int(2 * tig) + (e & 1);
-                if (n >= p.N || c >= cnt) continue;
-                // the butterfly's last two steps add the zero lanes' sums
-                float v = (cur[0][mt][nt][e] + 0.0f) + 0.0f;
-                if (T == T_IQ2_XXS) v *= 0.125f;
-                if constexpr (NW == 2) {
-                    float u = (cur[NW - 1][mt][nt][e] + 0.0f) + 0.0f;
-                    if (T == T_IQ2_XXS) u *= 0.125f;
-                    v = swiglu_pair(v, u, p.clamp, p.ew, pc[nt][e & 1]);
+                for (int e = 0; e < 4; ++e) {
+                    const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
+                    const int c = nt * 8 + int(2 * tig) + (e & 1);
+                    if (n >= p.N || c >= cnt) continue;
+                    // the butterfly's last two steps add the zero lanes' sums
+                    float v = (cur[0][mt][nt][e] + 0.0f) + 0.0f;
+                    if (T == T_IQ2_XXS) v *= 0.125f;
+                    if constexpr (NW == 2) {
+                        float u = (cur[NW - 1][mt][nt][e] + 0.0f) + 0.0f;
+                        if (T == T_IQ2_XXS) u *= 0.125f;
+                        v = swiglu_pair(v, u, p.clamp, p.ew, pc[nt][e & 1]);
+                    }
+                    p.y[uint64_t(pc[nt][e & 1]) * p.y_stride + n] = v;
                 }
-                p.y[uint64_t(pc[nt][e & 1]) * p.y_stride + n] = v;
-            }
+    }
 }
 
 }  // namespace
@@ -529,7 +536,8 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.clamp = clamp;
     p.ew = ew;
     iq2_tables(&p.grid, &p.sign);
-    const dim3 grid(uint32_t((N + kKqBM - 1) / kKqBM), g.cap), block(128);
+    const uint32_t bm = 64 * uint32_t(Wg.type == T_IQ2_XXS ? kq_mt<T_IQ2_XXS>() : kq_mt<T_Q2_K>());
+    const dim3 grid(uint32_t((N + bm - 1) / bm), g.cap), block(128);
     if (Wg.type == T_IQ2_XXS) {
         if (Wu) gemm_kq_kernel<T_IQ2_XXS, 2><<<grid, block, 0, s>>>(p);
         else gemm_kq_kernel<T_IQ2_XXS, 1><<<grid, block, 0, s>>>(p);
