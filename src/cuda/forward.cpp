@@ -764,9 +764,8 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     mark("experts down", double(P) * E * L.down_exps.row_bytes);
     // moe + shared summed in a fixed order
     if (FS) join(0);
-    moe_combine(down_.get(), R, K, E, FS != 0, y_.get(), stream_);
     join(kSinkhorn);
-    hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
+    hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_, down_.get(), K, FS != 0);
     mark("hc_post");
 }
 

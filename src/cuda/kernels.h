@@ -175,9 +175,11 @@ void hc_pre_finish(const float* mix, const float* scale, const float* base, cons
                    bool with_sinkhorn = true);
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
                  uint32_t iters, float* comb, cudaStream_t s);
-// X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place.
+// X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place. With moe_down ([R*K][E], the routed
+// experts' outputs): y is replaced by (y_init ? y : 0) + Σ_k moe_down[r*K+k] first (MoE
+// combine; y may then be null when !y_init).
 void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
-             cudaStream_t s);
+             cudaStream_t s, const float* moe_down = nullptr, uint32_t K = 0, bool y_init = true);
 // Output head collapse: x[r] = Σ_h (sigmoid(pre[r][h]*scale + base[h]) + eps) · X[rows[r]][h].
 void output_collapse(const float* pre, const float* scale, const float* base, const float* X, const uint32_t* want,
                      uint32_t NW, uint32_t H, uint32_t E, float eps, float* x, cudaStream_t s);
@@ -238,8 +240,6 @@ void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bia
 // mid[p][n] = silu(min(g, c)) * clamp(u, -c, c) * (w ? w[p] : 1), c <= 1e-6: no clamp.
 void swiglu(const float* g, const float* u, float* mid, uint32_t P, uint32_t F, float clamp, const float* w,
             cudaStream_t s);
-// y[r][e] = y[r][e] + Σ_k down[r*K+k][e] (or Σ_k alone when y_init is false).
-void moe_combine(const float* down, uint32_t R, uint32_t K, uint32_t E, bool y_init, float* y, cudaStream_t s);
 
 // ---- numerics (tests and the kernels above) -------------------------------------------
 // In place on n values of each of R rows (row stride `stride`): FP8 sim of the first n,

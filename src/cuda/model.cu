@@ -245,8 +245,10 @@ __global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const f
     sinkhorn_row(mix + uint64_t(r) * (2 * H + H * H), scale, base, H, eps, iters, comb + r * H * H);
 }
 
+// With moe_down: the sublayer output is first y = (y_init ? y : 0) + the K routed experts'
+// outputs of the row, added in expert-slot order (the MoE combine, folded in here).
 __global__ void hc_post_kernel(float* X, const float* y, const float* post, const float* comb, uint32_t H,
-                               uint32_t E) {
+                               uint32_t E, const float* moe_down, uint32_t K, bool y_init) {
     const uint32_t r = blockIdx.y;
     const uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= E) return;
@@ -255,7 +257,12 @@ __global__ void hc_post_kernel(float* X, const float* y, const float* post, cons
     const float* C = comb + r * H * H;
     float in[16];
     for (uint32_t i = 0; i < H; ++i) in[i] = Xr[i * E + e];
-    const float yv = y[uint64_t(r) * E + e];
+    float yv = y ? y[uint64_t(r) * E + e] : 0.0f;
+    if (moe_down) {
+        float acc = 0;
+        for (uint32_t k = 0; k < K; ++k) acc = __fadd_rn(acc, moe_down[(uint64_t(r) * K + k) * E + e]);
+        yv = y_init ? __fadd_rn(yv, acc) : acc;
+    }
     for (uint32_t j = 0; j < H; ++j) {
         float acc = __fmul_rn(po[j], yv);
         for (uint32_t i = 0; i < H; ++i) acc = __fadd_rn(acc, __fmul_rn(C[i * H + j], in[i]));
@@ -426,12 +433,22 @@ __global__ void indexer_scores_kernel(const float* qi, const float* wi, uint32_t
     float* k_s = sm + NH * P;     // [kScoreTile][P]
     float* w_s = k_s + kScoreTile * P;
     const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-    for (uint32_t i = threadIdx.x; i < NH * DI; i += blockDim.x)
-        q_s[(i / DI) * P + i % DI] = qi[uint64_t(r) * NH * DI + i];
+    // float4 loads (DI % 4 == 0, rows 16-byte aligned: checked by the launcher) into rows
+    // padded to DI + 1, which keeps the heads' reads below free of bank conflicts
+    const uint32_t D4 = DI / 4;
+    const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
+    for (uint32_t i = threadIdx.x; i < NH * D4; i += blockDim.x) {
+        const float4 v = q4[i];
+        float* dst = q_s + (i / D4) * P + (i % D4) * 4;
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    }
     for (uint32_t i = threadIdx.x; i < NH; i += blockDim.x) w_s[i] = wi[uint64_t(r) * NH + i];
     const uint32_t nt = uint32_t(n_vis - c0 < kScoreTile ? n_vis - c0 : kScoreTile);
-    for (uint32_t i = threadIdx.x; i < nt * DI; i += blockDim.x)
-        k_s[(i / DI) * P + i % DI] = L.index[(c0 + i / DI) * L.index_stride + i % DI];
+    for (uint32_t i = threadIdx.x; i < nt * D4; i += blockDim.x) {
+        const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
+        float* dst = k_s + (i / D4) * P + (i % D4) * 4;
+        dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    }
     __syncthreads();
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (uint32_t j = w; j < nt; j += nw) {
@@ -488,15 +505,17 @@ __device__ void topk_block(const float* sc, uint32_t n, uint32_t k, uint32_t* ou
             if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1u);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t cum = 0, rem = s_remaining;
-            for (int dg = 255; dg >= 0; --dg) {
-                if (cum + hist[dg] >= rem) {
-                    s_prefix = prefix | (uint32_t(dg) << shift);
-                    s_remaining = rem - cum;
-                    break;
-                }
-                cum += hist[dg];
+        // The digit where the count of larger-or-equal keys reaches what remains: thread d
+        // (blockDim.x == 256) holds bin d; above[d] = keys in bins > d, by a block scan (one
+        // thread walking 256 bins was most of this kernel's time).
+        {
+            const uint32_t rem = s_remaining, h = hist[threadIdx.x];
+            uint32_t total;
+            const uint32_t below = block_excl_scan(h, &total);   // bins < d
+            const uint32_t above = total - below - h;
+            if (above < rem && above + h >= rem) {
+                s_prefix = prefix | (threadIdx.x << shift);
+                s_remaining = rem - above;
             }
         }
         __syncthreads();
@@ -888,15 +907,19 @@ void* attn_scratch(size_t need, cudaStream_t s) {
 __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
                               const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights,
                               int32_t* bad) {
-    extern __shared__ uint8_t taken[];
+    // The probabilities and the picks also live in shared memory: the weights below read
+    // them back one after another, which from global memory was a chain of dependent loads.
+    extern __shared__ float prob_s[];                                   // [NE]
+    int32_t* sel_s = reinterpret_cast<int32_t*>(prob_s + NE);           // [K]
+    uint8_t* taken = reinterpret_cast<uint8_t*>(sel_s + K);             // [NE]
     const uint32_t r = blockIdx.x, lane = threadIdx.x;
     float* prob = logits + uint64_t(r) * NE;
     for (uint32_t e = lane; e < NE; e += 32) {
-        prob[e] = sqrtf(softplus_cr(prob[e]));
+        prob_s[e] = prob[e] = sqrtf(softplus_cr(prob[e]));
         taken[e] = 0;
     }
     __syncwarp();
-    int32_t* sel = experts + uint64_t(r) * K;
+    int32_t* sel = sel_s;
     if (tid2eid) {
         for (uint32_t k = lane; k < K; k += 32) {
             int32_t e = tid2eid[uint64_t(rows[r].token) * K + k];
@@ -914,7 +937,7 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
 #pragma unroll
         for (uint32_t j = 0; j < 8; ++j) {
             const uint32_t e = lane + 32 * j;
-            key[j] = e < NE ? prob[e] + (bias ? bias[e] : 0.0f) : 0.0f;
+            key[j] = e < NE ? prob_s[e] + (bias ? bias[e] : 0.0f) : 0.0f;
             if (e < NE) avail |= 1u << j;
         }
         for (uint32_t k = 0; k < K; ++k) {
@@ -945,7 +968,7 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
             int32_t be = -1;
             for (uint32_t e = lane; e < NE; e += 32) {
                 if (taken[e]) continue;
-                const float key = prob[e] + (bias ? bias[e] : 0.0f);
+                const float key = prob_s[e] + (bias ? bias[e] : 0.0f);
                 if (be < 0 || key > best) {
                     best = key;
                     be = int32_t(e);
@@ -969,9 +992,12 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
     __syncwarp();
     if (lane == 0) {
         float sum = 0;
-        for (uint32_t k = 0; k < K; ++k) sum += prob[sel[k]];
+        for (uint32_t k = 0; k < K; ++k) sum += prob_s[sel[k]];
         const float nrm = norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t k = 0; k < K; ++k) weights[uint64_t(r) * K + k] = __fmul_rn(__fmul_rn(prob[sel[k]], nrm), scale);
+        for (uint32_t k = 0; k < K; ++k) {
+            weights[uint64_t(r) * K + k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), scale);
+            experts[uint64_t(r) * K + k] = sel[k];
+        }
     }
 }
 
@@ -989,14 +1015,6 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* mid, uint32
     }
 }
 
-__global__ void moe_combine_kernel(const float* down, uint32_t K, uint32_t E, bool y_init, float* y) {
-    const uint32_t r = blockIdx.y;
-    const uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= E) return;
-    float acc = 0;
-    for (uint32_t k = 0; k < K; ++k) acc += down[(uint64_t(r) * K + k) * E + e];
-    y[uint64_t(r) * E + e] = y_init ? y[uint64_t(r) * E + e] + acc : acc;
-}
 
 __global__ void sim_rows_kernel(float* x, uint32_t n, uint64_t stride, int kind) {
     extern __shared__ float xs[];
@@ -1052,9 +1070,9 @@ void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32
 }
 
 void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
-             cudaStream_t s) {
+             cudaStream_t s, const float* moe_down, uint32_t K, bool y_init) {
     if (!R) return;
-    hc_post_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(X, y, post, comb, H, E);
+    hc_post_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(X, y, post, comb, H, E, moe_down, K, y_init);
     check_launch("hc_post");
 }
 
@@ -1118,6 +1136,7 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
                     const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                     float* score, uint64_t ld, cudaStream_t s) {
     if (!R || max_vis <= top_k) return;
+    if (DI % 4) throw_mismatch("indexer_scores: indexer head widths must be multiples of 4", 0, DI, DI);
     const size_t smem = (size_t(NH + kScoreTile) * (DI + 1) + NH) * sizeof(float);
     static size_t raised = 0;
     if (smem > 48 * 1024 && smem > raised) {
@@ -1200,7 +1219,8 @@ void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bia
             const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,
             cudaStream_t s) {
     if (!R) return;
-    router_kernel<<<R, 32, NE, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
+    const size_t smem = NE * sizeof(float) + K * sizeof(int32_t) + NE;
+    router_kernel<<<R, 32, smem, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
     check_launch("router");
 }
 
@@ -1213,11 +1233,6 @@ void swiglu(const float* g, const float* u, float* mid, uint32_t P, uint32_t F, 
     check_launch("swiglu");
 }
 
-void moe_combine(const float* down, uint32_t R, uint32_t K, uint32_t E, bool y_init, float* y, cudaStream_t s) {
-    if (!R) return;
-    moe_combine_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(down, K, E, y_init, y);
-    check_launch("moe_combine");
-}
 
 void fp8_sim_rows(float* x, uint32_t R, uint32_t n, uint64_t stride, cudaStream_t s) {
     if (!R) return;
