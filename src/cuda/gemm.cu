@@ -42,6 +42,39 @@ __device__ __forceinline__ void mma_s8(const uint32_t (&a)[4], const uint32_t (&
 
 __device__ __forceinline__ uint32_t ld32(const int8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// Element-wise over register fragment arrays of any shape (fully unrolled).
+template <typename F>
+__device__ __forceinline__ void each(float& x, F&& f) {
+    f(x);
+}
+template <typename T, int N, typename F>
+__device__ __forceinline__ void each(T (&a)[N], F&& f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) each(a[i], f);
+}
+template <typename F>
+__device__ __forceinline__ void each2(float& x, float& y, F&& f) {
+    f(x, y);
+}
+template <typename T, int N, typename F>
+__device__ __forceinline__ void each2(T (&a)[N], T (&b)[N], F&& f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) each2(a[i], b[i], f);
+}
+
+// The decode kernels' butterfly (xor 16, 8, ...) adds its leaves as a complete binary tree;
+// visiting the leaves in bit-reversed order, leaf j's sum `cur` joins the finished subtrees
+// as a binary counter does: merged with as many as j + 1 has trailing zero bits, then kept
+// as the subtree of that height (st[h]: 2^h leaves). After the last leaf, cur is the root.
+// (j is a constant after unrolling, so every st[] index is too: all in registers.)
+template <int L, typename A>
+__device__ __forceinline__ void tree_push(int j, A (&st)[L], A& cur) {
+    int level = 0;
+#pragma unroll
+    for (int c = j + 1; (c & 1) == 0; c >>= 1, ++level) each2(cur, st[level], [](float& a, float& b) { a = b + a; });
+    if (level < L) each2(st[level], cur, [](float& a, float& b) { a = b; });
+}
+
 __host__ __device__ constexpr int bitrev5(int j) {
     return ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
 }
@@ -51,12 +84,7 @@ __host__ __device__ constexpr int bitrev5(int j) {
 __device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_t stride, const int8_t* const (&wr)[2][2],
                                           const uint16_t* const (&wdr)[2][2], const int8_t* const (&ar)[2],
                                           const float* const (&adr)[2][2], uint32_t tig, float (&acc)[2][2][4]) {
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+    each(acc, [](float& x) { x = 0.0f; });
     const uint64_t nb = p.K / 32;
     for (uint64_t b = first; b < nb; b += stride) {
         const uint64_t k = b * 32 + tig * 4;
@@ -126,54 +154,22 @@ __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
         for (int c = 0; c < 2; ++c)
             adr[nt][c] = p.ad + uint64_t(min(n0 + nt * 8 + 2 * tig + c, p.R - 1)) * (p.AL / 32) + goff / 32;
     }
-    // The butterfly's tree, leaf by leaf: after leaf j, merge as many levels as j + 1 has
-    // trailing zero bits (a binary counter); st[i] holds a finished subtree of 2^i leaves.
+    // Each warp's butterfly tree over its 32 lanes (tree_push), in the block's warp order.
     float st[5][2][2][4];
     float cur[2][2][4], total[2][2][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) total[mt][nt][e] = 0.0f;
+    each(total, [](float& x) { x = 0.0f; });
     for (int w = 0; w < WT / 32; ++w) {
         if (uint64_t(32 * w) < nb) {
 #pragma unroll
             for (int j = 0; j < 32; ++j) {
                 leaf_sums(p, uint64_t(32 * w + bitrev5(j)), WT, wr, wdr, ar, adr, tig, cur);
-                int level = 0;
-#pragma unroll
-                for (int c = j + 1; (c & 1) == 0; c >>= 1, ++level)
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) cur[mt][nt][e] = st[level][mt][nt][e] + cur[mt][nt][e];
-                if (level < 5)
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) st[level][mt][nt][e] = cur[mt][nt][e];
+                tree_push(j, st, cur);
             }
         } else {
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) cur[mt][nt][e] = 0.0f;   // a warp with no blocks
+            each(cur, [](float& x) { x = 0.0f; });   // a warp with no blocks
         }
         // one warp per row: its sum is the result; wide blocks: 0 + warp 0 + warp 1 + ...
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    total[mt][nt][e] = WT == 32 ? cur[mt][nt][e] : total[mt][nt][e] + cur[mt][nt][e];
+        each2(total, cur, [](float& t, float& c) { t = WT == 32 ? c : t + c; });
     }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -287,14 +283,7 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
 #pragma unroll
         for (int jj = 0; jj < 8; ++jj) {
             const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = 0.0f;
+            each(cur, [](float& x) { x = 0.0f; });
             for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += 8) {
                 int isum[NW][MT][NT][4], mins[MT][NT][4];
 #pragma unroll
@@ -419,26 +408,7 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                     }
                 }
             }
-            int level = 0;
-#pragma unroll
-            for (int c = jj + 1; (c & 1) == 0; c >>= 1, ++level)
-#pragma unroll
-                for (int j = 0; j < NW; ++j)
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) cur[j][mt][nt][e] = st[level][j][mt][nt][e] + cur[j][mt][nt][e];
-            if (level < 3)
-#pragma unroll
-                for (int j = 0; j < NW; ++j)
-#pragma unroll
-                    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) st[level][j][mt][nt][e] = cur[j][mt][nt][e];
+            tree_push(jj, st, cur);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)

@@ -551,34 +551,7 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
             for (int i = 0; i < RB; ++i) {
                 if (i >= sl.n) break;
                 const int8_t* a = p.aq + sl.act[i] * AL + (ok ? sb : 0) * 256;
-                if constexpr (T == T_IQ2_XXS && RB > 1) {
-                    // several slots share each weight row: its codes were expanded to signed
-                    // bytes once (wx), so a slot costs 16 dp4a
-                    const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
-                    const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
-                    const int aw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
-                                        x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
-#pragma unroll
-                    for (int r = 0; r < RW; ++r)
-#pragma unroll
-                        for (int j = 0; j < NW; ++j) {
-                            int s0 = 0, s1 = 0;
-#pragma unroll
-                            for (int t = 0; t < 8; ++t) {
-                                s0 = __dp4a(int(wx[st][r][j][t]), aw[t], s0);
-                                s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
-                            }
-                            const uint4 w = wv[st][r][j];
-                            int isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
-                            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-                            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-                            if (ok && q == 0) {
-                                const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
-                                acc[r][j][i] = fmaf(dw * dx, float(isum), acc[r][j][i]);
-                            }
-                        }
-                } else if constexpr (T == T_IQ2_XXS) {
+                if constexpr (T == T_IQ2_XXS) {
                     // groups 2q and 2q+1: 64 activation codes
                     const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
                     const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
@@ -588,7 +561,22 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
 #pragma unroll
                         for (int j = 0; j < NW; ++j) {
                             const uint4 w = wv[st][r][j];
-                            int isum = iq2_group(w.x, w.y, x0, x1, p.iq2_alu) + iq2_group(w.z, w.w, x2, x3, p.iq2_alu);
+                            int isum;
+                            if constexpr (RB > 1) {
+                                // several slots share each weight row: its codes were expanded
+                                // to signed bytes once (wx), so a slot costs 16 dp4a
+                                const int aw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
+                                                    x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+                                int s0 = 0, s1 = 0;
+#pragma unroll
+                                for (int t = 0; t < 8; ++t) {
+                                    s0 = __dp4a(int(wx[st][r][j][t]), aw[t], s0);
+                                    s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
+                                }
+                                isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
+                            } else {
+                                isum = iq2_group(w.x, w.y, x0, x1, p.iq2_alu) + iq2_group(w.z, w.w, x2, x3, p.iq2_alu);
+                            }
                             isum += __shfl_xor_sync(0xffffffffu, isum, 1);
                             isum += __shfl_xor_sync(0xffffffffu, isum, 2);
                             if (ok && q == 0) {
