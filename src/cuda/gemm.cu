@@ -47,6 +47,10 @@ template <typename F>
 __device__ __forceinline__ void each(float& x, F&& f) {
     f(x);
 }
+template <typename F>
+__device__ __forceinline__ void each(int& x, F&& f) {
+    f(x);
+}
 template <typename T, int N, typename F>
 __device__ __forceinline__ void each(T (&a)[N], F&& f) {
 #pragma unroll
@@ -286,16 +290,8 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
             each(cur, [](float& x) { x = 0.0f; });
             for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += 8) {
                 int isum[NW][MT][NT][4], mins[MT][NT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            mins[mt][nt][e] = 0;
-#pragma unroll
-                            for (int j = 0; j < NW; ++j) isum[j][mt][nt][e] = 0;
-                        }
+                each(isum, [](int& x) { x = 0; });
+                each(mins, [](int& x) { x = 0; });
                 if constexpr (T == T_IQ2_XXS) {
 #pragma unroll 1
                     for (int grp32 = 0; grp32 < 8; ++grp32) {
