@@ -85,7 +85,8 @@ __host__ __device__ constexpr int bitrev5(int j) {
 
 // The "lane" sums of one leaf: blocks l, l + 32, ... for this thread's 2 × 2 tiles
 // (16 values: tile (mt, nt), element e of the MMA's accumulator layout).
-__device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_t stride, const int8_t* const (&wr)[2][2],
+__device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_t stride,
+                                          const int8_t* const (&wr)[2][2],
                                           const uint16_t* const (&wdr)[2][2], const int8_t* const (&ar)[2],
                                           const float* const (&adr)[2][2], uint32_t tig, float (&acc)[2][2][4]) {
     each(acc, [](float& x) { x = 0.0f; });
@@ -309,7 +310,8 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                                 uint32_t a0w[2], a1w[2];
 #pragma unroll
                                 for (int h = 0; h < 2; ++h) {
-                                    const uint2 q = *reinterpret_cast<const uint2*>(wr[j][mt][h] + sb * BODY + 8 * grp32);
+                                    const uint8_t* gq = wr[j][mt][h] + sb * BODY + 8 * grp32;
+                                    const uint2 q = *reinterpret_cast<const uint2*>(gq);
                                     a0w[h] = q.x;
                                     a1w[h] = q.y;
                                 }
@@ -336,7 +338,8 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) sc[mt][h] = *reinterpret_cast<const uint4*>(wr[0][mt][h] + sb * BODY);
+                        for (int h = 0; h < 2; ++h)
+                            sc[mt][h] = *reinterpret_cast<const uint4*>(wr[0][mt][h] + sb * BODY);
 #pragma unroll
                     for (int u = 0; u < 16; ++u) {
                         const uint32_t hh = u >> 3, jp = (u >> 1) & 3, s = u & 1;
@@ -451,7 +454,8 @@ bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                uint64_t row0, uint64_t rpg, cudaStream_t s) {
     if (R == 0 || N == 0) return;
-    if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || (rpg && rpg % kBM)) throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
+    if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || (rpg && rpg % kBM))
+        throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
     switch (decode_threads(W.K, N, false)) {

@@ -1031,7 +1031,8 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
                  uint64_t rpg, const MoeGroups* groups) {
     if (R == 0 || N == 0) return;
     const uint64_t n_groups = rpg ? (row0 + N + rpg - 1) / rpg : 1;
-    if (act_kind(W.type) != a.kind || (rpg ? a.K < n_groups * W.K : a.K != W.K)) throw_mismatch("matvec", W.type, W.K, a.K);
+    if (act_kind(W.type) != a.kind || (rpg ? a.K < n_groups * W.K : a.K != W.K))
+        throw_mismatch("matvec", W.type, W.K, a.K);
     if (row0 == 0 && gemm_kq_eligible(W, groups)) {
         gemm_kq_experts(W, nullptr, a, R, y, y_stride, N, rows_per_expert, act_div, *groups, 0.0f, nullptr, s);
         return;
@@ -1118,7 +1119,8 @@ uint32_t moe_groups_cap(uint32_t P, uint32_t NE, uint32_t per_group) {
 
 void moe_groups(const int32_t* experts, uint32_t P, uint32_t NE, const MoeGroups& g, cudaStream_t s) {
     if (P == 0) return;
-    if (g.cap < moe_groups_cap(P, NE, g.per_group)) throw_too_small("MoE pair groups", moe_groups_cap(P, NE, g.per_group), g.cap);
+    const uint32_t need = moe_groups_cap(P, NE, g.per_group);
+    if (g.cap < need) throw_too_small("MoE pair groups", need, g.cap);
     moe_groups_kernel<<<1, 1024, 4 * NE * sizeof(int32_t), s>>>(experts, P, NE, g.per_group, g.grp, g.pairs, g.count);
     check_launch("moe_groups");
 }
