@@ -434,20 +434,18 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
 }  // namespace
 
 namespace {
-// The threads matvec gives one row of this product in decode (matvec.cu's launch_rb).
-int decode_threads(uint64_t K, uint64_t N, bool expert) {
-    if (!expert && N <= 1024 && K >= 8192) return 1024;
-    if (!expert && N <= 1024 && K >= 2048) return 256;
-    return 32;
-}
-}  // namespace
-
-bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
+// DSV4_CUDA_TC=0 keeps every product on the decode kernels (measurements).
+bool tensor_cores_on() {
     static const bool on = [] {
         const char* e = std::getenv("DSV4_CUDA_TC");
         return !e || e[0] != '0';
     }();
-    return on && W.type == T_Q8_0 && !expert && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
+    return on;
+}
+}  // namespace
+
+bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
+    return tensor_cores_on() && W.type == T_Q8_0 && !expert && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
            (rpg == 0 || rpg % kBM == 0);
 }
 
@@ -458,7 +456,7 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
-    switch (decode_threads(W.K, N, false)) {
+    switch (decode_row_threads(W.K, N, false)) {
         case 1024: gemm_q8_0_kernel<1024><<<grid, 128, 0, s>>>(p); break;
         case 256: gemm_q8_0_kernel<256><<<grid, 128, 0, s>>>(p); break;
         default: gemm_q8_0_kernel<32><<<grid, 128, 0, s>>>(p); break;
@@ -469,11 +467,7 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
 uint32_t gemm_kq_pairs() { return kKqPairs; }
 
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups) {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_CUDA_TC");
-        return !e || e[0] != '0';
-    }();
-    return on && groups && groups->per_group == kKqPairs && (W.type == T_IQ2_XXS || W.type == T_Q2_K) &&
+    return tensor_cores_on() && groups && groups->per_group == kKqPairs && (W.type == T_IQ2_XXS || W.type == T_Q2_K) &&
            W.K % 256 == 0;
 }
 

@@ -101,6 +101,10 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
             cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
             const MoeGroups* groups = nullptr);
 
+// Threads matvec gives one output row in decode (a warp: 32; few long rows: a block of 256
+// or 1,024). The tensor-core products follow the order of sums this implies.
+uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert);
+
 // Q8_0 products of R >= 16 rows on the tensor cores, bit for bit what matvec gives (see
 // gemm.cu); matvec calls it itself where eligible. DSV4_CUDA_TC=0 turns it off.
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert);

@@ -5,7 +5,7 @@
 // weight row once per RB rows.
 #include <algorithm>
 #include <cstdlib>
-#include <string>
+#include <utility>
 
 #include "cuda/common.cuh"
 
@@ -129,7 +129,6 @@ struct MV {
     const int32_t* grp_pairs;
     const int32_t* n_grp;
     uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
-    bool iq2_alu;        // IQ2_XXS sign masks computed rather than looked up
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -435,22 +434,12 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
 // IQ2_XXS: the 32 signed code bytes of one group as 8 words for dp4a: 4 grid rows of 8
 // magnitudes with their signs (bytes negated as (v ^ m) + (m & 1): exact, grid bytes are 8,
 // 25 or 43, never 0).
-// alu: the sign masks computed (bits spread to bytes by a multiply) instead of looked up,
-// trading 8 integer operations for a scattered L1 load (DSV4_IQ2_SIGNS=alu, measurements).
-__device__ __forceinline__ void iq2_expand(uint32_t a0, uint32_t a1, uint32_t* w, bool alu = false) {
+__device__ __forceinline__ void iq2_expand(uint32_t a0, uint32_t a1, uint32_t* w) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         const uint64_t gv = __ldg(&g_iq2_grid[(a0 >> (8 * l)) & 0xFF]);
-        uint32_t m0, m1;
-        if (alu) {
-            const uint32_t s7 = (a1 >> (7 * l)) & 127, sg = s7 | ((__popc(s7) & 1u) << 7);
-            m0 = (((sg & 0xFu) * 0x00204081u) & 0x01010101u) * 0xFFu;
-            m1 = (((sg >> 4) * 0x00204081u) & 0x01010101u) * 0xFFu;
-        } else {
-            const uint64_t m = __ldg(&g_iq2_sign[(a1 >> (7 * l)) & 127]);
-            m0 = uint32_t(m);
-            m1 = uint32_t(m >> 32);
-        }
+        const uint64_t m = __ldg(&g_iq2_sign[(a1 >> (7 * l)) & 127]);
+        const uint32_t m0 = uint32_t(m), m1 = uint32_t(m >> 32);
         w[2 * l] = (uint32_t(gv) ^ m0) + (m0 & 0x01010101u);
         w[2 * l + 1] = (uint32_t(gv >> 32) ^ m1) + (m1 & 0x01010101u);
     }
@@ -458,9 +447,9 @@ __device__ __forceinline__ void iq2_expand(uint32_t a0, uint32_t a1, uint32_t* w
 
 // The integer sum of one group against its 32 activation codes, times the group's odd scale
 // 2 * (a1 >> 28) + 1.
-__device__ __forceinline__ int iq2_group(uint32_t a0, uint32_t a1, int4 x0, int4 x1, bool alu) {
+__device__ __forceinline__ int iq2_group(uint32_t a0, uint32_t a1, int4 x0, int4 x1) {
     uint32_t w[8];
-    iq2_expand(a0, a1, w, alu);
+    iq2_expand(a0, a1, w);
     const int aw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     int sm = 0;
 #pragma unroll
@@ -540,8 +529,8 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
 #pragma unroll
                     for (int j = 0; j < NW; ++j) {
                         const uint4 w = wv[st][r][j];
-                        iq2_expand(w.x, w.y, &wx[st][r][j][0], p.iq2_alu);
-                        iq2_expand(w.z, w.w, &wx[st][r][j][8], p.iq2_alu);
+                        iq2_expand(w.x, w.y, &wx[st][r][j][0]);
+                        iq2_expand(w.z, w.w, &wx[st][r][j][8]);
                     }
         }
 #pragma unroll
@@ -551,11 +540,11 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
             for (int i = 0; i < RB; ++i) {
                 if (i >= sl.n) break;
                 const int8_t* a = p.aq + sl.act[i] * AL + (ok ? sb : 0) * 256;
+                const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
                 if constexpr (T == T_IQ2_XXS) {
                     // groups 2q and 2q+1: 64 activation codes
                     const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
                     const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
-                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
 #pragma unroll
                     for (int r = 0; r < RW; ++r)
 #pragma unroll
@@ -575,7 +564,7 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
                                 }
                                 isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
                             } else {
-                                isum = iq2_group(w.x, w.y, x0, x1, p.iq2_alu) + iq2_group(w.z, w.w, x2, x3, p.iq2_alu);
+                                isum = iq2_group(w.x, w.y, x0, x1) + iq2_group(w.z, w.w, x2, x3);
                             }
                             isum += __shfl_xor_sync(0xffffffffu, isum, 1);
                             isum += __shfl_xor_sync(0xffffffffu, isum, 2);
@@ -595,7 +584,6 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
                         x[jj] = *reinterpret_cast<const int4*>(a + 128 * h + 32 * jj + 16 * s);
                         bs[jj] = ok ? p.absum[sl.act[i] * (AL / 16) + sb * 16 + 8 * h + 2 * jj + s] : 0;
                     }
-                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
 #pragma unroll
                     for (int r = 0; r < RW; ++r)
 #pragma unroll
@@ -670,139 +658,11 @@ void launch_kq(const MV& p, cudaStream_t s) {
     else kq_kernel<T, 1, NW, 1, 2><<<grid, block, 0, s>>>(p);
 }
 
-// ---- Q8_0, one activation row (decode) -------------------------------------------------------
-// matvec_kernel's Q8_0 arithmetic for a single slot, with each warp taking RW rows and every
-// lane issuing the loads of CH blocks per row before any arithmetic: one row of K <= 1,024
-// values is one 32-byte load per lane, too little in flight to keep the memory busy. Per
-// row and lane the blocks are summed in the same order (b = lane, lane + 32, ...), so the
-// result is matvec_kernel's bit for bit.
-template <int NW, int RW, int CH>
-__global__ void __launch_bounds__(256) q8_rows_kernel(MV p) {
-    const uint32_t lane = threadIdx.x & 31;
-    const uint64_t n0 = (uint64_t(blockIdx.x) * 8 + (threadIdx.x >> 5)) * RW;
-    if (n0 >= p.N) return;
-    Slots<1> sl;
-    if (!get_slots<1>(p, sl)) return;
-    const uint64_t K = p.K, nb = K / 32, AL = p.act_len;
-    const int nrow = int(min(uint64_t(RW), p.N - n0));
-    // grouped product: the launcher keeps a warp's rows inside one group
-    const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * K : 0;
-    const int8_t* aq = p.aq + sl.act[0] * AL + goff;
-    const float* ad = p.ad + sl.act[0] * (AL / 32) + goff / 32;
-    const int8_t* wq[RW][NW];
-    const uint16_t* wd[RW][NW];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        const uint64_t wrow = sl.wbase + p.row0 + n0 + uint64_t(min(r, nrow - 1));
-        wq[r][0] = p.wqs + wrow * K;
-        wd[r][0] = p.wd + wrow * nb;
-        if constexpr (NW == 2) {
-            wq[r][NW - 1] = p.wqs2 + wrow * K;
-            wd[r][NW - 1] = p.wd2 + wrow * nb;
-        }
-    }
-    float acc[RW][NW];
-#pragma unroll
-    for (int r = 0; r < RW; ++r)
-#pragma unroll
-        for (int j = 0; j < NW; ++j) acc[r][j] = 0.0f;
-    for (uint64_t c0 = 0; c0 < nb; c0 += 32 * CH) {
-        int4 w0[CH][RW][NW], w1[CH][RW][NW];
-        uint16_t dw[CH][RW][NW];
-#pragma unroll
-        for (int c = 0; c < CH; ++c) {
-            const uint64_t b = c0 + lane + 32 * c;
-#pragma unroll
-            for (int r = 0; r < RW; ++r)
-#pragma unroll
-                for (int j = 0; j < NW; ++j) {
-                    if (b < nb) {
-                        const int4* w4 = reinterpret_cast<const int4*>(wq[r][j] + b * 32);
-                        w0[c][r][j] = w4[0];
-                        w1[c][r][j] = w4[1];
-                        dw[c][r][j] = wd[r][j][b];
-                    } else {
-                        w0[c][r][j] = w1[c][r][j] = make_int4(0, 0, 0, 0);
-                        dw[c][r][j] = 0;
-                    }
-                }
-        }
-#pragma unroll
-        for (int c = 0; c < CH; ++c) {
-            const uint64_t b = c0 + lane + 32 * c;
-            if (b >= nb) break;
-            const int4* a4 = reinterpret_cast<const int4*>(aq + b * 32);
-            const int4 a0 = a4[0], a1 = a4[1];
-            const float da = ad[b];
-#pragma unroll
-            for (int r = 0; r < RW; ++r)
-#pragma unroll
-                for (int j = 0; j < NW; ++j) {
-                    const int4 x = w0[c][r][j], y = w1[c][r][j];
-                    int sm = __dp4a(x.x, a0.x, 0);
-                    sm = __dp4a(x.y, a0.y, sm);
-                    sm = __dp4a(x.z, a0.z, sm);
-                    sm = __dp4a(x.w, a0.w, sm);
-                    sm = __dp4a(y.x, a1.x, sm);
-                    sm = __dp4a(y.y, a1.y, sm);
-                    sm = __dp4a(y.z, a1.z, sm);
-                    sm = __dp4a(y.w, a1.w, sm);
-                    acc[r][j] = fmaf(f16_to_f32(dw[c][r][j]) * da, float(sm), acc[r][j]);
-                }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        if (r >= nrow) break;
-        float v = warp_sum(acc[r][0]);
-        if constexpr (NW == 2) v = swiglu_pair(v, warp_sum(acc[r][NW - 1]), p.clamp, p.ew, sl.out[0]);
-        if (lane == 0) p.y[uint64_t(sl.out[0]) * p.y_stride + n0 + r] = v;
-    }
-}
-
-// DSV4_Q8_ROWS=0 turns q8_rows_kernel off (measurements).
-bool q8_rows_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_Q8_ROWS");
-        return !e || e[0] != '0';
-    }();
-    return on;
-}
-
-// Loads in flight per lane: CH blocks of RW rows of NW weights, at most 8 block pairs.
-template <int NW>
-void launch_q8_rows(const MV& p, cudaStream_t s) {
-    const uint64_t per_lane = (p.K / 32 + 31) / 32;
-    const int ch = per_lane >= 4 ? 4 : per_lane >= 2 ? 2 : 1;
-    int rw = std::min(4, std::max(1, 8 / (ch * NW)));
-    while (p.rpg && p.rpg % uint64_t(rw)) rw /= 2;
-    const uint32_t rows_per_block = 8 * uint32_t(rw);
-    const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block), p.R), block(256);
-    if (ch == 4) {
-        if (NW == 1 && rw >= 2) q8_rows_kernel<1, 2, 4><<<grid, block, 0, s>>>(p);
-        else q8_rows_kernel<NW, 1, 4><<<grid, block, 0, s>>>(p);
-    } else if (ch == 2) {
-        if (rw >= 4) q8_rows_kernel<NW, 4, 2><<<grid, block, 0, s>>>(p);
-        else if (rw >= 2) q8_rows_kernel<NW, 2, 2><<<grid, block, 0, s>>>(p);
-        else q8_rows_kernel<NW, 1, 2><<<grid, block, 0, s>>>(p);
-    } else {
-        if (rw >= 4) q8_rows_kernel<NW, 4, 1><<<grid, block, 0, s>>>(p);
-        else if (rw >= 2) q8_rows_kernel<NW, 2, 1><<<grid, block, 0, s>>>(p);
-        else q8_rows_kernel<NW, 1, 1><<<grid, block, 0, s>>>(p);
-    }
-}
-
 template <uint32_t T, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 void launch_rb2(const MV& p, cudaStream_t s) {
     const dim3 block(WIDE ? WT : 32 * kRowsPerBlock);
     const uint32_t gx = WIDE ? uint32_t(p.N) : uint32_t((p.N + kRowsPerBlock - 1) / kRowsPerBlock);
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
-    if constexpr (T == T_Q8_0 && !WIDE) {
-        if (rb == 1 && !p.grp && q8_rows_on()) {
-            launch_q8_rows<NW>(p, s);
-            return;
-        }
-    }
     const dim3 grid(gx, p.grp ? p.grp_cap : (p.R + rb - 1) / rb);
     switch (rb) {
         case 8: matvec_kernel<T, 8, VEC, WIDE, WT, NW><<<grid, block, 0, s>>>(p); break;
@@ -816,9 +676,11 @@ void launch_rb2(const MV& p, cudaStream_t s) {
 // threads for the longest rows, the mHC mixes of 4*4096 values).
 template <uint32_t T, bool VEC>
 void launch_rb(const MV& p, cudaStream_t s) {
-    if (!p.expert && p.N <= 1024 && p.K >= 8192) launch_rb2<T, VEC, true, 1024>(p, s);
-    else if (!p.expert && p.N <= 1024 && p.K >= 2048) launch_rb2<T, VEC, true, 256>(p, s);
-    else launch_rb2<T, VEC, false>(p, s);
+    switch (decode_row_threads(p.K, p.N, p.expert != nullptr)) {
+        case 1024: launch_rb2<T, VEC, true, 1024>(p, s); break;
+        case 256: launch_rb2<T, VEC, true, 256>(p, s); break;
+        default: launch_rb2<T, VEC, false>(p, s); break;
+    }
 }
 
 // ---- dequantisation ----------------------------------------------------------------------
@@ -927,13 +789,23 @@ __global__ void __launch_bounds__(1024) moe_groups_kernel(const int32_t* experts
 
 }  // namespace
 
+uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert) {
+    if (!expert && N <= 1024 && K >= 8192) return 1024;
+    if (!expert && N <= 1024 && K >= 2048) return 256;
+    return 32;
+}
+
 void iq2_tables(const uint64_t** grid, const uint64_t** sign) {
-    void* g = nullptr;
-    void* sg = nullptr;
-    check(cudaGetSymbolAddress(&g, g_iq2_grid), "IQ2_XXS grid");
-    check(cudaGetSymbolAddress(&sg, g_iq2_sign), "IQ2_XXS signs");
-    *grid = static_cast<const uint64_t*>(g);
-    *sign = static_cast<const uint64_t*>(sg);
+    // looked up once: the symbols' addresses do not change within the process
+    static const std::pair<const uint64_t*, const uint64_t*> t = [] {
+        void* g = nullptr;
+        void* sg = nullptr;
+        check(cudaGetSymbolAddress(&g, g_iq2_grid), "IQ2_XXS grid");
+        check(cudaGetSymbolAddress(&sg, g_iq2_sign), "IQ2_XXS signs");
+        return std::make_pair(static_cast<const uint64_t*>(g), static_cast<const uint64_t*>(sg));
+    }();
+    *grid = t.first;
+    *sign = t.second;
 }
 
 void upload_iq2xxs_grid(const uint64_t* grid) {
@@ -989,12 +861,7 @@ namespace {
 // The product's parameters; `expert`, `groups` as in kernels.h.
 MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
            const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
-    static const bool iq2_alu = [] {
-        const char* e = std::getenv("DSV4_IQ2_SIGNS");
-        return e && std::string(e) == "alu";
-    }();
     MV p{};
-    p.iq2_alu = iq2_alu;
     p.act_len = a.K;
     p.w = W.data;
     p.wqs = W.qs;
