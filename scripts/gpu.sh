@@ -48,11 +48,14 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 
 # --ncu: Nsight Compute times every kernel of 2 decode steps (4,096-token context, no graphs,
 # so no launch gaps in the numbers), then a table of device time per token by kernel.
+# NCU_CACHE=none keeps the caches warm between kernels (as in a real decode step: small
+# activations stay in L2); the default flushes them before each kernel.
 if [[ $NCU == 1 ]]; then
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "== ncu: $NCU_BIN"
   DSV4_CUDA_BENCH=1 DSV4_NCU=1 DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
-    "$NCU_BIN" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+    "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
+    --metrics gpu__time_duration.sum --csv --page raw \
     --log-file "$LOG/ncu.csv" "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.*" > "$LOG/ncu_app.log" 2>&1
   echo "ncu rc $?"; grep -E "^(run|ctx|per layer)" "$LOG/ncu_app.log"
   python3 - "$LOG/ncu.csv" <<'PY'

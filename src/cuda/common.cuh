@@ -18,6 +18,19 @@ enum : uint32_t {
     T_BF16 = 30, T_MXFP4 = 39,
 };
 
+// Programmatic dependent launch (Hopper): the first statement of every kernel. It lets the
+// next kernel of the stream be launched now (its blocks then wait in their own pdl_begin),
+// then waits until the kernels this one depends on have finished and their writes are
+// visible. Launch latency hides behind the running kernel; both are no-ops for kernels
+// launched without a programmatic dependency (eager runs; graphs with DSV4_CUDA_PDL=0).
+// Every kernel must call it before touching global memory: a dependent may start early.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;

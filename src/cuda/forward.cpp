@@ -34,6 +34,33 @@ bool env_on(const char* name, bool def) {
 const bool g_timing_on = env_on("DSV4_CUDA_TIMING", false);
 bool g_profile_on = env_on("DSV4_CUDA_PROFILE", false);
 const bool g_graphs_on = env_on("DSV4_CUDA_GRAPHS", true);
+
+// Decode graphs: every edge from one kernel node to another becomes a programmatic
+// dependency, so the dependent is launched while its predecessor runs and waits inside
+// (pdl_begin, the first statement of every kernel) instead of after it: each of the ~30
+// kernel boundaries on a layer's critical path stops paying a full launch latency.
+// DSV4_CUDA_PDL=0 keeps plain edges (read at each capture, so one process can compare).
+bool pdl_on() { return env_on("DSV4_CUDA_PDL", true); }
+void programmatic_edges(cudaGraph_t g) {
+    size_t n = 0;
+    check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
+    std::vector<cudaGraphNode_t> from(n), to(n);
+    std::vector<cudaGraphEdgeData> data(n);
+    check(cudaGraphGetEdges(g, from.data(), to.data(), data.data(), &n), "graph edges");
+    auto is_kernel = [](cudaGraphNode_t node) {
+        cudaGraphNodeType t{};
+        check(cudaGraphNodeGetType(node, &t), "graph node type");
+        return t == cudaGraphNodeTypeKernel;
+    };
+    for (size_t i = 0; i < n; ++i) {
+        if (data[i].type != cudaGraphDependencyTypeDefault || !is_kernel(from[i]) || !is_kernel(to[i])) continue;
+        check(cudaGraphRemoveDependencies(g, &from[i], &to[i], &data[i], 1), "graph edge");
+        cudaGraphEdgeData pe{};
+        pe.from_port = cudaGraphKernelNodePortProgrammatic;
+        pe.type = cudaGraphDependencyTypeProgrammatic;
+        check(cudaGraphAddDependencies(g, &from[i], &to[i], &pe, 1), "programmatic graph edge");
+    }
+}
 std::vector<ProfileEntry> g_profile;
 
 // A device buffer that only grows (contents are not kept across growth).
@@ -399,14 +426,14 @@ private:
     DBuf<float> qra_d_;
     DBuf<int32_t> qra_b_;
     ActBuf qra_;
-    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width) ->
+    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width, PDL) ->
     // the layers and the head, captured on the second round of that shape.
     struct Graphs {
         cudaGraphExec_t layers = nullptr, head = nullptr;
         uint64_t gen = 0;
         bool seen = false;
     };
-    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t>, Graphs> graphs_;
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool>, Graphs> graphs_;
     uint64_t gen_ = 0;
     // Pinned staging for the per-round uploads.
     uint8_t* pinned_ = nullptr;
@@ -900,9 +927,10 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         ev_next_ = 0;
         if (profiling_) mark("start");
         const bool graphable = g_graphs_on && !profiling_ && R <= 64 && NW <= slice;
+        const bool pdl = graphable && pdl_on();
         Graphs* gr = nullptr;
         if (graphable) {
-            gr = &graphs_[{R, S, NW, vis_ld_}];
+            gr = &graphs_[{R, S, NW, vis_ld_, pdl}];
             if (gr->layers && gr->gen != gen_) {
                 cudaGraphExecDestroy(gr->layers);
                 if (gr->head) cudaGraphExecDestroy(gr->head);
@@ -916,6 +944,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
                     body();
                     check(cudaStreamEndCapture(stream_, &g), "graph capture");
+                    if (pdl) programmatic_edges(g);
                     cudaGraphExec_t e = nullptr;
                     check(cudaGraphInstantiate(&e, g, 0), "graph instantiate");
                     cudaGraphDestroy(g);

@@ -133,6 +133,7 @@ __device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_
 // blocks, whose warps' butterfly sums are then added one after another from 0).
 template <int WT>
 __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
+    pdl_begin();
     const uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const uint32_t gid = lane >> 2, tig = lane & 3;
     const uint64_t m0 = uint64_t(blockIdx.x) * kBM + (warp & 1) * 32;   // weight rows of this warp
@@ -243,6 +244,7 @@ constexpr int kq_nt() { return T == T_IQ2_XXS ? 4 : 2; }
 
 template <uint32_t T, int NW>
 __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
+    pdl_begin();
     constexpr int MT = kq_mt<T>(), NT = kq_nt<T>();
     constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80, AUX = T == T_IQ2_XXS ? 1 : 2;
     const uint32_t gi = blockIdx.y;

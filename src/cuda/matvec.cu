@@ -38,6 +38,7 @@ __device__ __forceinline__ int8_t q_clamp(float v) {
 // One warp per 32-value block.
 __global__ void quant_q8_0_kernel(const float* __restrict__ x, uint64_t x_stride, uint64_t K, int8_t* __restrict__ q,
                                   float* __restrict__ d) {
+    pdl_begin();
     const uint32_t r = blockIdx.y, lane = threadIdx.x & 31;
     const uint64_t b = uint64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= K / 32) return;
@@ -52,6 +53,7 @@ __global__ void quant_q8_0_kernel(const float* __restrict__ x, uint64_t x_stride
 // One warp per 256-value block; lane l holds values 8l .. 8l+7.
 __global__ void quant_q8_k_kernel(const float* __restrict__ x, uint64_t x_stride, uint64_t K, int8_t* __restrict__ q,
                                   float* __restrict__ d, int32_t* __restrict__ bsum) {
+    pdl_begin();
     const uint32_t r = blockIdx.y, lane = threadIdx.x & 31;
     const uint64_t b = uint64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     if (b >= K / 256) return;
@@ -180,6 +182,7 @@ __device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
 // single-weight order of operations, then the SwiGLU of swiglu_kernel in the epilogue.
 template <uint32_t T, int RB, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
+    pdl_begin();
     constexpr uint32_t NT = WIDE ? WT : 32;   // threads sharing one output row
     const uint64_t n = WIDE ? uint64_t(blockIdx.x) : uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const uint32_t lane = WIDE ? threadIdx.x : (threadIdx.x & 31);
@@ -461,6 +464,7 @@ constexpr int kKqWarps = 8;   // warps per block of kq_kernel
 
 template <uint32_t T, int RB, int NW, int RW, int PS>
 __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
+    pdl_begin();
     constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80;   // repacked bytes per super-block
     constexpr uint32_t CODES = T == T_IQ2_XXS ? 0 : 16;   // where its codes start
     constexpr uint32_t AUX = T == T_IQ2_XXS ? 1 : 2;      // f16 scales per super-block
@@ -738,12 +742,14 @@ __device__ float weight_elem(const DevWeight& W, uint64_t row, uint64_t i) {
 }
 
 __global__ void dequant_rows_kernel(DevWeight W, uint64_t r0, float* dst) {
+    pdl_begin();
     const uint64_t row = r0 + blockIdx.y;
     for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < W.K; i += uint64_t(gridDim.x) * blockDim.x)
         dst[uint64_t(blockIdx.y) * W.K + i] = weight_elem(W, row, i);
 }
 
 __global__ void embed_kernel(DevWeight W, const DevRow* rows, uint32_t E, uint32_t H, float* X) {
+    pdl_begin();
     const uint32_t r = blockIdx.y;
     const uint64_t tok = uint64_t(rows[r].token);
     for (uint32_t e = blockIdx.x * blockDim.x + threadIdx.x; e < E; e += gridDim.x * blockDim.x) {
@@ -757,6 +763,7 @@ __global__ void embed_kernel(DevWeight W, const DevRow* rows, uint32_t E, uint32
 // atomics give: each pair's result is computed alone, so it does not matter.
 __global__ void __launch_bounds__(1024) moe_groups_kernel(const int32_t* experts, uint32_t P, uint32_t NE, uint32_t GB,
                                                          int32_t* grp, int32_t* pairs, int32_t* count) {
+    pdl_begin();
     extern __shared__ int32_t sh[];
     int32_t *cnt = sh, *off = sh + NE, *gof = sh + 2 * NE, *fill = sh + 3 * NE;
     for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) cnt[e] = fill[e] = 0;

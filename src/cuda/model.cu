@@ -83,6 +83,7 @@ __device__ void hadamard_block(float* x, uint32_t n) {
 
 __global__ void rms_norm_kernel(const float* x, uint64_t xs, float* y, uint64_t ys, uint32_t n, float eps,
                                 const float* w) {
+    pdl_begin();
     rms_norm_block(x + blockIdx.x * xs, y + blockIdx.x * ys, n, eps, w);
 }
 
@@ -90,6 +91,7 @@ __global__ void rms_norm_kernel(const float* x, uint64_t xs, float* y, uint64_t 
 // not a long chain of dependent loads.
 __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(const float* x, uint64_t xs, float* y, uint64_t ys,
                                                             uint32_t n, float eps, const float* w) {
+    pdl_begin();
     const float4* x4 = reinterpret_cast<const float4*>(x + blockIdx.x * xs);
     float4* y4 = reinterpret_cast<float4*>(y + blockIdx.x * ys);
     const float4* w4 = reinterpret_cast<const float4*>(w);
@@ -188,6 +190,7 @@ __device__ void sinkhorn_row(const float* m, const float* scale, const float* ba
 __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, const float* scale, const float* base, const float* X,
                                      uint32_t H, uint32_t E, float eps, uint32_t iters, float* post, float* comb,
                                      float* x_sub, const float* norm_w, float rms_eps, float* xn, bool sinkhorn) {
+    pdl_begin();
     const uint32_t r = blockIdx.x, M = 2 * H + H * H;
     __shared__ float pre_s[16];
     const float* m = mix + uint64_t(r) * M;
@@ -241,6 +244,7 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
 
 __global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const float* base, uint32_t H, float eps,
                                    uint32_t iters, float* comb) {
+    pdl_begin();
     const uint32_t r = blockIdx.x;
     sinkhorn_row(mix + uint64_t(r) * (2 * H + H * H), scale, base, H, eps, iters, comb + r * H * H);
 }
@@ -249,6 +253,7 @@ __global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const f
 // outputs of the row, added in expert-slot order (the MoE combine, folded in here).
 __global__ void hc_post_kernel(float* X, const float* y, const float* post, const float* comb, uint32_t H,
                                uint32_t E, const float* moe_down, uint32_t K, bool y_init) {
+    pdl_begin();
     const uint32_t r = blockIdx.y;
     const uint32_t e = blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= E) return;
@@ -272,6 +277,7 @@ __global__ void hc_post_kernel(float* X, const float* y, const float* post, cons
 
 __global__ void __launch_bounds__(1024) output_collapse_kernel(const float* pre, const float* scale, const float* base, const float* X,
                                        const uint32_t* want, uint32_t H, uint32_t E, float eps, float* x) {
+    pdl_begin();
     const uint32_t i = blockIdx.x;
     __shared__ float wgt[16];
     if (threadIdx.x < H)
@@ -287,6 +293,7 @@ __global__ void __launch_bounds__(1024) output_collapse_kernel(const float* pre,
 }
 
 __global__ void gather_rows_kernel(const float* X, uint64_t n, const uint32_t* want, float* dst) {
+    pdl_begin();
     const uint32_t i = blockIdx.y;
     for (uint64_t k = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += uint64_t(gridDim.x) * blockDim.x)
         dst[uint64_t(i) * n + k] = X[uint64_t(want[i]) * n + k];
@@ -294,6 +301,7 @@ __global__ void gather_rows_kernel(const float* X, uint64_t n, const uint32_t* w
 
 __global__ void head_norm_rope_kernel(float* q, uint32_t n_head, uint32_t D, uint32_t n_rot, float eps, bool norm,
                                       bool inverse, const double* inv_freq, const DevRow* rows) {
+    pdl_begin();
     const uint32_t r = blockIdx.x / n_head;
     float* qh = q + uint64_t(blockIdx.x) * D;
     if (norm) rms_norm_block(qh, qh, D, eps, nullptr);
@@ -303,6 +311,7 @@ __global__ void head_norm_rope_kernel(float* q, uint32_t n_head, uint32_t D, uin
 __global__ void kv_finalize_kernel(float* kvr, uint32_t D, uint32_t n_rot, float eps, const float* norm_w,
                                    const double* inv_freq, const DevRow* rows, bool official, uint32_t n_nope,
                                    const DevLayerKV* lkv, uint32_t n_layer, uint32_t il) {
+    pdl_begin();
     const uint32_t r = blockIdx.x;
     float* x = kvr + uint64_t(r) * D;
     rms_norm_block(x, x, D, eps, norm_w);
@@ -323,6 +332,7 @@ __global__ void compressor_state_kernel(const float* kvp, const float* scp, cons
                                         const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t ratio,
                                         uint32_t D, bool indexer, const DevLayerKV* lkv, uint32_t n_layer,
                                         uint32_t il, float* pooled) {
+    pdl_begin();
     const uint32_t s = blockIdx.y;
     const uint32_t d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d >= D) return;
@@ -379,6 +389,7 @@ __global__ void compressor_emit_kernel(const float* pooled, const DevRow* rows, 
                                        uint32_t n_rot, uint32_t n_nope, float eps, const float* norm_w,
                                        const double* inv_freq, bool indexer, bool official, const DevLayerKV* lkv,
                                        uint32_t n_layer, uint32_t il) {
+    pdl_begin();
     extern __shared__ float xs[];
     const uint32_t r = blockIdx.x;
     const int64_t pos = rows[r].pos;
@@ -403,6 +414,7 @@ __global__ void compressor_emit_kernel(const float* pooled, const DevRow* rows, 
 
 __global__ void indexer_q_prep_kernel(float* qi, float* wi, uint32_t NH, uint32_t DI, uint32_t n_rot,
                                       const double* inv_freq, const DevRow* rows, bool official, float wscale) {
+    pdl_begin();
     extern __shared__ float xs[];
     const uint32_t r = blockIdx.x / NH;
     float* qh = qi + uint64_t(blockIdx.x) * DI;
@@ -422,6 +434,7 @@ constexpr uint32_t kScoreTile = 16;   // compressed rows per indexer-score block
 __global__ void indexer_scores_kernel(const float* qi, const float* wi, uint32_t NH, uint32_t DI, const DevRow* rows,
                                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k,
                                       float* score, uint64_t ld) {
+    pdl_begin();
     extern __shared__ float sm[];
     const uint32_t r = blockIdx.y;
     const uint64_t n_vis = uint64_t(rows[r].pos + 1) / 4;
@@ -540,6 +553,7 @@ __device__ void topk_block(const float* sc, uint32_t n, uint32_t k, uint32_t* ou
 
 __global__ void topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows, uint32_t ratio, uint32_t k,
                                    uint32_t* sel) {
+    pdl_begin();
     const uint32_t r = blockIdx.x;
     const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
     if (n <= k) return;
@@ -547,6 +561,7 @@ __global__ void topk_select_kernel(const float* score, uint64_t ld, const DevRow
 }
 
 __global__ void topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel) {
+    pdl_begin();
     topk_block(score, n, k, sel);
 }
 
@@ -639,6 +654,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                       uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
                       const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
                       uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml) {
+    pdl_begin();
     extern __shared__ float4 sm4[];
     const uint32_t DP = D + kAttnPad, D4 = D / 4;
     float* q_s = reinterpret_cast<float*>(sm4);      // kAttnHB * DP
@@ -827,6 +843,7 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
                       uint32_t top_k, const DevRow* __restrict__ rows, uint32_t r0, uint32_t max_split,
                       const float* __restrict__ part_o, const float2* __restrict__ part_ml, uint32_t n_rot,
                       const double* __restrict__ inv_freq, float* __restrict__ o) {
+    pdl_begin();
     __shared__ float4 v_s[kAttnMaxD / 4];
     __shared__ float w_s[kAttnMaxSplit];
     __shared__ float inv_s;
@@ -907,6 +924,7 @@ void* attn_scratch(size_t need, cudaStream_t s) {
 __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
                               const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights,
                               int32_t* bad) {
+    pdl_begin();
     // The probabilities and the picks also live in shared memory: the weights below read
     // them back one after another, which from global memory was a chain of dependent loads.
     extern __shared__ float prob_s[];                                   // [NE]
@@ -1003,6 +1021,7 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
 
 __global__ void swiglu_kernel(const float* g, const float* u, float* mid, uint32_t F, float clamp, const float* w,
                               uint64_t total) {
+    pdl_begin();
     for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += uint64_t(gridDim.x) * blockDim.x) {
         float gv = g[i], uv = u[i];
         if (clamp > 1e-6f) {
@@ -1017,6 +1036,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, float* mid, uint32
 
 
 __global__ void sim_rows_kernel(float* x, uint32_t n, uint64_t stride, int kind) {
+    pdl_begin();
     extern __shared__ float xs[];
     float* row = x + uint64_t(blockIdx.x) * stride;
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) xs[i] = row[i];
@@ -1028,6 +1048,7 @@ __global__ void sim_rows_kernel(float* x, uint32_t n, uint64_t stride, int kind)
 }
 
 __global__ void round_kernel(const float* x, float* y, uint64_t n, bool fp8) {
+    pdl_begin();
     const uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) y[i] = fp8 ? e4m3_round_d(x[i]) : e2m1_round_d(x[i]);
 }

@@ -148,6 +148,10 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     runs.push_back(run("ctx 8K lazy", 8192, false));
     runs.push_back(run("ctx 1M lazy", 1 << 20, false));
     runs.push_back(run("ctx 1M eager", 1 << 20, true));
+    // The same decode with plain graph edges instead of programmatic ones (A/B in one run).
+    setenv("DSV4_CUDA_PDL", "0", 1);
+    runs.push_back(run("ctx 1M no PDL", 1 << 20, false));
+    unsetenv("DSV4_CUDA_PDL");
 
     // KV of the full 43-layer model at a 1M context holding a 4K conversation (accounting
     // only: regions are committed, no forward pass).
