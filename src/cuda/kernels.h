@@ -45,6 +45,10 @@ void repack_rows(uint32_t type, const uint8_t* src, uint64_t n_rows, uint64_t K,
 // any IQ2_XXS kernel (the backend does it at construction). grid: 256 u64 entries.
 void upload_iq2xxs_grid(const uint64_t* grid);
 
+// Bulk L2 prefetch of a whole weight (all its rows, codes and scales) on stream s: issues
+// the requests and returns; the bytes arrive while other work runs (prefetch.cu).
+void l2_prefetch(const DevWeight& W, cudaStream_t s);
+
 // ---- activations ----------------------------------------------------------------------
 // The activation a weight type's dot product wants (quant::traits(t).vec_dot_type):
 // floats for float weights, Q8_0 blocks (Q8_0, MXFP4), Q8_K blocks (K-quants, IQ2_XXS).

@@ -304,8 +304,27 @@ __global__ void head_norm_rope_kernel(float* q, uint32_t n_head, uint32_t D, uin
     pdl_begin();
     const uint32_t r = blockIdx.x / n_head;
     float* qh = q + uint64_t(blockIdx.x) * D;
+    if (n_rot / 2 > blockDim.x) {
+        if (norm) rms_norm_block(qh, qh, D, eps, nullptr);
+        rope_block(qh, D, n_rot, rows[r].pos, inv_freq, inverse);
+        return;
+    }
+    // The angle's double cos and sin (long dependent chains) first, so their latency runs
+    // under the norm's loads and reduction; then rope_block's operations on the values.
+    const uint32_t i = threadIdx.x;
+    float c = 0.0f, sn = 0.0f;
+    if (i < n_rot / 2) {
+        const double th = double(rows[r].pos) * inv_freq[i];
+        c = float(cos(th));
+        sn = inverse ? -float(sin(th)) : float(sin(th));
+    }
     if (norm) rms_norm_block(qh, qh, D, eps, nullptr);
-    rope_block(qh, D, n_rot, rows[r].pos, inv_freq, inverse);
+    if (i < n_rot / 2) {
+        float* t = qh + (D - n_rot);
+        const float x0 = t[2 * i], x1 = t[2 * i + 1];
+        t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+    }
 }
 
 __global__ void kv_finalize_kernel(float* kvr, uint32_t D, uint32_t n_rot, float eps, const float* norm_w,
@@ -932,11 +951,14 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
     uint8_t* taken = reinterpret_cast<uint8_t*>(sel_s + K);             // [NE]
     const uint32_t r = blockIdx.x, lane = threadIdx.x;
     float* prob = logits + uint64_t(r) * NE;
-    for (uint32_t e = lane; e < NE; e += 32) {
+    // The scores (double-precision exp and log1p, ~a hundred dependent instructions each)
+    // one per thread across the block; the picks below need one warp only.
+    for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) {
         prob_s[e] = prob[e] = sqrtf(softplus_cr(prob[e]));
         taken[e] = 0;
     }
-    __syncwarp();
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
     int32_t* sel = sel_s;
     if (tid2eid) {
         for (uint32_t k = lane; k < K; k += 32) {
@@ -1241,7 +1263,8 @@ void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bia
             cudaStream_t s) {
     if (!R) return;
     const size_t smem = NE * sizeof(float) + K * sizeof(int32_t) + NE;
-    router_kernel<<<R, 32, smem, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
+    const uint32_t threads = std::min(1024u, (NE + 31) / 32 * 32);
+    router_kernel<<<R, threads, smem, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
     check_launch("router");
 }
 

@@ -152,6 +152,9 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     setenv("DSV4_CUDA_PDL", "0", 1);
     runs.push_back(run("ctx 1M no PDL", 1 << 20, false));
     unsetenv("DSV4_CUDA_PDL");
+    setenv("DSV4_CUDA_PREFETCH", "0", 1);
+    runs.push_back(run("ctx 1M no L2pf", 1 << 20, false));
+    unsetenv("DSV4_CUDA_PREFETCH");
 
     // KV of the full 43-layer model at a 1M context holding a 4K conversation (accounting
     // only: regions are committed, no forward pass).
