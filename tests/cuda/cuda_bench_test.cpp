@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "cuda/backend_impl.h"
+#include "cuda/kernels.h"
 #include "cuda/region.h"
 #include "cuda_test_util.h"
 
@@ -189,4 +190,67 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     if (!std::getenv("DSV4_NCU")) profile(true);
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
+}
+
+// One Q8_0 decode product (one activation row) at the shapes of q_b, out_a and out_b: device
+// time cold (L2 flushed by a 256 MB write), right after a bulk L2 prefetch of the weight (synced),
+// and warm (the same product twice). Says how much of a 35 MB product is HBM bandwidth and how
+// much is fixed cost (ramp-up, tail), and whether the L2 prefetch reaches the product.
+TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    DevVec<uint8_t> flush(256u << 20);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::printf("\n== Q8_0 decode product, one row: device us (median of 15) ==\n");
+    std::printf("%-22s %8s %10s %10s %8s %10s\n", "rows x K", "MB", "cold", "prefetched", "warm", "cold TB/s");
+    const std::pair<uint64_t, uint64_t> shapes[] = {{32768, 1024}, {8192, 4096}, {4096, 8192}, {2048, 4096},
+                                                    {32768, 4096}};
+    for (auto [N, K] : shapes) {
+        std::vector<int8_t> q(N * K);
+        std::vector<uint16_t> d(N * K / 32);
+        for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t((i * 2654435761u) >> 24);
+        for (size_t i = 0; i < d.size(); ++i) d[i] = 0x2000 + uint16_t(i % 512);
+        DevVec<int8_t> dq(q);
+        DevVec<uint16_t> dd(d);
+        cuda::DevWeight w;
+        w.type = uint32_t(quant::Type::Q8_0);
+        w.K = K;
+        w.rows = N;
+        w.row_bytes = K / 32 * 34;
+        w.qs = dq.get();
+        w.d = dd.get();
+        DevVec<float> x(random_floats(K, 7));
+        DevVec<int8_t> aq(K);
+        DevVec<float> ad(K / 32 + 1);
+        DevVec<int32_t> ab(K / 16 + 1);
+        const cuda::ActBuf buf{aq.get(), ad.get(), ab.get(), K};
+        DevVec<float> y(N);
+        const cuda::DevAct a = cuda::quantize_act(w.type, x.get(), K, 1, K, buf, nullptr);
+        auto timed = [&](int mode) {
+            std::vector<float> v;
+            for (int i = 0; i < 15; ++i) {
+                cudaMemsetAsync(flush.get(), i, 256u << 20);
+                if (mode == 1) cuda::l2_prefetch(w, nullptr);
+                if (mode == 2) cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr);
+                cudaDeviceSynchronize();
+                cudaEventRecord(e0);
+                cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr);
+                cudaEventRecord(e1);
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                v.push_back(ms * 1000);
+            }
+            std::sort(v.begin(), v.end());
+            return v[v.size() / 2];
+        };
+        const double mb = double(N) * K * 34 / 32 / 1e6;
+        const double cold = timed(0), pre = timed(1), warm = timed(2);
+        char shape[32];
+        std::snprintf(shape, sizeof shape, "%llu x %llu", (unsigned long long)N, (unsigned long long)K);
+        std::printf("%-22s %8.1f %10.2f %10.2f %8.2f %10.2f\n", shape, mb, cold, pre, warm, mb / cold);
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
