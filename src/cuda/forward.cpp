@@ -41,6 +41,10 @@ const bool g_graphs_on = env_on("DSV4_CUDA_GRAPHS", true);
 // kernel boundaries on a layer's critical path stops paying a full launch latency.
 // DSV4_CUDA_PDL=0 keeps plain edges (read at each capture, so one process can compare).
 bool pdl_on() { return env_on("DSV4_CUDA_PDL", true); }
+// mHC pre in two launches spread over the GPU (hc_pre_mix + hc_pre_collapse) where the shape
+// allows; DSV4_HC_FUSED=0 keeps the three single-block-per-row launches (rms_norm, the mix
+// product, hc_pre_finish) for A/B measurement.
+const bool g_hc_spread_on = env_on("DSV4_HC_FUSED", true);
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -402,6 +406,9 @@ private:
     DBuf<float> X_, flat_, mix_, x_sub_, xn_, post_, comb_, qr_, q_, kvr_, ckv_, csc_, pooled_, ikv_, isc_, ipooled_,
         qi_, wi_, o_, low_, y_, rlog_, ew_, gate_, up_, mid_, down_, shg_, shu_, score_, logits_;
     DBuf<int32_t> experts_, bad_, grp_, grp_pairs_, grp_count_;
+    DBuf<float> hc_gate_;      // hc_pre_mix → hc_pre_collapse: per row the pre gates and the norm's scale
+    DBuf<double> hc_part_;     // hc_pre_mix's per-block partial sums
+    DBuf<uint32_t> hc_count_;  // hc_pre_mix's finished-block counters (left at 0 by every launch)
     DBuf<uint32_t> sel_, want_, sess_begin_, sess_end_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
@@ -614,17 +621,33 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     xnk_d_.ensure(vals2 / 32, "workspace", g);
     xnk_b_.ensure(vals2 / 16, "workspace", g);
     xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2};
+    hc_gate_.ensure(n * (H + 1), "workspace", g);
+    hc_part_.ensure(hc_pre_partials(R, H, E), "workspace", g);
+    if (hc_count_.ensure(hc_pre_counters(R), "workspace", g))
+        check(cudaMemsetAsync(hc_count_.get(), 0, hc_count_.size() * sizeof(uint32_t), stream_), "hc counters");
     cap_rows_ = R;
 }
 
 // mHC pre (§5.5) for every row, then the sublayer's RMSNorm: xn_.
 void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R) {
     const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, M = c_.hc_mix();
-    rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
-    mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
     // Sinkhorn (a chain of ~40 dependent normalisations) makes comb, which only hc_post at
     // the sublayer's end reads: it runs on side stream kSinkhorn beside the sublayer.
     const bool side_sinkhorn = branches_on_;
+    // The choice depends on the model alone (never on R): prefill and decode rows must agree.
+    if (g_hc_spread_on && hc_pre_spread_ok(H, E, fn, X_.get(), xn_.get(), norm_w)) {
+        hc_pre_mix(fn, X_.get(), scale, base, R, H, E, c_.hc_eps, c_.rms_eps, mix_.get(), post_.get(),
+                   hc_gate_.get(), hc_part_.get(), hc_count_.get(), stream_);
+        const cudaStream_t ss = side_sinkhorn ? side_[kSinkhorn] : stream_;
+        if (side_sinkhorn) fork(kSinkhorn);
+        hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
+        hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_);
+        xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
+        mark("hc_pre", double(M) * fn.row_bytes);
+        return;
+    }
+    rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
+    mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
     if (side_sinkhorn) {
         fork(kSinkhorn);
         hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), side_[kSinkhorn]);
