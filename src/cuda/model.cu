@@ -410,12 +410,15 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
         const double* pr = part + uint64_t(r0 + i) * NB * P + p;
         const uint32_t lo = sr * run, hi = min(NB, lo + run);
         double s = 0;
-        for (uint32_t b0 = lo; b0 < hi; b0 += 8) {
-            double v[8];
+        // Batches of 24 loads: a whole run at E = 4096 (64 blocks, runs of 22). The batch size
+        // does not change the sum (the blocks are added one by one in order; past hi, +0).
+        constexpr uint32_t kBatch = 24;
+        for (uint32_t b0 = lo; b0 < hi; b0 += kBatch) {
+            double v[kBatch];
 #pragma unroll
-            for (uint32_t j = 0; j < 8; ++j) v[j] = b0 + j < hi ? __ldcg(pr + uint64_t(b0 + j) * P) : 0.0;
+            for (uint32_t j = 0; j < kBatch; ++j) v[j] = b0 + j < hi ? __ldcg(pr + uint64_t(b0 + j) * P) : 0.0;
 #pragma unroll
-            for (uint32_t j = 0; j < 8; ++j) s += v[j];
+            for (uint32_t j = 0; j < kBatch; ++j) s += v[j];
         }
         sub[i][p][sr] = s;
     }
