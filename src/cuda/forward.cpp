@@ -41,9 +41,10 @@ const bool g_graphs_on = env_on("DSV4_CUDA_GRAPHS", true);
 // kernel boundaries on a layer's critical path stops paying a full launch latency.
 // DSV4_CUDA_PDL=0 keeps plain edges (read at each capture, so one process can compare).
 bool pdl_on() { return env_on("DSV4_CUDA_PDL", true); }
-// Decode rounds prefetch the next big Q8_0 matrices into L2 on a side branch (prefetch.cu);
-// DSV4_CUDA_PREFETCH=0 turns it off (read per round, so one process can compare).
-bool prefetch_on() { return env_on("DSV4_CUDA_PREFETCH", true); }
+// mHC pre in two launches spread over the GPU (hc_pre_mix + hc_pre_collapse) where the shape
+// allows; DSV4_HC_FUSED=0 keeps the three single-block-per-row launches (rms_norm, the mix
+// product, hc_pre_finish) for A/B measurement.
+const bool g_hc_spread_on = env_on("DSV4_HC_FUSED", true);
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -350,19 +351,7 @@ private:
     }
     // Side stream i waits for the main stream's work so far (a mid-branch dependency).
     void wait_main(uint32_t i) { fork(i); }
-    // L2 prefetch of weights the main stream reads next, on side stream kPrefetch once the
-    // main stream's work so far is done (decode rounds only: prefill reads each weight for
-    // many rows anyway). The sublayer's end joins it (end_prefetch).
-    void prefetch(std::initializer_list<const DevWeight*> ws) {
-        if (!prefetch_) return;
-        fork(kPrefetch);
-        prefetch_forked_ = true;
-        for (const DevWeight* w : ws) l2_prefetch(*w, side_[kPrefetch]);
-    }
-    void end_prefetch() {
-        if (prefetch_forked_) join(kPrefetch);
-        prefetch_forked_ = false;
-    }
+
     cudaEvent_t next_event() {
         if (ev_next_ == branch_ev_.size()) {
             cudaEvent_t e;
@@ -418,6 +407,9 @@ private:
     DBuf<float> X_, flat_, mix_, x_sub_, xn_, post_, comb_, qr_, q_, kvr_, ckv_, csc_, pooled_, ikv_, isc_, ipooled_,
         qi_, wi_, o_, low_, y_, rlog_, ew_, gate_, up_, mid_, down_, shg_, shu_, score_, logits_;
     DBuf<int32_t> experts_, bad_, grp_, grp_pairs_, grp_count_;
+    DBuf<float> hc_gate_;      // hc_pre_mix → hc_pre_collapse: per row the pre gates and the norm's scale
+    DBuf<double> hc_part_;     // hc_pre_mix's per-block partial sums
+    DBuf<uint32_t> hc_count_;  // hc_pre_mix's finished-block counters (left at 0 by every launch)
     DBuf<uint32_t> sel_, want_, sess_begin_, sess_end_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
@@ -433,25 +425,23 @@ private:
     bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
     // Branches: side streams and a pool of events reused every round (ev_next_ restarts).
-    static constexpr uint32_t kSides = 5, kSinkhorn = 3, kPrefetch = 4;
+    static constexpr uint32_t kSides = 4, kSinkhorn = 3;
     cudaStream_t side_[kSides] = {};
     std::vector<cudaEvent_t> branch_ev_;
     size_t ev_next_ = 0;
     bool branches_on_ = false;
-    bool prefetch_ = false, prefetch_forked_ = false;
     DBuf<int8_t> qra_q_;
     DBuf<float> qra_d_;
     DBuf<int32_t> qra_b_;
     ActBuf qra_;
-    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width, PDL and
-    // prefetch bits) ->
+    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width, PDL) ->
     // the layers and the head, captured on the second round of that shape.
     struct Graphs {
         cudaGraphExec_t layers = nullptr, head = nullptr;
         uint64_t gen = 0;
         bool seen = false;
     };
-    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, uint32_t>, Graphs> graphs_;
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool>, Graphs> graphs_;
     uint64_t gen_ = 0;
     // Pinned staging for the per-round uploads.
     uint8_t* pinned_ = nullptr;
@@ -632,17 +622,33 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     xnk_d_.ensure(vals2 / 32, "workspace", g);
     xnk_b_.ensure(vals2 / 16, "workspace", g);
     xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2};
+    hc_gate_.ensure(n * (H + 1), "workspace", g);
+    hc_part_.ensure(hc_pre_partials(R, H, E), "workspace", g);
+    if (hc_count_.ensure(hc_pre_counters(R), "workspace", g))
+        check(cudaMemsetAsync(hc_count_.get(), 0, hc_count_.size() * sizeof(uint32_t), stream_), "hc counters");
     cap_rows_ = R;
 }
 
 // mHC pre (§5.5) for every row, then the sublayer's RMSNorm: xn_.
 void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R) {
     const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, M = c_.hc_mix();
-    rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
-    mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
     // Sinkhorn (a chain of ~40 dependent normalisations) makes comb, which only hc_post at
     // the sublayer's end reads: it runs on side stream kSinkhorn beside the sublayer.
     const bool side_sinkhorn = branches_on_;
+    // The choice depends on the model alone (never on R): prefill and decode rows must agree.
+    if (g_hc_spread_on && hc_pre_spread_ok(H, E, fn, X_.get(), xn_.get(), norm_w)) {
+        hc_pre_mix(fn, X_.get(), scale, base, R, H, E, c_.hc_eps, c_.rms_eps, mix_.get(), post_.get(),
+                   hc_gate_.get(), hc_part_.get(), hc_count_.get(), stream_);
+        const cudaStream_t ss = side_sinkhorn ? side_[kSinkhorn] : stream_;
+        if (side_sinkhorn) fork(kSinkhorn);
+        hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
+        hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_);
+        xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
+        mark("hc_pre", double(M) * fn.row_bytes);
+        return;
+    }
+    rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
+    mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
     if (side_sinkhorn) {
         fork(kSinkhorn);
         hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), side_[kSinkhorn]);
@@ -671,10 +677,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevRow* rows = rows_dev_.get();
     const DevLayerKV* lkv = lkv_dev_.get();
 
-    // The query path's matrices stream into L2 while mHC pre (latency-bound) runs. With an
-    // indexer, its query path (longer than q_b's) gets the room: L2 holds ~50 MB.
-    if (ratio == 4) prefetch({&L.q_a, &L.kv, &L.iq_b, &L.iproj});
-    else prefetch({&L.q_a, &L.kv, &L.q_b});
     hc_pre(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, R);
     xn_acts_for({&L.q_a, &L.kv, &L.comp_kv, &L.comp_gate, &L.icomp_kv, &L.icomp_gate, &L.iproj}, R);
     // KV path: one latent row per token into the raw ring
@@ -734,7 +736,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     }
     matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
-    prefetch({&L.out_a});   // during the q norm, RoPE and the attention
     head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
     mark("q norm+rope");
     join(0);
@@ -751,7 +752,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);
     mark("out_b", double(E) * L.out_b.row_bytes);
     join(kSinkhorn);
-    end_prefetch();
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
     mark("hc_post");
 }
@@ -760,7 +760,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
 void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const DevLayer& L = layers_[il];
     const uint32_t E = c_.n_embd, H = c_.n_hc, F = c_.n_ff_exp, K = c_.n_expert_used, NE = c_.n_expert;
-    prefetch({&L.gate_inp, &L.gate_sh, &L.up_sh, &L.down_sh});
     hc_pre(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, R);
     xn_acts_for({&L.gate_inp, &L.gate_exps, &L.up_exps, &L.gate_sh, &L.up_sh}, R);
     // shared expert into y_ (the routed experts' sum is added to it below)
@@ -817,7 +816,6 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // moe + shared summed in a fixed order
     if (FS) join(0);
     join(kSinkhorn);
-    end_prefetch();
     hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_, down_.get(), K, FS != 0);
     mark("hc_post");
 }
@@ -950,14 +948,13 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         profiling_ = g_profile_on;
         marks_ = 0;
         branches_on_ = !profiling_ && env_on("DSV4_CUDA_BRANCHES", true);
-        prefetch_ = branches_on_ && R <= 64 && prefetch_on();
         ev_next_ = 0;
         if (profiling_) mark("start");
         const bool graphable = g_graphs_on && !profiling_ && R <= 64 && NW <= slice;
         const bool pdl = graphable && pdl_on();
         Graphs* gr = nullptr;
         if (graphable) {
-            gr = &graphs_[{R, S, NW, vis_ld_, uint32_t(pdl) | uint32_t(prefetch_) << 1}];
+            gr = &graphs_[{R, S, NW, vis_ld_, pdl}];
             if (gr->layers && gr->gen != gen_) {
                 cudaGraphExecDestroy(gr->layers);
                 if (gr->head) cudaGraphExecDestroy(gr->head);

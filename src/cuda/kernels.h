@@ -45,10 +45,6 @@ void repack_rows(uint32_t type, const uint8_t* src, uint64_t n_rows, uint64_t K,
 // any IQ2_XXS kernel (the backend does it at construction). grid: 256 u64 entries.
 void upload_iq2xxs_grid(const uint64_t* grid);
 
-// Bulk L2 prefetch of a whole weight (all its rows, codes and scales) on stream s: issues
-// the requests and returns; the bytes arrive while other work runs (prefetch.cu).
-void l2_prefetch(const DevWeight& W, cudaStream_t s);
-
 // ---- activations ----------------------------------------------------------------------
 // The activation a weight type's dot product wants (quant::traits(t).vec_dot_type):
 // floats for float weights, Q8_0 blocks (Q8_0, MXFP4), Q8_K blocks (K-quants, IQ2_XXS).
@@ -181,6 +177,23 @@ void hc_pre_finish(const float* mix, const float* scale, const float* base, cons
                    uint32_t E, float eps, uint32_t iters, float* post, float* comb, float* x_sub, cudaStream_t s,
                    const float* norm_w = nullptr, float rms_eps = 0.0f, float* xn = nullptr,
                    bool with_sinkhorn = true);
+// mHC pre in two launches spread over the GPU (decode is latency-bound on it): hc_pre_mix
+// forms mix (the flat RMSNorm folded into the product: r·(fn·X)), post and, per row in gate
+// [R][H+1], the pre gates and the sublayer norm's scale; hc_pre_collapse then forms
+// xn = rms_norm(Σ_h pre[h]·X[h])·norm_w. Only where hc_pre_spread_ok (n_hc = 4; fn F32, F16
+// or BF16). Scratch: part, hc_pre_partials(R, H, E) doubles; count, hc_pre_counters(R)
+// words, zero before the first launch (each launch leaves them at 0). Not bit-identical to
+// rms_norm + matvec + hc_pre_finish (other rounding of mix and of the norm's scale), but a
+// row's result does not depend on R.
+bool hc_pre_spread_ok(uint32_t H, uint32_t E, const DevWeight& fn, const float* X, const float* xn,
+                      const float* norm_w);
+uint64_t hc_pre_partials(uint32_t R, uint32_t H, uint32_t E);
+uint32_t hc_pre_counters(uint32_t R);
+void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
+                uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
+                uint32_t* count, cudaStream_t s);
+void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
+                     float* xn, cudaStream_t s);
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
                  uint32_t iters, float* comb, cudaStream_t s);
 // X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place. With moe_down ([R*K][E], the routed

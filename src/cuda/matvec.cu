@@ -426,6 +426,108 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
     }
 }
 
+// ---- Q8_0 decode: several rows per warp, every load of the warp issued at once ----------
+// A one-row product over a 35 MB Q8_0 matrix (q_b, out_a, out_b) with a warp per row left the
+// memory system underfed: q_b's rows are 1 KB (one block per lane, then the warp is done:
+// 8,192 blocks in 6 waves of set-up and reduction), out_b's 8 KB rows give only 4,096 warps
+// (0.8 waves) with 4 loads in flight each (ncu run 23: 45-52 % of DRAM bandwidth, warps
+// stalled on their loads half the time). Here a warp takes RW consecutive rows and a lane
+// the NB blocks lane, lane + 32, ... of each row, all RW * NB weight loads issued before any
+// arithmetic (~8 KB per warp in flight). Each row's sum is matvec_kernel's exactly: the
+// same blocks per lane in the same order, the same fmaf chain, the same warp butterfly, so
+// the tensor-core prefill products (gemm.cu) still equal decode bit for bit.
+constexpr int kQ8Warps = 4;   // warps per block of q8_rows_kernel
+
+template <int RW, int NB, int NW>
+__global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
+    pdl_begin();
+    const uint32_t lane = threadIdx.x & 31;
+    const uint64_t n0 = (uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5)) * RW;
+    if (n0 >= p.N) return;
+    const uint64_t K = p.K;
+    // rows of one warp share their activation group (launch checks rpg % RW == 0)
+    const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * K : 0;
+    const int nrow = int(min(uint64_t(RW), p.N - n0));
+    int4 w0[RW][NW][NB], w1[RW][NW][NB];
+    uint16_t wd[RW][NW][NB];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        const uint64_t wrow = p.row0 + n0 + uint64_t(min(r, nrow - 1));
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const int8_t* wq = (j == 0 ? p.wqs : p.wqs2) + wrow * K;
+            const uint16_t* wdr = (j == 0 ? p.wd : p.wd2) + wrow * (K / 32);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const int4* q4 = reinterpret_cast<const int4*>(wq + (lane + 32 * b) * 32);
+                w0[r][j][b] = q4[0];
+                w1[r][j][b] = q4[1];
+                wd[r][j][b] = wdr[lane + 32 * b];
+            }
+        }
+    }
+    int4 a0[NB], a1[NB];
+    float da[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
+        a0[b] = a4[0];
+        a1[b] = a4[1];
+        da[b] = p.ad[goff / 32 + lane + 32 * b];
+    }
+    float out[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        float acc[NW];
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            acc[j] = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                int sm = __dp4a(w0[r][j][b].x, a0[b].x, 0);
+                sm = __dp4a(w0[r][j][b].y, a0[b].y, sm);
+                sm = __dp4a(w0[r][j][b].z, a0[b].z, sm);
+                sm = __dp4a(w0[r][j][b].w, a0[b].w, sm);
+                sm = __dp4a(w1[r][j][b].x, a1[b].x, sm);
+                sm = __dp4a(w1[r][j][b].y, a1[b].y, sm);
+                sm = __dp4a(w1[r][j][b].z, a1[b].z, sm);
+                sm = __dp4a(w1[r][j][b].w, a1[b].w, sm);
+                acc[j] = fmaf(f16_to_f32(wd[r][j][b]) * da[b], float(sm), acc[j]);
+            }
+        }
+        out[r] = warp_sum(acc[0]);
+        if constexpr (NW == 2) out[r] = swiglu_pair(out[r], warp_sum(acc[NW - 1]), p.clamp, p.ew, 0);
+    }
+    // stores last: nothing may keep the compiler from issuing every load first
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+        if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
+}
+
+// One activation row (decode), rows of 1,024..8,192 values read by a warp each (not the
+// wide-block rows decode_row_threads gives 256+ threads): RW rows per warp for ~8 KB of
+// weights in flight per warp (fewer with the paired gate+up, for registers).
+bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
+    static const bool on = [] {
+        const char* e = std::getenv("DSV4_Q8_ROWS");
+        return !e || e[0] != '0';
+    }();
+    if (!on || p.R != 1 || p.expert || p.grp || p.K % 1024 != 0 || p.K > 8192 ||
+        decode_row_threads(p.K, p.N, false) != 32)
+        return false;
+    const int nb = int(p.K / 1024);
+    int rw = std::max(1, (nw == 2 ? 4 : 8) / nb);
+    while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
+    const uint32_t rows_per_block = uint32_t(kQ8Warps * rw);
+    const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
+#define DSV4_Q8(RW, NB, NW) \
+    if (rw == RW && nb == NB && nw == NW) { q8_rows_kernel<RW, NB, NW><<<grid, block, 0, s>>>(p); return true; }
+    DSV4_Q8(8, 1, 1) DSV4_Q8(4, 2, 1) DSV4_Q8(2, 4, 1) DSV4_Q8(1, 8, 1)
+    DSV4_Q8(4, 1, 2) DSV4_Q8(2, 2, 2) DSV4_Q8(1, 4, 2) DSV4_Q8(1, 8, 2)
+#undef DSV4_Q8
+    return false;
+}
+
 // ---- the 2-bit expert types (Q2_K, IQ2_XXS), repacked ------------------------------------
 // Codes of a super-block are 64 (IQ2_XXS) or 16 + 64 (Q2_K: scales, codes) 16-byte aligned
 // bytes (repack_rows), so a warp step covers 8 super-blocks with one 16-byte load per lane:
@@ -925,7 +1027,9 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
         case T_F32: fvec ? launch_rb<T_F32, true>(p, s) : launch_rb<T_F32, false>(p, s); break;
         case T_F16: fvec ? launch_rb<T_F16, true>(p, s) : launch_rb<T_F16, false>(p, s); break;
         case T_BF16: fvec ? launch_rb<T_BF16, true>(p, s) : launch_rb<T_BF16, false>(p, s); break;
-        case T_Q8_0: launch_rb<T_Q8_0, false>(p, s); break;
+        case T_Q8_0:
+            if (!launch_q8_rows(p, 1, s)) launch_rb<T_Q8_0, false>(p, s);
+            break;
         case T_MXFP4: launch_rb<T_MXFP4, false>(p, s); break;
         case T_Q2_K: launch_kq<T_Q2_K, 1>(p, s); break;
         case T_Q4_K: launch_rb<T_Q4_K, false>(p, s); break;
@@ -976,7 +1080,9 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     p.clamp = clamp;
     p.ew = ew;
     switch (Wg.type) {
-        case T_Q8_0: launch_rb2<T_Q8_0, false, false, 256, 2>(p, s); break;
+        case T_Q8_0:
+            if (!launch_q8_rows(p, 2, s)) launch_rb2<T_Q8_0, false, false, 256, 2>(p, s);
+            break;
         case T_MXFP4: launch_rb2<T_MXFP4, false, false, 256, 2>(p, s); break;
         case T_Q2_K: launch_kq<T_Q2_K, 2>(p, s); break;
         case T_Q4_K: launch_rb2<T_Q4_K, false, false, 256, 2>(p, s); break;

@@ -242,6 +242,257 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
     }
 }
 
+// ---- mHC pre spread over the GPU (decode's latency path) --------------------------------
+// One token's pre step is ~1.6 MB of reads (the fn weight, the 16,384-wide state): a single
+// block per row leaves the chip idle, so the work is split in two launches.
+// hc_mix_kernel: block (b, y) takes the column quads [b*kHcQuads, (b+1)*kHcQuads) of every
+// stream (4 values of each of the H streams per quad) for up to kHcRows rows, and forms per
+// row the partial dot products fn[m]·X (all M mix rows) and the partial Gram matrix of the
+// streams, G[h][h'] = Σ_e X[h][e]·X[h'][e]. The last block of the grid column to finish
+// (counter) adds the partials in block order, so the result does not depend on which block
+// finished when, and then:
+//   the flat RMSNorm is folded into the product: mix = r·(fn·X), r = 1/sqrt(trace(G)/HD + eps);
+//   the gates pre/post as hc_pre_finish_kernel forms them;
+//   the sublayer norm's scale from the Gram: |x_sub|² = Σ_h Σ_h' pre[h]·pre[h']·G[h][h'].
+// hc_collapse_norm_kernel is then elementwise: xn = (Σ_h pre[h]·X[h])·r_sub·norm_w.
+// A row's arithmetic is fixed by (H, E) alone, never by R or by its place in a block, so
+// prefill, decode and batched rows agree bit for bit. All sums are in double.
+constexpr uint32_t kHcQuads = 16;   // column quads of a block
+constexpr uint32_t kHcGroups = 8;   // thread groups sharing out a block's products
+constexpr uint32_t kHcRows = 4;     // rows of a block: its fn slice is loaded once for them
+constexpr uint32_t kHcThreads = kHcQuads * kHcGroups;
+constexpr uint32_t kHcCollapseThreads = 64;
+
+template <uint32_t H>
+struct HcShape {
+    static constexpr uint32_t M = 2 * H + H * H;        // mix rows
+    static constexpr uint32_t NG = H * (H + 1) / 2;     // Gram entries h <= h'
+    static constexpr uint32_t P = M + NG;               // partials per (row, block)
+    static constexpr uint32_t MT = (M + kHcGroups - 1) / kHcGroups;   // mix rows per thread
+    static constexpr uint32_t GT = (NG + kHcGroups - 1) / kHcGroups;  // Gram entries per thread
+};
+
+// Gram entry j <-> (h, h'), h <= h', row-major over the upper triangle.
+__host__ __device__ constexpr uint32_t gram_index(uint32_t h, uint32_t h2, uint32_t H) {
+    return h * H - h * (h - 1) / 2 + (h2 - h);
+}
+__device__ inline void gram_pair(uint32_t j, uint32_t H, uint32_t& h, uint32_t& h2) {
+    h = 0;
+    while (j >= H - h) j -= H - h++;
+    h2 = h + j;
+}
+
+template <uint32_t WT>
+__device__ __forceinline__ float4 load_quad(const uint8_t* row, uint64_t k) {
+    if constexpr (WT == T_F32) {
+        return reinterpret_cast<const float4*>(row)[k / 4];
+    } else {
+        const uint2 v = reinterpret_cast<const uint2*>(row)[k / 4];
+        auto cv = [](uint16_t u) { return WT == T_F16 ? f16_to_f32(u) : bf16_to_f32(u); };
+        return make_float4(cv(uint16_t(v.x & 0xFFFF)), cv(uint16_t(v.x >> 16)), cv(uint16_t(v.y & 0xFFFF)),
+                           cv(uint16_t(v.y >> 16)));
+    }
+}
+
+__device__ __forceinline__ double dot4_d(float4 a, float4 b, double acc) {
+    acc = fma(double(a.x), double(b.x), acc);
+    acc = fma(double(a.y), double(b.y), acc);
+    acc = fma(double(a.z), double(b.z), acc);
+    return fma(double(a.w), double(b.w), acc);
+}
+
+template <uint32_t H, uint32_t WT>
+__global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
+                                                            uint32_t R, uint32_t E, const float* scale,
+                                                            const float* base, float hc_eps, float rms_eps, float* mix,
+                                                            float* post, float* gate, double* part, uint32_t* count) {
+    pdl_begin();
+    using S = HcShape<H>;
+    constexpr uint32_t M = S::M, P = S::P;
+    const uint32_t q = threadIdx.x % kHcQuads, g = threadIdx.x / kHcQuads;
+    const uint32_t NB = gridDim.x, b = blockIdx.x;
+    const uint32_t r0 = blockIdx.y * kHcRows, nr = min(kHcRows, R - r0);
+    const uint32_t u = b * kHcQuads + q;  // this thread's quad: values 4u..4u+3 of every stream
+    const bool have = u < E / 4;
+    const uint64_t HD = uint64_t(H) * E;
+
+    // This thread's fn values (mix rows g, g + kHcGroups, ...) and every row's X quads.
+    float4 w[S::MT][H];
+#pragma unroll
+    for (uint32_t k = 0; k < S::MT; ++k) {
+        const uint32_t m = g + k * kHcGroups;
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h)
+            w[k][h] = have && m < M ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u)
+                                    : make_float4(0, 0, 0, 0);
+    }
+    float4 x[kHcRows][H];
+#pragma unroll
+    for (uint32_t i = 0; i < kHcRows; ++i)
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h)
+            x[i][h] = have && i < nr ? reinterpret_cast<const float4*>(X + (r0 + i) * HD + uint64_t(h) * E)[u]
+                                     : make_float4(0, 0, 0, 0);
+
+    double dm[kHcRows][S::MT], dg[kHcRows][S::GT];
+#pragma unroll
+    for (uint32_t i = 0; i < kHcRows; ++i) {
+        if (i >= nr) break;
+#pragma unroll
+        for (uint32_t k = 0; k < S::MT; ++k) {
+            double a = 0;
+#pragma unroll
+            for (uint32_t h = 0; h < H; ++h) a = dot4_d(w[k][h], x[i][h], a);
+            dm[i][k] = a;
+        }
+#pragma unroll
+        for (uint32_t k = 0; k < S::GT; ++k) {
+            uint32_t h = 0, h2 = 0;
+            const uint32_t j = g + k * kHcGroups;
+            gram_pair(j < S::NG ? j : 0, H, h, h2);
+            // x[i][h] with h from a runtime pair: selected by unrolled compares, so x stays in registers.
+            float4 xa = x[i][0], xb = x[i][0];
+#pragma unroll
+            for (uint32_t t = 1; t < H; ++t) {
+                if (h == t) xa = x[i][t];
+                if (h2 == t) xb = x[i][t];
+            }
+            dg[i][k] = dot4_d(xa, xb, 0.0);
+        }
+    }
+    // Sum over the block's quads (the 16 lanes of a half-warp), a fixed butterfly.
+#pragma unroll
+    for (uint32_t i = 0; i < kHcRows; ++i) {
+        if (i >= nr) break;   // nr is the same for the whole block: no lane leaves a shuffle
+#pragma unroll
+        for (uint32_t k = 0; k < S::MT; ++k)
+            for (int o = kHcQuads / 2; o > 0; o >>= 1) dm[i][k] += __shfl_xor_sync(0xffffffffu, dm[i][k], o);
+#pragma unroll
+        for (uint32_t k = 0; k < S::GT; ++k)
+            for (int o = kHcQuads / 2; o > 0; o >>= 1) dg[i][k] += __shfl_xor_sync(0xffffffffu, dg[i][k], o);
+    }
+    if (q == 0) {
+#pragma unroll
+        for (uint32_t i = 0; i < kHcRows; ++i) {
+            if (i >= nr) break;
+            double* pr = part + (uint64_t(r0 + i) * NB + b) * P;
+#pragma unroll
+            for (uint32_t k = 0; k < S::MT; ++k)
+                if (g + k * kHcGroups < M) pr[g + k * kHcGroups] = dm[i][k];
+#pragma unroll
+            for (uint32_t k = 0; k < S::GT; ++k)
+                if (g + k * kHcGroups < S::NG) pr[M + g + k * kHcGroups] = dg[i][k];
+        }
+    }
+
+    // The last block of this grid column finishes the rows; it leaves the counter at 0 for
+    // the next launch (graph replays).
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(&count[blockIdx.y], 1u) == NB - 1;
+        if (last) count[blockIdx.y] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+
+    // Each partial is summed over NS consecutive runs of blocks by NS threads (loads of a run
+    // issued together: the sum is bound by L2 latency), then the runs in order. The split
+    // depends on (H, E) only.
+    constexpr uint32_t NS = kHcThreads / P > 0 ? kHcThreads / P : 1;
+    __shared__ double sub[kHcRows][P][NS], tot[kHcRows][P];
+    __shared__ float rx[kHcRows], pre_s[kHcRows][H];
+    const uint32_t run = (NB + NS - 1) / NS;
+    for (uint32_t t = threadIdx.x; t < nr * P * NS; t += blockDim.x) {
+        const uint32_t i = t / (P * NS), p = t / NS % P, sr = t % NS;
+        const double* pr = part + uint64_t(r0 + i) * NB * P + p;
+        const uint32_t lo = sr * run, hi = min(NB, lo + run);
+        double s = 0;
+        // Batches of 24 loads: a whole run at E = 4096 (64 blocks, runs of 22). The batch size
+        // does not change the sum (the blocks are added one by one in order; past hi, +0).
+        constexpr uint32_t kBatch = 24;
+        for (uint32_t b0 = lo; b0 < hi; b0 += kBatch) {
+            double v[kBatch];
+#pragma unroll
+            for (uint32_t j = 0; j < kBatch; ++j) v[j] = b0 + j < hi ? __ldcg(pr + uint64_t(b0 + j) * P) : 0.0;
+#pragma unroll
+            for (uint32_t j = 0; j < kBatch; ++j) s += v[j];
+        }
+        sub[i][p][sr] = s;
+    }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < nr * P; t += blockDim.x) {
+        const uint32_t i = t / P, p = t % P;
+        double s = 0;
+#pragma unroll
+        for (uint32_t sr = 0; sr < NS; ++sr) s += sub[i][p][sr];
+        tot[i][p] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const uint32_t i = threadIdx.x;
+        double ss = 0;
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h) ss += tot[i][M + gram_index(h, h, H)];
+        rx[i] = float(1.0 / sqrt(ss / double(HD) + double(rms_eps)));
+    }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < nr * M; t += blockDim.x) {
+        const uint32_t i = t / M, m = t % M, r = r0 + i;
+        const float v = float(tot[i][m] * double(rx[i]));
+        mix[uint64_t(r) * M + m] = v;
+        if (m < H) pre_s[i][m] = sigmoid_cr(__fadd_rn(__fmul_rn(v, scale[0]), base[m])) + hc_eps;
+        else if (m < 2 * H) post[uint64_t(r) * H + m - H] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(v, scale[1]), base[m]));
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const uint32_t i = threadIdx.x;
+        double ss = 0;
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h) {
+            const double ph = pre_s[i][h];
+            ss += ph * ph * tot[i][M + gram_index(h, h, H)];
+#pragma unroll
+            for (uint32_t h2 = h + 1; h2 < H; ++h2) ss += 2.0 * ph * double(pre_s[i][h2]) * tot[i][M + gram_index(h, h2, H)];
+        }
+        float* gr = gate + uint64_t(r0 + i) * (H + 1);
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h) gr[h] = pre_s[i][h];
+        gr[H] = float(1.0 / sqrt(ss / double(E) + double(rms_eps)));
+    }
+}
+
+// xn = x_sub·r_sub·norm_w, x_sub = Σ_h pre[h]·X[h] formed as hc_pre_finish_kernel forms it.
+template <uint32_t H>
+__global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(const float* X, const float* gate,
+                                                                             const float* norm_w, uint32_t E,
+                                                                             float* xn) {
+    pdl_begin();
+    const uint32_t r = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= E / 4) return;
+    const float* gr = gate + uint64_t(r) * (H + 1);
+    const float4* X4 = reinterpret_cast<const float4*>(X + uint64_t(r) * H * E);
+    float4 xv[H];
+#pragma unroll
+    for (uint32_t h = 0; h < H; ++h) xv[h] = X4[h * (E / 4) + u];
+    const float4 gw = norm_w ? reinterpret_cast<const float4*>(norm_w)[u] : make_float4(1, 1, 1, 1);
+    float4 v = make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (uint32_t h = 0; h < H; ++h) {
+        const float ph = gr[h];
+        v.x = __fadd_rn(v.x, __fmul_rn(ph, xv[h].x));
+        v.y = __fadd_rn(v.y, __fmul_rn(ph, xv[h].y));
+        v.z = __fadd_rn(v.z, __fmul_rn(ph, xv[h].z));
+        v.w = __fadd_rn(v.w, __fmul_rn(ph, xv[h].w));
+    }
+    const float rr = gr[H];
+    reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] =
+        make_float4(__fmul_rn(__fmul_rn(v.x, rr), gw.x), __fmul_rn(__fmul_rn(v.y, rr), gw.y),
+                    __fmul_rn(__fmul_rn(v.z, rr), gw.z), __fmul_rn(__fmul_rn(v.w, rr), gw.w));
+}
+
 __global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const float* base, uint32_t H, float eps,
                                    uint32_t iters, float* comb) {
     pdl_begin();
@@ -1103,6 +1354,54 @@ void hc_pre_finish(const float* mix, const float* scale, const float* base, cons
     hc_pre_finish_kernel<<<R, 1024, 0, s>>>(mix, scale, base, X, H, E, eps, iters, post, comb, x_sub, norm_w,
                                             rms_eps, xn, with_sinkhorn);
     check_launch("hc_pre_finish");
+}
+
+bool hc_pre_spread_ok(uint32_t H, uint32_t E, const DevWeight& fn, const float* X, const float* xn,
+                      const float* norm_w) {
+    const uint32_t elt = fn.type == T_F32 ? 4 : (fn.type == T_F16 || fn.type == T_BF16) ? 2 : 0;
+    auto al = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+    return H == 4 && elt && E % 4 == 0 && E && fn.K == uint64_t(H) * E && fn.rows == 2 * H + H * H && fn.data &&
+           al(fn.data, 4 * elt) && fn.row_bytes % (4 * elt) == 0 && al(X, 16) && al(xn, 16) && al(norm_w, 16);
+}
+
+uint64_t hc_pre_partials(uint32_t R, uint32_t H, uint32_t E) {
+    const uint64_t NB = (E / 4 + kHcQuads - 1) / kHcQuads;
+    return uint64_t(R) * NB * (2 * H + H * H + H * (H + 1) / 2);
+}
+
+uint32_t hc_pre_counters(uint32_t R) { return (R + kHcRows - 1) / kHcRows; }
+
+void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
+                uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
+                uint32_t* count, cudaStream_t s) {
+    if (!R) return;
+    if (H != 4) throw std::runtime_error("hc_pre_mix: n_hc != 4");
+    const dim3 grid((E / 4 + kHcQuads - 1) / kHcQuads, hc_pre_counters(R));
+    switch (fn.type) {
+        case T_F32:
+            hc_mix_kernel<4, T_F32><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
+                                                                rms_eps, mix, post, gate, part, count);
+            break;
+        case T_F16:
+            hc_mix_kernel<4, T_F16><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
+                                                                rms_eps, mix, post, gate, part, count);
+            break;
+        case T_BF16:
+            hc_mix_kernel<4, T_BF16><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
+                                                                 rms_eps, mix, post, gate, part, count);
+            break;
+        default: throw std::runtime_error("hc_pre_mix: fn type");
+    }
+    check_launch("hc_pre_mix");
+}
+
+void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
+                     float* xn, cudaStream_t s) {
+    if (!R) return;
+    if (H != 4) throw std::runtime_error("hc_pre_collapse: n_hc != 4");
+    const dim3 grid((E / 4 + kHcCollapseThreads - 1) / kHcCollapseThreads, R);
+    hc_collapse_norm_kernel<4><<<grid, kHcCollapseThreads, 0, s>>>(X, gate, norm_w, E, xn);
+    check_launch("hc_pre_collapse");
 }
 
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,

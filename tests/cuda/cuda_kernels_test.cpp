@@ -239,6 +239,46 @@ TEST_F(CudaKernels, MatvecSwigluEqualsMatvecThenSwiglu) {
     }
 }
 
+TEST_F(CudaKernels, Q8_0OneRowEqualsTheRowInABatch) {
+    // Decode's one-row Q8_0 products take several rows per warp (q8_rows_kernel); a batch of
+    // two takes matvec_kernel. Row 0 must be the same bits either way (and so equal the
+    // tensor-core prefill products, which reproduce matvec_kernel's order): plain, grouped
+    // (out_a) and gate+up with SwiGLU, rows of 1,024 to 8,192 values, row counts that leave a
+    // warp partly filled.
+    const std::pair<uint64_t, uint64_t> shapes[] = {{45, 1024}, {37, 2048}, {20, 4096}, {9, 8192}, {64, 1024}};
+    for (auto [N, K] : shapes) {
+        const HostWeight hw = random_weight(Type::Q8_0, K, N, 900 + K + N);
+        const HostWeight hu = random_weight(Type::Q8_0, K, N, 1900 + K + N);
+        DevWeightHolder dw(hw), du(hu);
+        // grouped: 4 groups of N/4 rows each read their own K-slice of a 4K activation
+        const uint64_t G = 4;
+        auto x = random_floats(2 * G * K, 17 + K, -2.0f, 2.0f);
+        std::copy(x.begin(), x.begin() + G * K, x.begin() + G * K);   // row 1 = row 0
+        DevVec<float> dx(x);
+        ActHolder ah(2 * G * K), ag(2 * G * K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), K, 2, K, ah.buf, nullptr);
+        const cuda::DevAct a4 = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), G * K, 2, G * K, ag.buf, nullptr);
+        DevVec<float> one(N), two(2 * N);
+        auto same = [&](const char* what) {
+            auto o = one.download();
+            auto t = two.download();
+            ASSERT_EQ(0, std::memcmp(o.data(), t.data(), N * 4)) << what << " N=" << N << " K=" << K;
+            ASSERT_EQ(0, std::memcmp(o.data(), t.data() + N, N * 4)) << what << " N=" << N << " K=" << K;
+        };
+        cuda::matvec(dw.w, a, 1, one.get(), N, N, 0, nullptr);
+        cuda::matvec(dw.w, a, 2, two.get(), N, N, 0, nullptr);
+        same("plain");
+        if (N % G == 0) {
+            cuda::matvec_grouped(dw.w, a4, 1, one.get(), N, N, N / G, nullptr);
+            cuda::matvec_grouped(dw.w, a4, 2, two.get(), N, N, N / G, nullptr);
+            same("grouped");
+        }
+        cuda::matvec_swiglu(dw.w, du.w, a, 1, one.get(), N, N, 0.0f, nullptr, nullptr);
+        cuda::matvec_swiglu(dw.w, du.w, a, 2, two.get(), N, N, 0.0f, nullptr, nullptr);
+        same("gate+up");
+    }
+}
+
 TEST_F(CudaKernels, MatvecLongRowsWideBlocks) {
     // The mHC mixes: few rows of 4*4096 values take the 1024-thread block-per-row path; the
     // result must not depend on the batch size (same order of sums for every R).
@@ -295,6 +335,101 @@ TEST_F(CudaKernels, HcPreFusedNormEqualsSeparate) {
     ASSERT_EQ(0, std::memcmp(p1.data(), p2.data(), p1.size() * 4));
     auto c1 = comb1.download(), c2 = comb2.download();
     ASSERT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * 4));
+}
+
+TEST_F(CudaKernels, HcPreSpreadMatchesDoubleAndIsRowIndependent) {
+    // mHC pre in two spread launches (hc_pre_mix + hc_pre_collapse) against a double
+    // reference; a row alone = the same row in a batch (bit for bit); a second launch = the
+    // first (the finished-block counters are left at 0).
+    const uint32_t H = 4, M = 2 * H + H * H;
+    const float hc_eps = 1e-6f, rms_eps = 1e-6f;
+    struct Case {
+        uint32_t E;
+        Type t;
+    };
+    for (const Case tc : {Case{4096, Type::F32}, Case{64, Type::F32}, Case{128, Type::F32}, Case{200, Type::F32},
+                          Case{4096, Type::F16}, Case{64, Type::BF16}}) {
+        const uint32_t E = tc.E;
+        const uint64_t HD = uint64_t(H) * E;
+        const HostWeight hw = random_weight(tc.t, HD, M, 90 + E + uint64_t(tc.t));
+        DevWeightHolder dw(hw);
+        std::vector<float> wf(M * HD);
+        for (uint32_t m = 0; m < M; ++m)
+            quant::dequantize_row(tc.t, hw.bytes.data() + m * quant::row_bytes(tc.t, HD), &wf[m * HD], HD);
+        auto scale = random_floats(3, 91, 0.01f, 0.05f);
+        auto base = random_floats(M, 92, -1.0f, 1.0f);
+        auto nw = random_floats(E, 93 + E, 0.5f, 1.5f);
+        DevVec<float> dscale(scale), dbase(base), dnw(nw);
+        for (uint32_t R : {1u, 3u, 17u}) {
+            const std::string what = std::string(quant::traits(tc.t).name) + " E=" + std::to_string(E) +
+                                     " R=" + std::to_string(R);
+            auto X = random_floats(R * HD, 94 + R + E, -3.0f, 3.0f);
+            DevVec<float> dX(X), mix(R * M), post(R * H), xn(R * E), gate(R * (H + 1));
+            DevVec<double> part(cuda::hc_pre_partials(R, H, E));
+            DevVec<uint32_t> count(cuda::hc_pre_counters(R));
+            ASSERT_EQ(cudaMemset(count.get(), 0, count.size() * sizeof(uint32_t)), cudaSuccess);
+            ASSERT_TRUE(cuda::hc_pre_spread_ok(H, E, dw.w, dX.get(), xn.get(), dnw.get())) << what;
+            auto launch = [&](const float* x, uint32_t rows, float* mx, float* po, float* xo, float* ga) {
+                cuda::hc_pre_mix(dw.w, x, dscale.get(), dbase.get(), rows, H, E, hc_eps, rms_eps, mx, po, ga,
+                                 part.get(), count.get(), nullptr);
+                cuda::hc_pre_collapse(x, ga, dnw.get(), rows, H, E, xo, nullptr);
+            };
+            launch(dX.get(), R, mix.get(), post.get(), xn.get(), gate.get());
+            auto gm = mix.download(), gp = post.download(), gx = xn.download();
+            for (uint32_t c : count.download()) ASSERT_EQ(c, 0u) << what << ": counter left set";
+
+            for (uint32_t r = 0; r < R; ++r) {
+                const float* xr = &X[r * HD];
+                double ss = 0;
+                for (uint64_t k = 0; k < HD; ++k) ss += double(xr[k]) * xr[k];
+                const double rx = 1.0 / std::sqrt(ss / double(HD) + rms_eps);
+                double mref[M], pre[H];
+                for (uint32_t m = 0; m < M; ++m) {
+                    double d = 0;
+                    for (uint64_t k = 0; k < HD; ++k) d += double(wf[m * HD + k]) * xr[k];
+                    mref[m] = d * rx;
+                    ASSERT_NEAR(gm[r * M + m], mref[m], 1e-5 * (std::fabs(mref[m]) + 1)) << what << " mix " << m;
+                }
+                auto sig = [](double z) { return 1.0 / (1.0 + std::exp(-z)); };
+                for (uint32_t h = 0; h < H; ++h) {
+                    pre[h] = sig(mref[h] * scale[0] + base[h]) + hc_eps;
+                    const double pr = 2.0 * sig(mref[H + h] * scale[1] + base[H + h]);
+                    ASSERT_NEAR(gp[r * H + h], pr, 1e-5 * std::fabs(pr)) << what << " post " << h;
+                }
+                std::vector<double> xs(E);
+                double s2 = 0;
+                for (uint32_t e = 0; e < E; ++e) {
+                    double a = 0;
+                    for (uint32_t h = 0; h < H; ++h) a += pre[h] * xr[h * E + e];
+                    xs[e] = a;
+                    s2 += a * a;
+                }
+                const double rs = 1.0 / std::sqrt(s2 / E + rms_eps);
+                for (uint32_t e = 0; e < E; ++e) {
+                    const double ref = xs[e] * rs * nw[e];
+                    ASSERT_NEAR(gx[r * E + e], ref, 1e-5 * (std::fabs(ref) + 1)) << what << " xn " << e;
+                }
+            }
+
+            // Again: the same bits (the counters were reset by the first launch).
+            launch(dX.get(), R, mix.get(), post.get(), xn.get(), gate.get());
+            auto gm2 = mix.download(), gp2 = post.download(), gx2 = xn.download();
+            ASSERT_EQ(0, std::memcmp(gm.data(), gm2.data(), gm.size() * 4)) << what;
+            ASSERT_EQ(0, std::memcmp(gp.data(), gp2.data(), gp.size() * 4)) << what;
+            ASSERT_EQ(0, std::memcmp(gx.data(), gx2.data(), gx.size() * 4)) << what;
+
+            // Each row alone (R = 1, its own place in a block) = the row in the batch.
+            DevVec<float> m1(M), p1(H), x1(E), g1(H + 1);
+            for (uint32_t r = 0; r < R; ++r) {
+                launch(dX.get() + r * HD, 1, m1.get(), p1.get(), x1.get(), g1.get());
+                auto a = m1.download(), b = p1.download(), c = x1.download();
+                ASSERT_EQ(0, std::memcmp(a.data(), &gm[r * M], M * 4)) << what << " row " << r;
+                ASSERT_EQ(0, std::memcmp(b.data(), &gp[r * H], H * 4)) << what << " row " << r;
+                ASSERT_EQ(0, std::memcmp(c.data(), &gx[r * E], E * 4)) << what << " row " << r;
+            }
+            for (uint32_t c : count.download()) ASSERT_EQ(c, 0u) << what << ": counter left set";
+        }
+    }
 }
 
 TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
