@@ -77,6 +77,14 @@ __device__ __forceinline__ float softplus_cr(float x) {
     return x > 20 ? x : (x < -20 ? exp_cr(x) : float(log1p(double(exp_cr(x)))));
 }
 
+// An activation value's int8 code: nearest (ties to even), NaN to 0, clamped (the CPU's).
+__device__ __forceinline__ int8_t q_clamp(float v) {
+    float r = rintf(v);
+    if (r != r) r = 0.0f;
+    r = fminf(fmaxf(r, -128.0f), 127.0f);
+    return int8_t(int(r));
+}
+
 // SwiGLU of a (gate, up) pair of sums: swiglu_kernel's operations, in its order (the fused
 // products' epilogues use it, so they equal matvec + matvec + swiglu bit for bit).
 __device__ __forceinline__ float swiglu_pair(float v, float u, float clamp, const float* ew, uint32_t pair) {

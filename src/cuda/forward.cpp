@@ -373,7 +373,10 @@ private:
         prof_names_[marks_] = {name, bytes};
         ++marks_;
     }
-    void hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R);
+    // mHC pre and the sublayer's RMSNorm into xn_; users: the products that read xn_ (their
+    // activation codes may come out of the same kernel).
+    void hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R,
+                std::initializer_list<const DevWeight*> users);
     void attention_layer(uint32_t il, uint32_t R, uint32_t S);
     void ffn_layer(uint32_t il, uint32_t R);
     void run_layers(uint32_t R, uint32_t S);
@@ -630,7 +633,8 @@ void CudaBackend::ensure_workspace(uint32_t R) {
 }
 
 // mHC pre (§5.5) for every row, then the sublayer's RMSNorm: xn_.
-void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R) {
+void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R,
+                         std::initializer_list<const DevWeight*> users) {
     const uint32_t E = c_.n_embd, HD = c_.hc_dim(), H = c_.n_hc, M = c_.hc_mix();
     // Sinkhorn (a chain of ~40 dependent normalisations) makes comb, which only hc_post at
     // the sublayer's end reads: it runs on side stream kSinkhorn beside the sublayer.
@@ -642,8 +646,27 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
         const cudaStream_t ss = side_sinkhorn ? side_[kSinkhorn] : stream_;
         if (side_sinkhorn) fork(kSinkhorn);
         hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
-        hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_);
+        // xn's activation codes for the sublayer's products come out of the same kernel
         xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
+        HcQuant qa;
+        if (E % 256 == 0 && uint64_t(R) * E <= xn8_.cap_values && uint64_t(R) * E <= xnk_.cap_values)
+            for (const DevWeight* w : users) {
+                const uint32_t k = uint32_t(act_kind(w->type));
+                if (!w->K || k == 0 || xn_have_[k]) continue;
+                const ActBuf& b = k == 1 ? xn8_ : xnk_;
+                (k == 1 ? qa.q0 : qa.qk) = b.q;
+                (k == 1 ? qa.d0 : qa.dk) = b.d;
+                if (k == 2) qa.bk = b.bsum;
+                DevAct& a = xn_acts_[k];
+                a = DevAct{};
+                a.kind = ActKind(k);
+                a.K = E;
+                a.q = b.q;
+                a.d = b.d;
+                a.bsum = b.bsum;
+                xn_have_[k] = true;
+            }
+        hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);
         mark("hc_pre", double(M) * fn.row_bytes);
         return;
     }
@@ -677,8 +700,9 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevRow* rows = rows_dev_.get();
     const DevLayerKV* lkv = lkv_dev_.get();
 
-    hc_pre(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, R);
-    xn_acts_for({&L.q_a, &L.kv, &L.comp_kv, &L.comp_gate, &L.icomp_kv, &L.icomp_gate, &L.iproj}, R);
+    const auto users = {&L.q_a, &L.kv, &L.comp_kv, &L.comp_gate, &L.icomp_kv, &L.icomp_gate, &L.iproj};
+    hc_pre(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, R, users);
+    xn_acts_for(users, R);
     // KV path: one latent row per token into the raw ring
     fork(0);
     const cudaStream_t sk = side(0);
@@ -710,6 +734,8 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         compressor_emit(ipooled_.get(), R, rows, ratio, DI, c_.n_rot, c_.n_nope(), c_.rms_eps, L.icomp_norm, invf,
                         true, official, lkv, NL, il, si);
         mark("compressor");
+        // the indexer's head weights need only xn: made before the branch waits for qr
+        mv_xn(L.iproj, R, wi_.get(), c_.n_indexer_head, "indexer proj", si);
     }
     // Q path
     mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
@@ -724,7 +750,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
                                 : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
         matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
         mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
-        mv_xn(L.iproj, R, wi_.get(), NIH, "indexer proj", si);
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
         indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
         if (vis_ld_) {
@@ -760,8 +785,9 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
 void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const DevLayer& L = layers_[il];
     const uint32_t E = c_.n_embd, H = c_.n_hc, F = c_.n_ff_exp, K = c_.n_expert_used, NE = c_.n_expert;
-    hc_pre(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, R);
-    xn_acts_for({&L.gate_inp, &L.gate_exps, &L.up_exps, &L.gate_sh, &L.up_sh}, R);
+    const auto users = {&L.gate_inp, &L.gate_exps, &L.up_exps, &L.gate_sh, &L.up_sh};
+    hc_pre(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, R, users);
+    xn_acts_for(users, R);
     // shared expert into y_ (the routed experts' sum is added to it below)
     const uint32_t FS = F * c_.n_expert_shared;
     if (FS) {

@@ -192,8 +192,18 @@ uint32_t hc_pre_counters(uint32_t R);
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
                 uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
                 uint32_t* count, cudaStream_t s);
+// HcQuant: where hc_pre_collapse also writes xn's activation codes (null: not wanted), the
+// same bytes quantize_act would make: Q8_0 (q0, d0; E % 32 == 0) and Q8_K (qk, dk, bk;
+// E % 256 == 0), laid out as ActBuf holds them.
+struct HcQuant {
+    int8_t* q0 = nullptr;
+    float* d0 = nullptr;
+    int8_t* qk = nullptr;
+    float* dk = nullptr;
+    int32_t* bk = nullptr;
+};
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
-                     float* xn, cudaStream_t s);
+                     float* xn, cudaStream_t s, const HcQuant& qa = {});
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
                  uint32_t iters, float* comb, cudaStream_t s);
 // X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place. With moe_down ([R*K][E], the routed

@@ -26,13 +26,6 @@ __device__ __forceinline__ int mxfp4_val(uint32_t c) {
     return (c & 8) ? -v : v;
 }
 
-__device__ __forceinline__ int8_t q_clamp(float v) {
-    float r = rintf(v);
-    if (r != r) r = 0.0f;
-    r = fminf(fmaxf(r, -128.0f), 127.0f);
-    return int8_t(int(r));
-}
-
 // ---- activation quantisation ------------------------------------------------------------
 
 // One warp per 32-value block.

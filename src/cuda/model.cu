@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
 template <uint32_t H>
 __global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(const float* X, const float* gate,
                                                                              const float* norm_w, uint32_t E,
-                                                                             float* xn) {
+                                                                             float* xn, HcQuant qa) {
     pdl_begin();
     const uint32_t r = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= E / 4) return;
@@ -488,9 +488,77 @@ __global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(co
         v.w = __fadd_rn(v.w, __fmul_rn(ph, xv[h].w));
     }
     const float rr = gr[H];
-    reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] =
-        make_float4(__fmul_rn(__fmul_rn(v.x, rr), gw.x), __fmul_rn(__fmul_rn(v.y, rr), gw.y),
-                    __fmul_rn(__fmul_rn(v.z, rr), gw.z), __fmul_rn(__fmul_rn(v.w, rr), gw.w));
+    const float o[4] = {__fmul_rn(__fmul_rn(v.x, rr), gw.x), __fmul_rn(__fmul_rn(v.y, rr), gw.y),
+                        __fmul_rn(__fmul_rn(v.z, rr), gw.z), __fmul_rn(__fmul_rn(v.w, rr), gw.w)};
+    reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] = make_float4(o[0], o[1], o[2], o[3]);
+    // The next products' activation codes, as quantize_act makes them from xn, bit for bit
+    // (a launch and a read of xn fewer on the critical path).
+    const uint32_t lane = threadIdx.x & 31;
+    if (qa.q0) {
+        // Q8_0: 32 values = 8 threads; the max of magnitudes is exact in any order
+        float am = fmaxf(fmaxf(fabsf(o[0]), fabsf(o[1])), fmaxf(fabsf(o[2]), fabsf(o[3])));
+        for (int x = 1; x < 8; x <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, x));
+        const float dd = am / 127.0f;
+        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        char4 c;
+        c.x = q_clamp(o[0] * id);
+        c.y = q_clamp(o[1] * id);
+        c.z = q_clamp(o[2] * id);
+        c.w = q_clamp(o[3] * id);
+        reinterpret_cast<char4*>(qa.q0 + uint64_t(r) * E)[u] = c;
+        if ((lane & 7) == 0) qa.d0[uint64_t(r) * (E / 32) + u / 8] = f16_round(dd);
+    }
+    if (qa.qk) {
+        // Q8_K: 256 values = this block of 64 threads. The scale's sign is that of the first
+        // value of the largest magnitude (lowest index on ties), as quant_q8_k_kernel picks it.
+        float amax = 0.0f, mx = 0.0f;
+        for (int t = 0; t < 4; ++t)
+            if (fabsf(o[t]) > amax) {
+                amax = fabsf(o[t]);
+                mx = o[t];
+            }
+        uint32_t who = threadIdx.x;
+        auto take = [&](float oa, float om, uint32_t ow) {
+            if (oa > amax || (oa == amax && ow < who)) {
+                amax = oa;
+                mx = om;
+                who = ow;
+            }
+        };
+        for (int x = 16; x > 0; x >>= 1)
+            take(__shfl_xor_sync(0xffffffffu, amax, x), __shfl_xor_sync(0xffffffffu, mx, x),
+                 __shfl_xor_sync(0xffffffffu, who, x));
+        __shared__ float s_am[2], s_mx[2];
+        __shared__ uint32_t s_who[2];
+        if (lane == 0) {
+            s_am[threadIdx.x >> 5] = amax;
+            s_mx[threadIdx.x >> 5] = mx;
+            s_who[threadIdx.x >> 5] = who;
+        }
+        __syncthreads();
+        const uint32_t other = (threadIdx.x >> 5) ^ 1;
+        take(s_am[other], s_mx[other], s_who[other]);
+        const uint64_t sb = uint64_t(r) * (E / 256) + blockIdx.x;
+        int8_t* qb = qa.qk + uint64_t(r) * E + 4 * u;
+        int sm = 0;
+        if (amax == 0.0f) {
+            for (int t = 0; t < 4; ++t) qb[t] = 0;
+        } else {
+            const float iscale = -127.0f / mx;
+            char4 c;
+            c.x = q_clamp(iscale * o[0]);
+            c.y = q_clamp(iscale * o[1]);
+            c.z = q_clamp(iscale * o[2]);
+            c.w = q_clamp(iscale * o[3]);
+            *reinterpret_cast<char4*>(qb) = c;
+            sm = int(c.x) + int(c.y) + int(c.z) + int(c.w);
+            if (threadIdx.x == 0) qa.dk[sb] = 1.0f / iscale;
+        }
+        if (amax == 0.0f && threadIdx.x == 0) qa.dk[sb] = 0.0f;
+        sm += __shfl_xor_sync(0xffffffffu, sm, 1);
+        sm += __shfl_xor_sync(0xffffffffu, sm, 2);
+        if ((threadIdx.x & 3) == 0) qa.bk[uint64_t(r) * (E / 16) + u / 4] = sm;
+    }
 }
 
 __global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const float* base, uint32_t H, float eps,
@@ -1396,11 +1464,13 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
 }
 
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
-                     float* xn, cudaStream_t s) {
+                     float* xn, cudaStream_t s, const HcQuant& qa) {
     if (!R) return;
     if (H != 4) throw std::runtime_error("hc_pre_collapse: n_hc != 4");
+    // (whole warps for the shuffles: E / 4 threads a multiple of 32)
+    if ((qa.q0 && E % 128) || (qa.qk && E % 256)) throw std::runtime_error("hc_pre_collapse: E not a block multiple");
     const dim3 grid((E / 4 + kHcCollapseThreads - 1) / kHcCollapseThreads, R);
-    hc_collapse_norm_kernel<4><<<grid, kHcCollapseThreads, 0, s>>>(X, gate, norm_w, E, xn);
+    hc_collapse_norm_kernel<4><<<grid, kHcCollapseThreads, 0, s>>>(X, gate, norm_w, E, xn, qa);
     check_launch("hc_pre_collapse");
 }
 

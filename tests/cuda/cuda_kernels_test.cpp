@@ -256,7 +256,8 @@ TEST_F(CudaKernels, Q8_0OneRowEqualsTheRowInABatch) {
         std::copy(x.begin(), x.begin() + G * K, x.begin() + G * K);   // row 1 = row 0
         DevVec<float> dx(x);
         ActHolder ah(2 * G * K), ag(2 * G * K);
-        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), K, 2, K, ah.buf, nullptr);
+        // rows of K values at a stride of G * K: row 1 is row 0 again
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), G * K, 2, K, ah.buf, nullptr);
         const cuda::DevAct a4 = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), G * K, 2, G * K, ag.buf, nullptr);
         DevVec<float> one(N), two(2 * N);
         auto same = [&](const char* what) {
@@ -432,6 +433,47 @@ TEST_F(CudaKernels, HcPreSpreadMatchesDoubleAndIsRowIndependent) {
     }
 }
 
+
+TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
+    // hc_pre_collapse can also write xn's Q8_0 and Q8_K codes: they must be the bytes
+    // quantize_act makes from xn (codes, scales, 16-value sums), including a row of zeros
+    // (Q8_K's zero block) and ties of magnitude (the first value's sign).
+    const uint32_t H = 4, M = 2 * H + H * H, E = 4096, R = 3;
+    const uint64_t HD = uint64_t(H) * E;
+    const HostWeight hw = random_weight(Type::F16, HD, M, 1234);
+    DevWeightHolder dw(hw);
+    auto scale = random_floats(3, 91, 0.01f, 0.05f);
+    auto base = random_floats(M, 92, -1.0f, 1.0f);
+    auto nw = random_floats(E, 93, 0.5f, 1.5f);
+    nw[7] = 0.0f;   // an xn value of 0 in the first blocks
+    nw[300] = nw[301];
+    DevVec<float> dscale(scale), dbase(base), dnw(nw);
+    auto X = random_floats(R * HD, 95, -3.0f, 3.0f);
+    for (uint32_t h = 0; h < H; ++h)
+        for (uint32_t e = 256; e < 512; ++e) X[2 * HD + h * E + e] = 0.0f;   // row 2: one Q8_K block of zeros
+    for (uint32_t h = 0; h < H; ++h) X[h * E + 300] = -X[h * E + 301];       // row 0: equal magnitudes
+    DevVec<float> dX(X), mix(R * M), post(R * H), xn(R * E), gate(R * (H + 1));
+    DevVec<double> part(cuda::hc_pre_partials(R, H, E));
+    DevVec<uint32_t> count(cuda::hc_pre_counters(R));
+    ASSERT_EQ(cudaMemset(count.get(), 0, count.size() * sizeof(uint32_t)), cudaSuccess);
+    cuda::hc_pre_mix(dw.w, dX.get(), dscale.get(), dbase.get(), R, H, E, 1e-6f, 1e-6f, mix.get(), post.get(),
+                     gate.get(), part.get(), count.get(), nullptr);
+    ActHolder f0(R * E), fk(R * E), r0(R * E), rk(R * E);
+    cuda::HcQuant qa{f0.buf.q, f0.buf.d, fk.buf.q, fk.buf.d, fk.buf.bsum};
+    cuda::hc_pre_collapse(dX.get(), gate.get(), dnw.get(), R, H, E, xn.get(), nullptr, qa);
+    cuda::quantize_act(uint32_t(Type::Q8_0), xn.get(), E, R, E, r0.buf, nullptr);
+    cuda::quantize_act(uint32_t(Type::IQ2_XXS), xn.get(), E, R, E, rk.buf, nullptr);
+    auto eq = [&](auto& a, auto& b, size_t n, const char* what) {
+        auto x = a.download();
+        auto y = b.download();
+        ASSERT_EQ(0, std::memcmp(x.data(), y.data(), n * sizeof(x[0]))) << what;
+    };
+    eq(f0.q, r0.q, R * E, "Q8_0 codes");
+    eq(f0.d, r0.d, R * E / 32, "Q8_0 scales");
+    eq(fk.q, rk.q, R * E, "Q8_K codes");
+    eq(fk.d, rk.d, R * E / 256, "Q8_K scales");
+    eq(fk.b, rk.b, R * E / 16, "Q8_K sums");
+}
 TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
     // The shapes of small models: rows of 32..128 values, hundreds of activation rows read
     // with a stride larger than the row.
