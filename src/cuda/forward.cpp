@@ -739,9 +739,12 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     }
     // Q path
     mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
-    rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_);
-    // qr_ quantised once for q_b and the indexer's queries (same activation kind: one copy)
-    const DevAct qa = quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_);
+    // qr_ normed, then quantised once for q_b and the indexer's queries (same activation
+    // kind: one copy); for Q8_0 both in one launch
+    const DevAct qa = act_kind(L.q_b.type) == ActKind::Q8_0 && QL % 32 == 0
+                          ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
+                          : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
+                             quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
     if (ratio == 4) {
         wait_main(2);
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;

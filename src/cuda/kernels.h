@@ -171,6 +171,10 @@ void embed(const DevWeight& emb, const DevRow* rows, uint32_t R, uint32_t E, uin
 // mHC pre after the mix product (mix [R][2H+H*H]): pre/post gates, Sinkhorn, x_sub.
 // With xn (only where hc_pre_norm_fusable): also the sublayer's RMSNorm, xn = rms_norm(x_sub)
 // * norm_w bit for bit as rms_norm() would give, and x_sub is not written.
+// In place x = rms_norm(x) * w (R rows of n values), and its Q8_0 codes in buf: the same bits
+// as rms_norm then quantize_act for a Q8_0 weight, in one launch.
+DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float eps, const float* w,
+                     const ActBuf& buf, cudaStream_t s);
 bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn, const float* norm_w);
 // with_sinkhorn = false: comb is not computed here; hc_sinkhorn makes it (from mix alone).
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,

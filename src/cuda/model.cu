@@ -87,6 +87,24 @@ __global__ void rms_norm_kernel(const float* x, uint64_t xs, float* y, uint64_t 
     rms_norm_block(x + blockIdx.x * xs, y + blockIdx.x * ys, n, eps, w);
 }
 
+// RMSNorm of a row, then its Q8_0 codes (the query path's q_a norm feeding q_b): the
+// codes are quant_q8_0_kernel's from the stored normalised row, one warp per 32 values.
+__global__ void rms_norm_q8_0_kernel(float* x, uint64_t xs, uint32_t n, float eps, const float* w, int8_t* q,
+                                     float* d) {
+    pdl_begin();
+    float* xr = x + blockIdx.x * xs;
+    rms_norm_block(xr, xr, n, eps, w);
+    const uint32_t lane = threadIdx.x & 31;
+    for (uint32_t b = threadIdx.x >> 5; b < n / 32; b += blockDim.x >> 5) {
+        const float v = xr[b * 32 + lane];
+        const float amax = warp_max(fabsf(v));
+        const float dd = amax / 127.0f;
+        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        q[uint64_t(blockIdx.x) * n + b * 32 + lane] = q_clamp(v * id);
+        if (lane == 0) d[uint64_t(blockIdx.x) * (n / 32) + b] = f16_round(dd);
+    }
+}
+
 // Long rows (the 16,384-wide mHC state): 1024 threads and float4 loads, so a single row is
 // not a long chain of dependent loads.
 __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(const float* x, uint64_t xs, float* y, uint64_t ys,
@@ -1407,6 +1425,22 @@ void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, ui
     if (vec) rms_norm_vec_kernel<<<R, 1024, 0, s>>>(x, x_stride, y, y_stride, n, eps, w);
     else rms_norm_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, y, y_stride, n, eps, w);
     check_launch("rms_norm");
+}
+
+DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float eps, const float* w,
+                     const ActBuf& buf, cudaStream_t s) {
+    if (n % 32) throw std::runtime_error("rms_norm_q8_0: row not a multiple of 32 values");
+    if (uint64_t(R) * n > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * n, buf.cap_values);
+    DevAct a;
+    a.kind = ActKind::Q8_0;
+    a.K = n;
+    a.q = buf.q;
+    a.d = buf.d;
+    a.bsum = buf.bsum;
+    if (!R) return a;
+    rms_norm_q8_0_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    check_launch("rms_norm_q8_0");
+    return a;
 }
 
 bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn, const float* norm_w) {

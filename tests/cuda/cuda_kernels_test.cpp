@@ -620,6 +620,26 @@ TEST_F(CudaKernels, RmsNormMatchesTheCpu) {
     }
 }
 
+TEST_F(CudaKernels, RmsNormQ8_0EqualsNormThenQuantise) {
+    // The query path's fused norm + Q8_0 codes: the same bits as rms_norm then quantize_act.
+    for (uint32_t n : {1024u, 1536u, 96u}) {
+        const uint32_t R = 3;
+        auto x = random_floats(R * n, 400 + n, -4.0f, 4.0f);
+        auto w = random_floats(n, 401 + n, 0.5f, 1.5f);
+        DevVec<float> a(x), b(x), dw(w);
+        ActHolder fused(R * n), ref(R * n);
+        cuda::rms_norm_q8_0(a.get(), n, R, n, 1e-6f, dw.get(), fused.buf, nullptr);
+        cuda::rms_norm(b.get(), n, b.get(), n, R, n, 1e-6f, dw.get(), nullptr);
+        cuda::quantize_act(uint32_t(Type::Q8_0), b.get(), n, R, n, ref.buf, nullptr);
+        auto xa = a.download(), xb = b.download();
+        ASSERT_EQ(0, std::memcmp(xa.data(), xb.data(), R * n * 4)) << "normed rows, n=" << n;
+        auto qa = fused.q.download(), qb = ref.q.download();
+        ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), R * n)) << "codes, n=" << n;
+        auto da = fused.d.download(), db = ref.d.download();
+        ASSERT_EQ(0, std::memcmp(da.data(), db.data(), R * n / 32 * 4)) << "scales, n=" << n;
+    }
+}
+
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
     for (uint32_t n : {600u, 1000u, 5000u}) {
         for (uint32_t k : {8u, 64u, 512u}) {
