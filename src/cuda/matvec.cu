@@ -266,7 +266,9 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                 dw[j] = f16_to_f32(wd[j][b]);
             }
             for (int i = 0; i < RB; ++i) {
-                if (i >= nr) break;
+                // (one slot is always live: no branch, so the unrolled steps are one block of
+                // code and their loads can all be issued before the first dp4a)
+                if (RB > 1 && i >= nr) break;
                 const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * AL + goff + b * 32);
                 const int4 a0 = a4[0], a1 = a4[1];
                 const float da = p.ad[ar[i] * (AL / 32) + goff / 32 + b];
