@@ -128,6 +128,10 @@ void iq2_tables(const uint64_t** grid, const uint64_t** sign);
 void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                     uint64_t rows_per_group, cudaStream_t s);
 
+// Tests: the IQ2_XXS decode tables' place as DSV4_KQ_SMEM would choose it (0 global memory,
+// 1 shared, 2 shared with 3 blocks per SM); -1 (initially) follows the environment.
+void kq_smem_select(int mode);
+
 // Gate and up products of one SwiGLU in one pass (same type and shape, quantised types):
 // mid[r*mid_stride + n] = silu(clamp(Wg[n]·act)) * clamp(Wu[n]·act) (* ew[r]), every
 // operation as matvec + swiglu in that order, so the result is theirs bit for bit.

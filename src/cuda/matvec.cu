@@ -259,7 +259,9 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
                 dw[j] = f16_to_f32(wd[j][b]);
             }
             for (int i = 0; i < RB; ++i) {
-                if (i >= nr) break;
+                // (one slot is always live: no branch, so the unrolled steps are one block of
+                // code and their loads can all be issued before the first dp4a)
+                if (RB > 1 && i >= nr) break;
                 const int4* a4 = reinterpret_cast<const int4*>(p.aq + ar[i] * AL + goff + b * 32);
                 const int4 a0 = a4[0], a1 = a4[1];
                 const float da = p.ad[ar[i] * (AL / 32) + goff / 32 + b];
@@ -557,18 +559,137 @@ __device__ __forceinline__ int iq2_group(uint32_t a0, uint32_t a1, int4 x0, int4
 
 constexpr int kKqWarps = 8;   // warps per block of kq_kernel
 
-template <uint32_t T, int RB, int NW, int RW, int PS>
-__global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
-    pdl_begin();
+// IQ2_XXS decode (one slot) with its tables in shared memory (kq_body's SM = 1 or 2;
+// DSV4_KQ_SMEM=0 selects the global-memory lookups of iq2_expand for A/B, see launch_kq).
+// Each lane does 16 table lookups per 16 bytes of weights at random indices: from global memory they go through L1 as scattered
+// requests, and even from one shared copy random indices collide on banks (a 64-bit lookup
+// of a half-warp into 16 bank pairs costs ~3 passes instead of 1). So each table is
+// replicated until a warp's lookups are conflict-free:
+// - grid: 16 copies of each 8-byte row side by side (row i, copy c at 8-byte slot 16 i + c):
+//   a 64-bit load is served per half-warp, and lane l reads copy l & 15, i.e. its own bank
+//   pair, so any 32 indices take the minimum 2 passes. 256 * 16 * 8 = 32 KB.
+// - signs: not byte masks but the prmt selectors that pick, per byte, the grid
+//   magnitude or its negation: byte t of the result is byte t of g (nibble t) or of
+//   0x01010100 - g (nibble t + 4; every grid byte is 8, 25 or 43, so this is the byte-wise
+//   negation without borrows), i.e. exactly the signed bytes of (g ^ m) + (m & 0x01010101).
+//   Low half-word: selector of the values 0..3, high: values 4..7. 32 copies of each 4-byte
+//   entry (entry i, copy c at word 32 i + c), lane l reads copy l: one pass.
+//   128 * 32 * 4 = 16 KB.
+// Per 8 values this is 2 loads (3 shared passes per warp) and 2 + 2 + 1 + 2 + 2 integer
+// operations (the two offsets, the high selector, two negations, two prmt) instead of 2
+// scattered global loads and about 4 + 4 + 6 (64-bit addresses, then xor / and / add per word).
+// The integers are the same, so are the sums and the results (bit for bit).
+constexpr uint32_t kIq2SmemGrid = 256 * 16 * 8;                  // bytes of the grid copies
+constexpr uint32_t kIq2SmemBytes = kIq2SmemGrid + 128 * 32 * 4;  // + the selector copies
+
+// The 128 selectors (a constant: they depend on ksigns alone), built at compile time.
+struct Iq2Selectors {
+    uint32_t v[128];
+};
+constexpr Iq2Selectors iq2_selectors() {
+    Iq2Selectors r{};
+    for (uint32_t i = 0; i < 128; ++i) {
+        uint32_t v = i, par = 0;
+        for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
+        v |= par << 7;   // ksigns(i)
+        uint32_t s = 0;
+        for (int t = 0; t < 8; ++t) s |= (uint32_t(t & 3) + 4 * ((v >> t) & 1)) << (4 * (t & 3) + 16 * (t >> 2));
+        r.v[i] = s;
+    }
+    return r;
+}
+__device__ const Iq2Selectors g_iq2_sel = iq2_selectors();
+
+// Fills the shared tables (the block's 256 threads, then a barrier): every load first (L1 /
+// L2 hits, beside the weight loads already in flight), then 16-byte stores to consecutive
+// addresses per warp (conflict-free), 8 + 4 per thread.
+__device__ __forceinline__ void iq2_fill_smem(uint4* sm) {
+    constexpr uint32_t NT = 32 * kKqWarps, NG = kIq2SmemGrid / 16 / NT, NS = (kIq2SmemBytes - kIq2SmemGrid) / 16 / NT;
+    static_assert(NG % 4 == 0 && NG * NT * 16 == kIq2SmemGrid && NS * NT * 16 == kIq2SmemBytes - kIq2SmemGrid, "fill shape");
+    const uint32_t tid = threadIdx.x;
+    // in rounds of 4 loads: few registers beside the weights in flight (L1 hits mostly: every
+    // block of the SM reads the same 2.5 KB)
+    uint32_t sel[NS];
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) sel[j] = __ldg(&g_iq2_sel.v[(tid + NT * j) >> 3]);
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) sm[kIq2SmemGrid / 16 + tid + NT * j] = make_uint4(sel[j], sel[j], sel[j], sel[j]);
+#pragma unroll
+    for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
+        uint64_t g[4];
+#pragma unroll
+        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&g_iq2_grid[(tid + NT * (j0 + j)) >> 3]);
+#pragma unroll
+        for (uint32_t j = 0; j < 4; ++j)
+            sm[tid + NT * (j0 + j)] = make_uint4(uint32_t(g[j]), uint32_t(g[j] >> 32), uint32_t(g[j]), uint32_t(g[j] >> 32));
+    }
+    __syncthreads();
+}
+
+// prmt without __byte_perm's masking of the selector (an extra AND per call): the
+// selectors of iq2_selector never set a nibble's bit 3 (sign replication).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// iq2_expand from the shared tables: the same 8 words. smb: the tables; lane: threadIdx.x & 31.
+__device__ __forceinline__ void iq2_expand_smem(uint32_t a0, uint32_t a1, const uint8_t* smb, uint32_t lane,
+                                                uint32_t* w) {
+    const uint8_t* gb = smb + (lane & 15) * 8;             // this lane's grid copy
+    const uint8_t* sb = smb + kIq2SmemGrid + lane * 4;     // and selector copy
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        // 128 * index: grid index = byte l of a0, sign index = bits 7l..7l+6 of a1
+        const uint32_t go = (l == 0 ? a0 << 7 : a0 >> (8 * l - 7)) & 0x7F80u;
+        const uint32_t so = (l == 0 ? a1 << 7 : l == 1 ? a1 : a1 >> (7 * l - 7)) & 0x3F80u;
+        const uint2 g = *reinterpret_cast<const uint2*>(gb + go);
+        const uint32_t sel = *reinterpret_cast<const uint32_t*>(sb + so);
+        w[2 * l] = prmt(g.x, 0x01010100u - g.x, sel);
+        w[2 * l + 1] = prmt(g.y, 0x01010100u - g.y, sel >> 16);
+    }
+}
+
+// iq2_group with the shared tables: the same integer sum, the same order.
+__device__ __forceinline__ int iq2_group_smem(uint32_t a0, uint32_t a1, int4 x0, int4 x1, const uint8_t* smb,
+                                              uint32_t lane) {
+    uint32_t w[8];
+    iq2_expand_smem(a0, a1, smb, lane, w);
+    const int aw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    int sm = 0;
+#pragma unroll
+    for (int l = 0; l < 8; ++l) sm = __dp4a(int(w[l]), aw[l], sm);
+    return sm * int(2 * (a1 >> 28) + 1);
+}
+
+// SM: 0 tables in global memory (iq2_expand, kq_kernel); 1 in shared memory (iq2_expand_smem,
+// kq_kernel_smem with 2 blocks of 8 warps per SM); 2 the same with 3 blocks per SM (registers
+// capped at 80: the gate+up decode variant then spills some).
+template <uint32_t T, int RB, int NW, int RW, int PS, int SM>
+__device__ __forceinline__ void kq_body(const MV& p) {
+    static_assert(SM == 0 || (T == T_IQ2_XXS && RB == 1), "shared tables: IQ2_XXS with one slot");
+    // SM: kIq2SmemBytes of tables (launch_kq), filled once the first weight loads are issued
+    // (the fill's own loads then wait beside them instead of before them). Every thread
+    // passes exactly one barrier: warps without rows fill and leave here.
+    extern __shared__ uint4 kq_smem[];
     constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80;   // repacked bytes per super-block
     constexpr uint32_t CODES = T == T_IQ2_XXS ? 0 : 16;   // where its codes start
     constexpr uint32_t AUX = T == T_IQ2_XXS ? 1 : 2;      // f16 scales per super-block
     const uint32_t lane = threadIdx.x & 31, q = lane & 3;
     const uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW;
-    if (n0 >= p.N) return;
     Slots<RB> sl;
-    if (!get_slots<RB>(p, sl)) return;
+    if (n0 >= p.N || !get_slots<RB>(p, sl)) {   // (one slot: get_slots always succeeds)
+        if constexpr (SM != 0) iq2_fill_smem(kq_smem);
+        return;
+    }
     const uint64_t nsb = p.K / 256, AL = p.act_len;
+    if constexpr (SM != 0) {
+        if (nsb == 0) {   // (no loop below to fill in)
+            iq2_fill_smem(kq_smem);
+            return;
+        }
+    }
     const int nrow = int(min(uint64_t(RW), p.N - n0));
     const uint8_t* wq[RW][NW];
     const uint16_t* wd[RW][NW];
@@ -618,6 +739,9 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
                     }
                 }
         }
+        if constexpr (SM != 0) {
+            if (base == 0) iq2_fill_smem(kq_smem);
+        }
         // IQ2_XXS with several slots: the signed code bytes of this lane's two groups
         uint32_t wx[PS][RW][NW][T == T_IQ2_XXS && RB > 1 ? 16 : 1];
         if constexpr (T == T_IQ2_XXS && RB > 1) {
@@ -662,6 +786,10 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
                                     s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
                                 }
                                 isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
+                            } else if constexpr (SM != 0) {
+                                const uint8_t* smb = reinterpret_cast<const uint8_t*>(kq_smem);
+                                isum = iq2_group_smem(w.x, w.y, x0, x1, smb, lane) +
+                                       iq2_group_smem(w.z, w.w, x2, x3, smb, lane);
                             } else {
                                 isum = iq2_group(w.x, w.y, x0, x1) + iq2_group(w.z, w.w, x2, x3);
                             }
@@ -733,15 +861,37 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
     }
 }
 
+template <uint32_t T, int RB, int NW, int RW, int PS>
+__global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
+    pdl_begin();
+    kq_body<T, RB, NW, RW, PS, 0>(p);
+}
+
+// The shared-table variants (IQ2_XXS, one slot) with registers capped for MINB blocks per SM:
+// 2 (128 registers) for SM = 1, 3 (80) for SM = 2.
+template <uint32_t T, int NW, int RW, int PS, int MINB>
+__global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
+    pdl_begin();
+    kq_body<T, 1, NW, RW, PS, MINB == 3 ? 2 : 1>(p);
+}
+
 // Slots per block and rows per warp: one slot per block row for expert pairs (their weight
 // rows differ) unless grouped, RB rows of a batch otherwise; RW > 1 only for one slot, where
 // a warp's few loads would leave the memory system idle. DSV4_KQ_RW overrides RW (1, 2, 4)
-// for measurements.
+// for measurements. IQ2_XXS with one slot looks its tables up in shared memory (see
+// kIq2SmemBytes); DSV4_KQ_SMEM (read once) selects for A/B: 0 the global-memory lookups of
+// before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM).
+int g_kq_smem_select = -1;   // kq_smem_select
+
 template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
     static const int rw_env = [] {
         const char* e = std::getenv("DSV4_KQ_RW");
         return e ? std::atoi(e) : 0;
+    }();
+    static const int smem_env = [] {
+        const char* e = std::getenv("DSV4_KQ_SMEM");
+        return e ? std::atoi(e) : 1;
     }();
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
@@ -749,6 +899,23 @@ void launch_kq(const MV& p, cudaStream_t s) {
     const uint32_t rows_per_block = kKqWarps * uint32_t(rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block), gy), block(32 * kKqWarps);
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
+    if constexpr (T == T_IQ2_XXS) {
+        const int sm = g_kq_smem_select >= 0 ? g_kq_smem_select : smem_env;
+        if (rb == 1 && (sm == 1 || sm == 2)) {
+            // 48 KB of dynamic shared memory: within the default limit, no attribute needed
+            constexpr size_t sb = kIq2SmemBytes;
+            if (sm == 2) {
+                if (rw >= 4) kq_kernel_smem<T, NW, 4, 1, 3><<<grid, block, sb, s>>>(p);
+                else if (rw == 2) kq_kernel_smem<T, NW, 2, 2, 3><<<grid, block, sb, s>>>(p);
+                else kq_kernel_smem<T, NW, 1, 2, 3><<<grid, block, sb, s>>>(p);
+            } else {
+                if (rw >= 4) kq_kernel_smem<T, NW, 4, 1, 2><<<grid, block, sb, s>>>(p);
+                else if (rw == 2) kq_kernel_smem<T, NW, 2, 2, 2><<<grid, block, sb, s>>>(p);
+                else kq_kernel_smem<T, NW, 1, 2, 2><<<grid, block, sb, s>>>(p);
+            }
+            return;
+        }
+    }
     if (rb == 8) kq_kernel<T, 8, NW, 1, 1><<<grid, block, 0, s>>>(p);
     else if (rb == 4) kq_kernel<T, 4, NW, 1, 1><<<grid, block, 0, s>>>(p);
     else if (rb == 2) kq_kernel<T, 2, NW, 1, 1><<<grid, block, 0, s>>>(p);
@@ -1043,6 +1210,8 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
                     uint64_t rows_per_group, cudaStream_t s) {
     matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group, nullptr);
 }
+
+void kq_smem_select(int mode) { g_kq_smem_select = mode; }
 
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
     if (Wg.type != Wu.type || Wg.K != Wu.K || Wg.row_bytes != Wu.row_bytes || Wg.rows != Wu.rows) return false;

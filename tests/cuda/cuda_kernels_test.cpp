@@ -963,6 +963,49 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
     }
 }
 
+TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
+    // IQ2_XXS decode (one slot per block row) looks its grid and signs up in shared memory
+    // (DSV4_KQ_SMEM = 1, or 2 with 3 blocks per SM); the results must be those of the
+    // global-memory lookups (0) bit for bit: plain rows and expert pairs, gate+up fused and
+    // single products, N not a multiple of a block's rows (warps without rows), K of one
+    // partial to two full rounds of loads.
+    const uint64_t RPE = 200, NEXP = 3, N = 200;
+    for (const uint64_t K : {256, 2048, 4096, 8192}) {
+        const HostWeight hg = random_weight(Type::IQ2_XXS, K, RPE * NEXP, 701 + K);
+        const HostWeight hu = random_weight(Type::IQ2_XXS, K, RPE * NEXP, 801 + K);
+        DevWeightHolder dg(hg), du(hu);
+        const uint32_t AR = 3, P = 6;
+        const std::vector<int32_t> ex = {2, 0, 1, 2, 2, 0};
+        DevVec<int32_t> dex(ex);
+        auto wv = random_floats(P, 23, 0.1f, 1.0f);
+        DevVec<float> dew(wv);
+        auto x = random_floats(AR * K, 29 + K, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(AR * K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::IQ2_XXS), dx.get(), K, AR, K, ah.buf, nullptr);
+        std::vector<float> ref[4];
+        for (int mode : {0, 1, 2}) {
+            cuda::kq_smem_select(mode);
+            DevVec<float> y1(N), y2(P * N), f1(N), f2(P * N);
+            cuda::matvec(dg.w, a, 1, y1.get(), N, N, 0, nullptr);
+            cuda::matvec(dg.w, a, P, y2.get(), N, N, 0, nullptr, dex.get(), RPE, 2);
+            cuda::matvec_swiglu(dg.w, du.w, a, 1, f1.get(), N, N, 0.0f, nullptr, nullptr);
+            cuda::matvec_swiglu(dg.w, du.w, a, P, f2.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(), RPE, 2);
+            const std::vector<float> got[4] = {y1.download(), y2.download(), f1.download(), f2.download()};
+            for (int c = 0; c < 4; ++c) {
+                if (mode == 0) {
+                    ref[c] = got[c];
+                } else {
+                    ASSERT_EQ(ref[c].size(), got[c].size());
+                    ASSERT_EQ(0, std::memcmp(ref[c].data(), got[c].data(), ref[c].size() * 4))
+                        << "K " << K << " mode " << mode << " case " << c;
+                }
+            }
+        }
+        cuda::kq_smem_select(-1);
+    }
+}
+
 TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     // Prefill's tensor-core Q8_0 product (R >= 16) must give each row exactly what decode
     // (one row at a time) gives: same integer block sums, same float steps, same tree of sums.
