@@ -850,6 +850,126 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
         }
 }
 
+
+// ---- Q8_0 products staged through shared memory (DSV4_GEMM_SMEM; decode's warp-per-row
+// order only, WT = 32) --------------------------------------------------------------------
+// Same block tile as gemm_q8_0_kernel (64 weight rows × 32 activation rows) but 8 warps of
+// 16 × 16 (8 accumulators a thread instead of 16, so ~half the registers). A stage is one
+// leaf of the decode tree: blocks l, l + 32, ... (l = bitrev5(j)) of the 64 weight rows and
+// 32 activation rows, copied by cp.async while the previous leaf's MMAs run; fragments come
+// by ldmatrix, the scales through shared memory. Per output the float steps are those of
+// leaf_sums + tree_push in the same order.
+constexpr int kQ8MaxLeafBlocks = 8;   // K <= 8192 (blocks a leaf of 32 lanes)
+
+__host__ __device__ constexpr int q8_stride(int cmax) { return cmax * 32 + 16; }   // odd 16-byte units
+__host__ __device__ constexpr int q8_smem_bytes(int cmax) {
+    return 2 * (kBM + kBN) * q8_stride(cmax) + (kBM + kBN) * cmax * 4;
+}
+
+__global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
+    pdl_begin();
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * 16;
+    const uint64_t m0 = uint64_t(blockIdx.x) * kBM;
+    const uint32_t n0 = blockIdx.y * kBN;
+    const int nb = int(p.K / 32);
+    const int cmax = (nb + 31) / 32, stride = q8_stride(cmax);
+    uint8_t* wbuf = sm;                                        // [2][64] rows of stride bytes
+    uint8_t* abuf = sm + 2 * kBM * stride;                     // [2][32]
+    float* sdw = reinterpret_cast<float*>(sm + 2 * (kBM + kBN) * stride);   // [64][cmax]
+    float* sda = sdw + kBM * cmax;                                          // [32][cmax]
+    const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
+    auto leaf_count = [&](int j) {
+        const int l = bitrev5(j);
+        return l < nb ? (nb - l + 31) / 32 : 0;
+    };
+    auto wrow = [&](uint32_t r) { return p.row0 + min(m0 + r, p.N - 1); };          // rows past N: clamped
+    auto arow = [&](uint32_t a) { return uint64_t(min(n0 + a, p.R - 1)); };
+    auto issue = [&](int j) {
+        const int l = bitrev5(j), c = leaf_count(j), s = j & 1;
+        for (int v = int(t); v < 192 * c; v += 256) {
+            const bool isw = v < 128 * c;
+            const int vv = isw ? v : v - 128 * c, r = vv / (2 * c), i = (vv % (2 * c)) >> 1, h = vv & 1;
+            const uint64_t k = uint64_t(l + 32 * i) * 32 + 16 * h;
+            if (isw)
+                cp_async16(wbuf + (s * kBM + r) * stride + i * 32 + h * 16, p.wq + wrow(r) * p.K + k);
+            else
+                cp_async16(abuf + (s * kBN + r) * stride + i * 32 + h * 16, p.aq + arow(r) * p.AL + goff + k);
+        }
+    };
+    // scales of a leaf: v < 64 c: weight row v / c, block i = v % c; then the activation rows
+    float pre[3];
+    auto load_scales = [&](int j) {
+        const int l = bitrev5(j), c = leaf_count(j);
+#pragma unroll
+        for (int q = 0; q < 3; ++q) {
+            const int v = int(t) + 256 * q;
+            if (v < 64 * c) {
+                pre[q] = f16_to_f32(p.wd[wrow(v / c) * uint64_t(nb) + l + 32 * (v % c)]);
+            } else if (v < 96 * c) {
+                const int va = v - 64 * c;
+                pre[q] = p.ad[arow(va / c) * (p.AL / 32) + goff / 32 + l + 32 * (va % c)];
+            }
+        }
+    };
+    auto store_scales = [&](int j) {
+        const int c = leaf_count(j);
+#pragma unroll
+        for (int q = 0; q < 3; ++q) {
+            const int v = int(t) + 256 * q;
+            if (v < 64 * c) sdw[(v / c) * cmax + v % c] = pre[q];
+            else if (v < 96 * c) sda[((v - 64 * c) / c) * cmax + (v - 64 * c) % c] = pre[q];
+        }
+    };
+
+    issue(0);
+    cp_async_commit();
+    load_scales(0);
+    float st[5][2][4], cur[2][4];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const int c = leaf_count(j), s = j & 1;
+        cp_async_wait_all();
+        __syncthreads();   // leaf j's tiles landed for all; every warp is done with leaf j - 1
+        if (j + 1 < 32) issue(j + 1);
+        cp_async_commit();
+        store_scales(j);
+        if (j + 1 < 32) load_scales(j + 1);
+        __syncthreads();   // scales visible
+        each(cur, [](float& x) { x = 0.0f; });
+        const uint8_t* wb = wbuf + s * kBM * stride;
+        const uint8_t* ab = abuf + s * kBN * stride;
+        for (int i = 0; i < c; ++i) {
+            uint32_t a[4], b[4];
+            ldmatrix_x4(a, wb + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * stride + i * 32 + (lane >> 4) * 16);
+            ldmatrix_x4(b, ab + (wn + (lane & 7) + (lane >> 4) * 8) * stride + i * 32 + ((lane >> 3) & 1) * 16);
+            const float dw[2] = {sdw[(wm + gid) * cmax + i], sdw[(wm + gid + 8) * cmax + i]};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                int d[4];
+                const uint32_t bb[2] = {b[2 * nt], b[2 * nt + 1]};
+                mma_s8(a, bb, d);
+                const float da[2] = {sda[(wn + nt * 8 + 2 * tig) * cmax + i],
+                                     sda[(wn + nt * 8 + 2 * tig + 1) * cmax + i]};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    cur[nt][e] = fmaf(dw[e >> 1] * da[e & 1], float(d[e]), cur[nt][e]);
+            }
+        }
+        tree_push(j, st, cur);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
+            const uint32_t r = n0 + wn + nt * 8 + 2 * tig + (e & 1);
+            if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = cur[nt][e];
+        }
+}
+
 }  // namespace
 
 namespace {
@@ -862,8 +982,9 @@ bool tensor_cores_on() {
     return on;
 }
 
-// DSV4_GEMM_SMEM=0 keeps the register-fed tensor-core kernels (gemm_kq_kernel) for the
-// IQ2_XXS experts instead of the shared-memory staged ones; gemm_smem_override (tests) wins.
+// DSV4_GEMM_SMEM=0 keeps the register-fed tensor-core kernels (gemm_kq_kernel,
+// gemm_q8_0_kernel) instead of the shared-memory staged ones (IQ2_XXS, Q2_K experts; Q8_0
+// of decode's warp-per-row order); gemm_smem_override (tests) wins.
 int g_smem_override = -1;
 bool smem_on() {
     static const bool on = [] {
@@ -890,6 +1011,11 @@ bool iq2_smem_ready(cudaStream_t s) {
     static bool ready = false;
     return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW>), Iq2Smem<NW>::bytes, ready, s);
 }
+bool q8_smem_ready(cudaStream_t s) {
+    static bool ready = false;
+    return smem_ready(reinterpret_cast<const void*>(gemm_q8_0_smem_kernel), q8_smem_bytes(kQ8MaxLeafBlocks), ready,
+                      s);
+}
 bool q2k_smem_ready(cudaStream_t s) {
     static bool ready = false;
     return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel), Q2Smem::bytes, ready, s);
@@ -910,7 +1036,15 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
-    switch (decode_row_threads(W.K, N, false)) {
+    const uint32_t wt = decode_row_threads(W.K, N, false);
+    const int cmax = int((W.K / 32 + 31) / 32);
+    if (wt == 32 && smem_on() && cmax <= kQ8MaxLeafBlocks && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.K % 16 == 0 && q8_smem_ready(s)) {
+        gemm_q8_0_smem_kernel<<<grid, 256, q8_smem_bytes(cmax), s>>>(p);
+        check_launch("gemm_q8_0");
+        return;
+    }
+    switch (wt) {
         case 1024: gemm_q8_0_kernel<1024><<<grid, 128, 0, s>>>(p); break;
         case 256: gemm_q8_0_kernel<256><<<grid, 128, 0, s>>>(p); break;
         default: gemm_q8_0_kernel<32><<<grid, 128, 0, s>>>(p); break;

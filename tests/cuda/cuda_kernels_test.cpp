@@ -880,3 +880,46 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
         }
     }
 }
+
+TEST_F(CudaKernels, TensorCoreQ8_0SharedMemoryEqualsDecode) {
+    // The Q8_0 product staged through shared memory (gemm.cu, DSV4_GEMM_SMEM; decode's
+    // warp-per-row order) and the register-fed one both give each row exactly what decode
+    // gives: K with fewer blocks than the 32 leaves, with one leaf longer than the others
+    // (K 1,056: 33 blocks), with 8 blocks a leaf (K 8,192, the largest staged) and past it
+    // (K 8,224: the register-fed kernel takes it), N and R with tails, the grouped product,
+    // and a wide-block shape (N 72, K 4,096: not staged).
+    struct Case {
+        uint64_t K, N, rpg;
+        uint32_t R;
+    };
+    for (const Case c : {Case{512, 100, 0, 16}, Case{1056, 130, 0, 37}, Case{4096, 1100, 0, 20},
+                         Case{8192, 1088, 0, 33}, Case{8224, 1040, 0, 17}, Case{1024, 128, 64, 17},
+                         Case{4096, 72, 0, 20}, Case{1024, 2048, 0, 64}}) {
+        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 950 + c.K + c.N);
+        DevWeightHolder dw(hw);
+        auto x = random_floats(c.R * AK, 41 + c.R, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(c.R * AK);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+        DevVec<float> one(c.R * c.N);
+        for (uint32_t r = 0; r < c.R; ++r) {
+            cuda::DevAct ar = a;
+            ar.q = a.q + uint64_t(r) * AK;
+            ar.d = a.d + uint64_t(r) * (AK / 32);
+            if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
+            else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
+        }
+        const auto ref = one.download();
+        for (const int smem : {1, 0}) {
+            cuda::gemm_smem_override(smem);
+            DevVec<float> tc(c.R * c.N);
+            cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto got = tc.download();
+            cuda::gemm_smem_override(-1);
+            ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
+                << "smem " << smem << " K " << c.K << " N " << c.N << " R " << c.R;
+        }
+    }
+}
