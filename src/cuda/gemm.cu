@@ -437,8 +437,9 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
 // ---- IQ2_XXS gate+up staged through shared memory (DSV4_GEMM_SMEM, on by default) --------
 // Same integers and the same float steps in the same order as gemm_kq_kernel<T_IQ2_XXS>
 // (so as decode); only where the operands come from differs. A block: 64 weight rows × the
-// group's 32 pairs × NW weights, 8 warps of 16 rows × 16 pairs (so 4 × NW accumulator tiles a
-// thread: ~120 registers, 2 blocks = 16 warps an SM). Per super-block (in the decode tree's
+// group's 32 pairs × NW weights, 8 warps of 16 rows × 16 pairs (2 × NW accumulator tiles a
+// thread: 128 registers with NW = 2, ptxas spilling 32 bytes; 2 blocks = 16 warps an SM,
+// 73 KB of shared memory a block). Per super-block (in the decode tree's
 // visiting order): the raw codes (NW × 64 rows × 64 bytes) and the pairs' activations
 // (32 × 256 bytes) arrive by cp.async one super-block ahead (two stages); the block expands
 // the codes once through the grid and sign tables (in shared memory) into int8 rows, then
@@ -665,6 +666,7 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
 // so the super-block's integer sum Σ_u s_u (q_u · a_u) — exactly the decode kernel's — comes
 // from 8 accumulating m16n8k32 MMAs instead of 16 m16n8k16 ones and 16 scalar products a
 // tile. The mins' sums Σ_u m_u bsum_u (bsum: 16 × int8 sums, not int8) stay scalar.
+// 80 registers (ptxas spills 28 bytes), 50 KB of shared memory: 3 blocks = 24 warps an SM.
 struct Q2Smem {
     static constexpr int exp = 0;                                  // [64] rows of kSmRowE int8
     static constexpr int raw = exp + kSmRows * kSmRowE;            // [2][64][80] scales + codes
@@ -854,16 +856,19 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 // ---- Q8_0 products staged through shared memory (DSV4_GEMM_SMEM; decode's warp-per-row
 // order only, WT = 32) --------------------------------------------------------------------
 // Same block tile as gemm_q8_0_kernel (64 weight rows × 32 activation rows) but 8 warps of
-// 16 × 16 (8 accumulators a thread instead of 16, so ~half the registers). A stage is one
-// leaf of the decode tree: blocks l, l + 32, ... (l = bitrev5(j)) of the 64 weight rows and
-// 32 activation rows, copied by cp.async while the previous leaf's MMAs run; fragments come
-// by ldmatrix, the scales through shared memory. Per output the float steps are those of
-// leaf_sums + tree_push in the same order.
-constexpr int kQ8MaxLeafBlocks = 8;   // K <= 8192 (blocks a leaf of 32 lanes)
+// 16 × 16 (8 accumulators a thread instead of 16, so ~half the registers). A stage is G
+// leaves of the decode tree (leaf l = bitrev5(j): blocks l, l + 32, ...; G = 1 for K >= 3,073,
+// else 2 or 4, so a stage holds 4 to 8 blocks a row) of the 64 weight rows and 32 activation
+// rows, copied by cp.async while the previous stage's MMAs run; fragments come by ldmatrix,
+// the scales through shared memory. Per output the float steps are those of leaf_sums +
+// tree_push in the same order.
+constexpr int kQ8MaxSlots = 8;   // blocks a row a stage: K <= 8192 (8 blocks a leaf)
 
-__host__ __device__ constexpr int q8_stride(int cmax) { return cmax * 32 + 16; }   // odd 16-byte units
-__host__ __device__ constexpr int q8_smem_bytes(int cmax) {
-    return 2 * (kBM + kBN) * q8_stride(cmax) + (kBM + kBN) * cmax * 4;
+__host__ __device__ constexpr int q8_leaves_per_stage(int cmax) { return cmax >= 4 ? 1 : cmax >= 2 ? 2 : 4; }
+__host__ __device__ constexpr int q8_slots(int cmax) { return q8_leaves_per_stage(cmax) * cmax; }
+__host__ __device__ constexpr int q8_stride(int slots) { return slots * 32 + 16; }   // odd 16-byte units
+__host__ __device__ constexpr int q8_smem_bytes(int slots) {
+    return 2 * (kBM + kBN) * q8_stride(slots) + (kBM + kBN) * slots * 4;
 }
 
 __global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
@@ -874,52 +879,54 @@ __global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
     const uint64_t m0 = uint64_t(blockIdx.x) * kBM;
     const uint32_t n0 = blockIdx.y * kBN;
     const int nb = int(p.K / 32);
-    const int cmax = (nb + 31) / 32, stride = q8_stride(cmax);
-    uint8_t* wbuf = sm;                                        // [2][64] rows of stride bytes
-    uint8_t* abuf = sm + 2 * kBM * stride;                     // [2][32]
-    float* sdw = reinterpret_cast<float*>(sm + 2 * (kBM + kBN) * stride);   // [64][cmax]
-    float* sda = sdw + kBM * cmax;                                          // [32][cmax]
+    const int cmax = (nb + 31) / 32, G = q8_leaves_per_stage(cmax), SL = G * cmax, stride = q8_stride(SL);
+    uint8_t* wbuf = sm;                                                    // [2][64] rows of stride bytes
+    uint8_t* abuf = sm + 2 * kBM * stride;                                 // [2][32]
+    float* sdw = reinterpret_cast<float*>(sm + 2 * (kBM + kBN) * stride);  // [64][SL]
+    float* sda = sdw + kBM * SL;                                           // [32][SL]
     const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
     auto leaf_count = [&](int j) {
         const int l = bitrev5(j);
         return l < nb ? (nb - l + 31) / 32 : 0;
     };
-    auto wrow = [&](uint32_t r) { return p.row0 + min(m0 + r, p.N - 1); };          // rows past N: clamped
+    auto wrow = [&](uint32_t r) { return p.row0 + min(m0 + r, p.N - 1); };   // rows past N: clamped
     auto arow = [&](uint32_t a) { return uint64_t(min(n0 + a, p.R - 1)); };
-    auto issue = [&](int j) {
-        const int l = bitrev5(j), c = leaf_count(j), s = j & 1;
-        for (int v = int(t); v < 192 * c; v += 256) {
-            const bool isw = v < 128 * c;
-            const int vv = isw ? v : v - 128 * c, r = vv / (2 * c), i = (vv % (2 * c)) >> 1, h = vv & 1;
-            const uint64_t k = uint64_t(l + 32 * i) * 32 + 16 * h;
+    // stage j0 / G: slot g * cmax + i holds block bitrev5(j0 + g) + 32 i (i < that leaf's count)
+    auto issue = [&](int j0) {
+        const int s = (j0 / G) & 1;
+        for (int v = int(t); v < 192 * SL; v += 256) {
+            const bool isw = v < 128 * SL;
+            const int vv = isw ? v : v - 128 * SL, r = vv / (2 * SL), slot = (vv % (2 * SL)) >> 1, h = vv & 1;
+            const int jl = j0 + slot / cmax, i = slot % cmax;
+            if (i >= leaf_count(jl)) continue;
+            const uint64_t k = uint64_t(bitrev5(jl) + 32 * i) * 32 + 16 * h;
             if (isw)
-                cp_async16(wbuf + (s * kBM + r) * stride + i * 32 + h * 16, p.wq + wrow(r) * p.K + k);
+                cp_async16(wbuf + (s * kBM + r) * stride + slot * 32 + h * 16, p.wq + wrow(r) * p.K + k);
             else
-                cp_async16(abuf + (s * kBN + r) * stride + i * 32 + h * 16, p.aq + arow(r) * p.AL + goff + k);
+                cp_async16(abuf + (s * kBN + r) * stride + slot * 32 + h * 16, p.aq + arow(r) * p.AL + goff + k);
         }
     };
-    // scales of a leaf: v < 64 c: weight row v / c, block i = v % c; then the activation rows
+    // scales of a stage: v < 64 SL: weight row v / SL, slot v % SL; then the activation rows
     float pre[3];
-    auto load_scales = [&](int j) {
-        const int l = bitrev5(j), c = leaf_count(j);
+    auto load_scales = [&](int j0) {
 #pragma unroll
         for (int q = 0; q < 3; ++q) {
             const int v = int(t) + 256 * q;
-            if (v < 64 * c) {
-                pre[q] = f16_to_f32(p.wd[wrow(v / c) * uint64_t(nb) + l + 32 * (v % c)]);
-            } else if (v < 96 * c) {
-                const int va = v - 64 * c;
-                pre[q] = p.ad[arow(va / c) * (p.AL / 32) + goff / 32 + l + 32 * (va % c)];
-            }
+            if (v >= 96 * SL) continue;
+            const bool isw = v < 64 * SL;
+            const int vv = isw ? v : v - 64 * SL, r = vv / SL, slot = vv % SL;
+            const int jl = j0 + slot / cmax, i = slot % cmax;
+            if (i >= leaf_count(jl)) continue;
+            const int b = bitrev5(jl) + 32 * i;
+            pre[q] = isw ? f16_to_f32(p.wd[wrow(r) * uint64_t(nb) + b])
+                         : p.ad[arow(r) * (p.AL / 32) + goff / 32 + b];
         }
     };
-    auto store_scales = [&](int j) {
-        const int c = leaf_count(j);
+    auto store_scales = [&]() {
 #pragma unroll
         for (int q = 0; q < 3; ++q) {
             const int v = int(t) + 256 * q;
-            if (v < 64 * c) sdw[(v / c) * cmax + v % c] = pre[q];
-            else if (v < 96 * c) sda[((v - 64 * c) / c) * cmax + (v - 64 * c) % c] = pre[q];
+            if (v < 96 * SL) (v < 64 * SL ? sdw[v] : sda[v - 64 * SL]) = pre[q];   // [row][slot] either way
         }
     };
 
@@ -929,29 +936,32 @@ __global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
     float st[5][2][4], cur[2][4];
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
-        const int c = leaf_count(j), s = j & 1;
-        cp_async_wait_all();
-        __syncthreads();   // leaf j's tiles landed for all; every warp is done with leaf j - 1
-        if (j + 1 < 32) issue(j + 1);
-        cp_async_commit();
-        store_scales(j);
-        if (j + 1 < 32) load_scales(j + 1);
-        __syncthreads();   // scales visible
+        if (j % G == 0) {
+            cp_async_wait_all();
+            __syncthreads();   // stage j / G landed for all; every warp is done with the last one
+            if (j + G < 32) issue(j + G);
+            cp_async_commit();
+            store_scales();
+            if (j + G < 32) load_scales(j + G);
+            __syncthreads();   // scales visible
+        }
+        const int c = leaf_count(j), s = (j / G) & 1, slot0 = (j % G) * cmax;
         each(cur, [](float& x) { x = 0.0f; });
         const uint8_t* wb = wbuf + s * kBM * stride;
         const uint8_t* ab = abuf + s * kBN * stride;
         for (int i = 0; i < c; ++i) {
+            const int slot = slot0 + i;
             uint32_t a[4], b[4];
-            ldmatrix_x4(a, wb + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * stride + i * 32 + (lane >> 4) * 16);
-            ldmatrix_x4(b, ab + (wn + (lane & 7) + (lane >> 4) * 8) * stride + i * 32 + ((lane >> 3) & 1) * 16);
-            const float dw[2] = {sdw[(wm + gid) * cmax + i], sdw[(wm + gid + 8) * cmax + i]};
+            ldmatrix_x4(a, wb + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * stride + slot * 32 + (lane >> 4) * 16);
+            ldmatrix_x4(b, ab + (wn + (lane & 7) + (lane >> 4) * 8) * stride + slot * 32 + ((lane >> 3) & 1) * 16);
+            const float dw[2] = {sdw[(wm + gid) * SL + slot], sdw[(wm + gid + 8) * SL + slot]};
 #pragma unroll
             for (int nt = 0; nt < 2; ++nt) {
                 int d[4];
                 const uint32_t bb[2] = {b[2 * nt], b[2 * nt + 1]};
                 mma_s8(a, bb, d);
-                const float da[2] = {sda[(wn + nt * 8 + 2 * tig) * cmax + i],
-                                     sda[(wn + nt * 8 + 2 * tig + 1) * cmax + i]};
+                const float da[2] = {sda[(wn + nt * 8 + 2 * tig) * SL + slot],
+                                     sda[(wn + nt * 8 + 2 * tig + 1) * SL + slot]};
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
                     cur[nt][e] = fmaf(dw[e >> 1] * da[e & 1], float(d[e]), cur[nt][e]);
@@ -1013,8 +1023,7 @@ bool iq2_smem_ready(cudaStream_t s) {
 }
 bool q8_smem_ready(cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_q8_0_smem_kernel), q8_smem_bytes(kQ8MaxLeafBlocks), ready,
-                      s);
+    return smem_ready(reinterpret_cast<const void*>(gemm_q8_0_smem_kernel), q8_smem_bytes(kQ8MaxSlots), ready, s);
 }
 bool q2k_smem_ready(cudaStream_t s) {
     static bool ready = false;
@@ -1038,9 +1047,9 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
     const uint32_t wt = decode_row_threads(W.K, N, false);
     const int cmax = int((W.K / 32 + 31) / 32);
-    if (wt == 32 && smem_on() && cmax <= kQ8MaxLeafBlocks && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
+    if (wt == 32 && smem_on() && q8_slots(cmax) <= kQ8MaxSlots && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
         reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.K % 16 == 0 && q8_smem_ready(s)) {
-        gemm_q8_0_smem_kernel<<<grid, 256, q8_smem_bytes(cmax), s>>>(p);
+        gemm_q8_0_smem_kernel<<<grid, 256, q8_smem_bytes(q8_slots(cmax)), s>>>(p);
         check_launch("gemm_q8_0");
         return;
     }

@@ -884,8 +884,9 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
 TEST_F(CudaKernels, TensorCoreQ8_0SharedMemoryEqualsDecode) {
     // The Q8_0 product staged through shared memory (gemm.cu, DSV4_GEMM_SMEM; decode's
     // warp-per-row order) and the register-fed one both give each row exactly what decode
-    // gives: K with fewer blocks than the 32 leaves, with one leaf longer than the others
-    // (K 1,056: 33 blocks), with 8 blocks a leaf (K 8,192, the largest staged) and past it
+    // gives: K with fewer blocks than the 32 leaves (4 leaves a stage), with one leaf longer
+    // than the others (K 1,056: 33 blocks, 2 leaves a stage), 3 blocks a leaf (K 2,304: 2
+    // leaves a stage), 8 blocks a leaf (K 8,192, the largest staged) and past it
     // (K 8,224: the register-fed kernel takes it), N and R with tails, the grouped product,
     // and a wide-block shape (N 72, K 4,096: not staged).
     struct Case {
@@ -894,7 +895,7 @@ TEST_F(CudaKernels, TensorCoreQ8_0SharedMemoryEqualsDecode) {
     };
     for (const Case c : {Case{512, 100, 0, 16}, Case{1056, 130, 0, 37}, Case{4096, 1100, 0, 20},
                          Case{8192, 1088, 0, 33}, Case{8224, 1040, 0, 17}, Case{1024, 128, 64, 17},
-                         Case{4096, 72, 0, 20}, Case{1024, 2048, 0, 64}}) {
+                         Case{4096, 72, 0, 20}, Case{1024, 2048, 0, 64}, Case{2304, 1100, 0, 16}}) {
         const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
         const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 950 + c.K + c.N);
         DevWeightHolder dw(hw);
