@@ -433,6 +433,553 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
     }
 }
 
+
+// ---- IQ2_XXS gate+up staged through shared memory (DSV4_GEMM_SMEM, on by default) --------
+// Same integers and the same float steps in the same order as gemm_kq_kernel<T_IQ2_XXS>
+// (so as decode); only where the operands come from differs. A block: 64 weight rows × the
+// group's 32 pairs × NW weights, 8 warps of 16 rows × 16 pairs (2 × NW accumulator tiles a
+// thread: 128 registers with NW = 2, ptxas spilling 32 bytes; 2 blocks = 16 warps an SM,
+// 73 KB of shared memory a block). Per super-block (in the decode tree's
+// visiting order): the raw codes (NW × 64 rows × 64 bytes) and the pairs' activations
+// (32 × 256 bytes) arrive by cp.async one super-block ahead (two stages); the block expands
+// the codes once through the grid and sign tables (in shared memory) into int8 rows, then
+// every MMA takes its A and B fragments by ldmatrix from shared memory. Global traffic per
+// MMA (m16n8k32): 2 bytes of codes and 1 of activations (was 16 table lookups + 8 code +
+// 16 activation bytes per 2 MMAs from global / L1 per lane group).
+constexpr int kSmRows = 64;                 // weight rows a block
+// bytes a staged row of 256 int8 (expanded weights, activations) takes: 16 of padding so
+// ldmatrix's 8 row addresses fall on different banks
+constexpr int kSmRowE = 256 + 16;
+
+template <int NW>
+struct Iq2Smem {
+    static constexpr int grid = 0;                                  // 256 × u64
+    static constexpr int sign = grid + 256 * 8;                     // 128 × u64
+    static constexpr int exp = sign + 128 * 8;                      // [NW][64] rows of kSmRowE int8
+    static constexpr int ls = exp + NW * kSmRows * kSmRowE;         // [NW][64][8] group scales 2s + 1
+    static constexpr int raw = ls + NW * kSmRows * 8;               // [2][NW][64][64] code bytes
+    static constexpr int act = raw + 2 * NW * kSmRows * 64;         // [2][32] rows of kSmRowE int8
+    static constexpr int dw = act + 2 * int(kKqPairs) * kSmRowE;    // [NW][64] float
+    static constexpr int dx = dw + NW * kSmRows * 4;                // [32] float
+    static constexpr int bytes = dx + int(kKqPairs) * 4;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// The super-block visited idx-th: leaves in bit-reversed order, each leaf's blocks leaf,
+// leaf + 8, ... (the order of gemm_kq_kernel's loops).
+__device__ __forceinline__ int sb_at(int idx, int nsb) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+        const int c = leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+        if (idx < c) return leaf + 8 * idx;
+        idx -= c;
+    }
+    return -1;
+}
+
+template <int NW>
+__global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
+    pdl_begin();
+    using L = Iq2Smem<NW>;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t gi = blockIdx.y;
+    if (gi >= uint32_t(*p.count)) return;
+    const int32_t* g = p.grp + 3 * gi;
+    const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
+    const int32_t* gp = p.pairs + g[1];
+    const int cnt = min(g[2], int(kKqPairs));
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * 16;   // this warp's rows and pairs in the block
+    const uint64_t m0 = uint64_t(blockIdx.x) * kSmRows;
+    const int nsb = int(p.K / 256);
+    int nvis = 0;
+    for (int leaf = 0; leaf < 8; ++leaf) nvis += leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+
+    // tables
+    uint64_t* sgrid = reinterpret_cast<uint64_t*>(sm + L::grid);
+    uint64_t* ssign = reinterpret_cast<uint64_t*>(sm + L::sign);
+    sgrid[t] = p.grid[t];
+    if (t < 128) ssign[t] = p.sign[t];
+    // this thread's copies: code bytes 16 t.. of each weight's 64 rows (row t / 4, part t % 4),
+    // activation chunks t and t + 256 (pair slot q / 16, part q % 16)
+    const uint64_t woff = (wbase + min(m0 + (t >> 2), p.N - 1)) * uint64_t(nsb) * 64 + (t & 3) * 16;
+    uint32_t arow[2];   // activation rows of the pair slots t / 16 and 16 + t / 16
+#pragma unroll
+    for (int i = 0; i < 2; ++i) arow[i] = uint32_t(gp[min(int(t >> 4) + 16 * i, cnt - 1)]) / p.act_div;
+    auto issue = [&](int idx) {
+        const int s = idx & 1, sb = sb_at(idx, nsb);
+#pragma unroll
+        for (int j = 0; j < NW; ++j)
+            cp_async16(sm + L::raw + (s * NW + j) * kSmRows * 64 + t * 16, p.wq[j] + woff + uint64_t(sb) * 64);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            cp_async16(sm + L::act + (s * int(kKqPairs) + int(t >> 4) + 16 * i) * kSmRowE + (t & 15) * 16,
+                       p.aq + uint64_t(arow[i]) * p.AL + uint64_t(sb) * 256 + (t & 15) * 16);
+    };
+    // the scale this thread stages per super-block: a weight row's d (t < 64 NW) or a pair's dx
+    const bool has_dw = t < uint32_t(NW * kSmRows), has_dx = !has_dw && t < uint32_t(NW * kSmRows) + kKqPairs;
+    uint64_t soff = 0;
+    if (has_dw) soff = (wbase + min(m0 + (t % kSmRows), p.N - 1)) * uint64_t(nsb);
+    else if (has_dx)
+        soff = uint64_t(uint32_t(gp[min(int(t) - NW * kSmRows, cnt - 1)]) / p.act_div) * (p.AL / 256);
+    auto scale_at = [&](int idx) {
+        const int sb = sb_at(idx, nsb);
+        if (has_dw) return f16_to_f32((t >= uint32_t(kSmRows) ? p.wd[NW - 1] : p.wd[0])[soff + sb]);
+        return has_dx ? p.ad[soff + sb] : 0.0f;
+    };
+
+    issue(0);
+    cp_async_commit();
+    float pre = scale_at(0);
+
+    float st[3][NW][2][4], cur[NW][2][4];
+    int idx = 0;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+        each(cur, [](float& x) { x = 0.0f; });
+        for (int sb = leaf; sb < nsb; sb += 8, ++idx) {
+            const int s = idx & 1;
+            cp_async_wait_all();
+            __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
+            if (idx + 1 < nvis) issue(idx + 1);
+            cp_async_commit();
+            // expand the codes: unit u = (weight, row, 32-value group), 8 int8 per grid row
+            const uint8_t* raw = sm + L::raw + s * NW * kSmRows * 64;
+#pragma unroll 1
+            for (int i = 0; i < 2 * NW; ++i) {
+                const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
+                const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
+                uint32_t w[8];
+#pragma unroll
+                for (int l = 0; l < 4; ++l) {
+                    const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
+                    const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
+                    const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
+                    const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
+                    w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
+                    w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
+                }
+                // groups 4-7 store their second half first: 8 lanes' 16-byte stores then fall
+                // on 8 different bank quads
+                uint4* e = reinterpret_cast<uint4*>(sm + L::exp + jr * kSmRowE + grp * 32);
+                const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+                const uint32_t sw = (grp >> 2) & 1;
+                e[sw] = sw ? hi : lo;
+                e[sw ^ 1] = sw ? lo : hi;
+                sm[L::ls + jr * 8 + grp] = uint8_t(2 * (q.y >> 28) + 1);
+            }
+            if (t < uint32_t(NW * kSmRows)) reinterpret_cast<float*>(sm + L::dw)[t] = pre;
+            else if (t < uint32_t(NW * kSmRows) + kKqPairs)
+                reinterpret_cast<float*>(sm + L::dx)[t - NW * kSmRows] = pre;
+            if (idx + 1 < nvis) pre = scale_at(idx + 1);
+            __syncthreads();   // expanded rows, scales visible
+            int isum[NW][2][4];
+            each(isum, [](int& x) { x = 0; });
+            uint2 lsw[NW][2];
+#pragma unroll
+            for (int j = 0; j < NW; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    lsw[j][h] = *reinterpret_cast<const uint2*>(sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8);
+            const uint8_t* as = sm + L::act + s * int(kKqPairs) * kSmRowE;
+#pragma unroll 2
+            for (int grp = 0; grp < 8; ++grp) {
+                // B: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
+                uint32_t b[4];
+                ldmatrix_x4(b, as + (wn + (lane & 7) + (lane >> 4) * 8) * kSmRowE + grp * 32 + ((lane >> 3) & 1) * 16);
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                    // A: matrices (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
+                    uint32_t a[4];
+                    ldmatrix_x4(a, sm + L::exp + (j * kSmRows + wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE +
+                                       grp * 32 + (lane >> 4) * 16);
+                    int ls[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        ls[h] = int(((grp < 4 ? lsw[j][h].x : lsw[j][h].y) >> (8 * (grp & 3))) & 0xFF);
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        int d[4];
+                        const uint32_t bb[2] = {b[2 * nt], b[2 * nt + 1]};
+                        mma_s8(a, bb, d);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) isum[j][nt][e] += d[e] * ls[e >> 1];
+                    }
+                }
+            }
+            // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j) does it
+            const float* sdw = reinterpret_cast<const float*>(sm + L::dw);
+            const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
+#pragma unroll
+                for (int j = 0; j < NW; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float dwv = sdw[j * kSmRows + wm + gid + 8 * (e >> 1)];
+                        cur[j][nt][e] = fmaf(dwv * dx[e & 1], float(isum[j][nt][e]), cur[j][nt][e]);
+                    }
+            }
+        }
+        tree_push(jj, st, cur);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
+            const int c = int(wn) + nt * 8 + int(2 * tig) + (e & 1);
+            if (n >= p.N || c >= cnt) continue;
+            const uint32_t pc = uint32_t(gp[c]);
+            // the butterfly's last two steps add the zero lanes' sums
+            float v = ((cur[0][nt][e] + 0.0f) + 0.0f) * 0.125f;
+            if constexpr (NW == 2) {
+                const float u = ((cur[1][nt][e] + 0.0f) + 0.0f) * 0.125f;
+                v = swiglu_pair(v, u, p.clamp, p.ew, pc);
+            }
+            p.y[uint64_t(pc) * p.y_stride + n] = v;
+        }
+}
+
+
+// ---- Q2_K (the experts' down product) staged through shared memory -----------------------
+// The same pipeline as gemm_iq2_smem_kernel (64 weight rows × the group's 32 pairs a block,
+// 8 warps of 16 × 16, super-blocks in the decode tree's order, cp.async one ahead). The
+// expansion multiplies each 2-bit code by its sub-block's 4-bit scale (q·s <= 45: still int8),
+// so the super-block's integer sum Σ_u s_u (q_u · a_u) — exactly the decode kernel's — comes
+// from 8 accumulating m16n8k32 MMAs instead of 16 m16n8k16 ones and 16 scalar products a
+// tile. The mins' sums Σ_u m_u bsum_u (bsum: 16 × int8 sums, not int8) stay scalar.
+// 80 registers (ptxas spills 28 bytes), 50 KB of shared memory: 3 blocks = 24 warps an SM.
+struct Q2Smem {
+    static constexpr int exp = 0;                                  // [64] rows of kSmRowE int8
+    static constexpr int raw = exp + kSmRows * kSmRowE;            // [2][64][80] scales + codes
+    static constexpr int act = raw + 2 * kSmRows * 80;             // [2][32] rows of kSmRowE int8
+    static constexpr int bs = act + 2 * int(kKqPairs) * kSmRowE;  // [2][32][20] int32 (16 used)
+    static constexpr int dw = bs + 2 * int(kKqPairs) * 80;         // [64][2] float (d, dmin)
+    static constexpr int dx = dw + kSmRows * 8;                    // [32] float
+    static constexpr int bytes = dx + int(kKqPairs) * 4;
+};
+
+__device__ __forceinline__ void mma_s8_acc(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
+    pdl_begin();
+    using L = Q2Smem;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t gi = blockIdx.y;
+    if (gi >= uint32_t(*p.count)) return;
+    const int32_t* g = p.grp + 3 * gi;
+    const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
+    const int32_t* gp = p.pairs + g[1];
+    const int cnt = min(g[2], int(kKqPairs));
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * 16;
+    const uint64_t m0 = uint64_t(blockIdx.x) * kSmRows;
+    const int nsb = int(p.K / 256);
+    int nvis = 0;
+    for (int leaf = 0; leaf < 8; ++leaf) nvis += leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+
+    // copies: 320 chunks of code rows (row q / 5, part q % 5) for q = t and t + 256 (< 320);
+    // activation chunks t, t + 256; bsum chunks t < 128 (pair t / 4, part t % 4)
+    uint64_t woff[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint32_t q = min(t + 256 * i, 319u);
+        woff[i] = (wbase + min(m0 + q / 5, p.N - 1)) * uint64_t(nsb) * 80 + (q % 5) * 16;
+    }
+    uint32_t arow[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) arow[i] = uint32_t(gp[min(int(t >> 4) + 16 * i, cnt - 1)]) / p.act_div;
+    const uint32_t brow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
+    auto issue = [&](int idx) {
+        const int s = idx & 1, sb = sb_at(idx, nsb);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const uint32_t q = t + 256 * i;
+            if (q < 320)
+                cp_async16(sm + L::raw + s * kSmRows * 80 + q * 16, p.wq[0] + woff[i] + uint64_t(sb) * 80);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            cp_async16(sm + L::act + (s * int(kKqPairs) + int(t >> 4) + 16 * i) * kSmRowE + (t & 15) * 16,
+                       p.aq + uint64_t(arow[i]) * p.AL + uint64_t(sb) * 256 + (t & 15) * 16);
+        if (t < 128)
+            cp_async16(sm + L::bs + (s * int(kKqPairs) + int(t >> 2)) * 80 + (t & 3) * 16,
+                       p.absum + uint64_t(brow) * (p.AL / 16) + uint64_t(sb) * 16 + (t & 3) * 4);
+    };
+    // scales staged per super-block: a row's (d, dmin) (t < 64) or a pair's dx (64 <= t < 96)
+    const bool has_dw = t < uint32_t(kSmRows), has_dx = !has_dw && t < uint32_t(kSmRows) + kKqPairs;
+    uint64_t soff = 0;
+    if (has_dw) soff = (wbase + min(m0 + t, p.N - 1)) * uint64_t(nsb);
+    else if (has_dx) soff = uint64_t(uint32_t(gp[min(int(t) - kSmRows, cnt - 1)]) / p.act_div) * (p.AL / 256);
+    auto scale_at = [&](int idx) -> uint32_t {
+        const int sb = sb_at(idx, nsb);
+        return has_dw ? reinterpret_cast<const uint32_t*>(p.wd[0])[soff + sb]
+                      : has_dx ? __float_as_uint(p.ad[soff + sb]) : 0u;
+    };
+
+    issue(0);
+    cp_async_commit();
+    uint32_t pre = scale_at(0);
+
+    float st[3][2][4], cur[2][4];
+    int idx = 0;
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+        each(cur, [](float& x) { x = 0.0f; });
+        for (int sb = leaf; sb < nsb; sb += 8, ++idx) {
+            const int s = idx & 1;
+            cp_async_wait_all();
+            __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
+            if (idx + 1 < nvis) issue(idx + 1);
+            cp_async_commit();
+            // expand: unit (row, 32 values = sub-blocks 2c, 2c + 1) -> q · (scale & 15)
+            const uint8_t* raw = sm + L::raw + s * kSmRows * 80;
+#pragma unroll 1
+            for (int i = 0; i < 2; ++i) {
+                const uint32_t u = t + 256 * i, c = u & 7, row = u >> 3, hh = c >> 2, jp = c & 3;
+                const uint8_t* rr = raw + row * 80;
+                const uint4 q0 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh);
+                const uint4 q1 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh + 16);
+                const uint32_t s0 = rr[2 * c] & 0xF, s1 = rr[2 * c + 1] & 0xF;
+                auto x2 = [&](uint32_t w, uint32_t sc) { return ((w >> (2 * jp)) & 0x03030303u) * sc; };
+                const uint4 lo = make_uint4(x2(q0.x, s0), x2(q0.y, s0), x2(q0.z, s0), x2(q0.w, s0));
+                const uint4 hi = make_uint4(x2(q1.x, s1), x2(q1.y, s1), x2(q1.z, s1), x2(q1.w, s1));
+                uint4* e = reinterpret_cast<uint4*>(sm + L::exp + row * kSmRowE + c * 32);
+                const uint32_t sw = (c >> 2) & 1;
+                e[sw] = sw ? hi : lo;
+                e[sw ^ 1] = sw ? lo : hi;
+            }
+            float* sdw = reinterpret_cast<float*>(sm + L::dw);
+            if (has_dw) {
+                sdw[2 * t] = f16_to_f32(uint16_t(pre & 0xFFFF));
+                sdw[2 * t + 1] = f16_to_f32(uint16_t(pre >> 16));
+            } else if (has_dx) {
+                reinterpret_cast<float*>(sm + L::dx)[t - kSmRows] = __uint_as_float(pre);
+            }
+            if (idx + 1 < nvis) pre = scale_at(idx + 1);
+            __syncthreads();   // expanded rows, scales visible
+            int isum[2][4], mins[2][4];
+            each(isum, [](int& x) { x = 0; });
+            each(mins, [](int& x) { x = 0; });
+            const uint8_t* as = sm + L::act + s * int(kKqPairs) * kSmRowE;
+#pragma unroll 2
+            for (int c = 0; c < 8; ++c) {
+                uint32_t a[4], b[4];
+                ldmatrix_x4(b, as + (wn + (lane & 7) + (lane >> 4) * 8) * kSmRowE + c * 32 + ((lane >> 3) & 1) * 16);
+                ldmatrix_x4(a, sm + L::exp + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE + c * 32 +
+                                   (lane >> 4) * 16);
+                mma_s8_acc(a, b[0], b[1], isum[0]);
+                mma_s8_acc(a, b[2], b[3], isum[1]);
+            }
+            // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
+            {
+                const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * int(kKqPairs) * 20;
+#pragma unroll 1
+                for (int u4 = 0; u4 < 4; ++u4) {
+                    uint32_t mw[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        mw[h] = (*reinterpret_cast<const uint32_t*>(raw + (wm + gid + 8 * h) * 80 + 4 * u4) >> 4) &
+                                0x0F0F0F0Fu;
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        int4 bv[2];
+#pragma unroll
+                        for (int cc = 0; cc < 2; ++cc)
+                            bv[cc] = *reinterpret_cast<const int4*>(bsp + (wn + nt * 8 + 2 * tig + cc) * 20 + 4 * u4);
+#pragma unroll
+                        for (int k = 0; k < 4; ++k)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const int4& v = bv[e & 1];
+                                const int bsv = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+                                mins[nt][e] += int((mw[e >> 1] >> (8 * k)) & 0xFF) * bsv;
+                            }
+                    }
+                }
+            }
+            // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j) does it
+            const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x = dx[e & 1];
+                    const uint32_t r = wm + gid + 8 * (e >> 1);
+                    const float dall = x * sdw[2 * r], dmin = x * sdw[2 * r + 1];
+                    cur[nt][e] += fmaf(dall, float(isum[nt][e]), -(dmin * float(mins[nt][e])));
+                }
+            }
+        }
+        tree_push(jj, st, cur);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
+            const int c = int(wn) + nt * 8 + int(2 * tig) + (e & 1);
+            if (n >= p.N || c >= cnt) continue;
+            // the butterfly's last two steps add the zero lanes' sums
+            p.y[uint64_t(uint32_t(gp[c])) * p.y_stride + n] = (cur[nt][e] + 0.0f) + 0.0f;
+        }
+}
+
+
+// ---- Q8_0 products staged through shared memory (DSV4_GEMM_SMEM; decode's warp-per-row
+// order only, WT = 32) --------------------------------------------------------------------
+// Same block tile as gemm_q8_0_kernel (64 weight rows × 32 activation rows) but 8 warps of
+// 16 × 16 (8 accumulators a thread instead of 16, so ~half the registers). A stage is G
+// leaves of the decode tree (leaf l = bitrev5(j): blocks l, l + 32, ...; G = 1 for K >= 3,073,
+// else 2 or 4, so a stage holds 4 to 8 blocks a row) of the 64 weight rows and 32 activation
+// rows, copied by cp.async while the previous stage's MMAs run; fragments come by ldmatrix,
+// the scales through shared memory. Per output the float steps are those of leaf_sums +
+// tree_push in the same order.
+constexpr int kQ8MaxSlots = 8;   // blocks a row a stage: K <= 8192 (8 blocks a leaf)
+
+__host__ __device__ constexpr int q8_leaves_per_stage(int cmax) { return cmax >= 4 ? 1 : cmax >= 2 ? 2 : 4; }
+__host__ __device__ constexpr int q8_slots(int cmax) { return q8_leaves_per_stage(cmax) * cmax; }
+__host__ __device__ constexpr int q8_stride(int slots) { return slots * 32 + 16; }   // odd 16-byte units
+__host__ __device__ constexpr int q8_smem_bytes(int slots) {
+    return 2 * (kBM + kBN) * q8_stride(slots) + (kBM + kBN) * slots * 4;
+}
+
+__global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
+    pdl_begin();
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * 16;
+    const uint64_t m0 = uint64_t(blockIdx.x) * kBM;
+    const uint32_t n0 = blockIdx.y * kBN;
+    const int nb = int(p.K / 32);
+    const int cmax = (nb + 31) / 32, G = q8_leaves_per_stage(cmax), SL = G * cmax, stride = q8_stride(SL);
+    uint8_t* wbuf = sm;                                                    // [2][64] rows of stride bytes
+    uint8_t* abuf = sm + 2 * kBM * stride;                                 // [2][32]
+    float* sdw = reinterpret_cast<float*>(sm + 2 * (kBM + kBN) * stride);  // [64][SL]
+    float* sda = sdw + kBM * SL;                                           // [32][SL]
+    const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
+    auto leaf_count = [&](int j) {
+        const int l = bitrev5(j);
+        return l < nb ? (nb - l + 31) / 32 : 0;
+    };
+    auto wrow = [&](uint32_t r) { return p.row0 + min(m0 + r, p.N - 1); };   // rows past N: clamped
+    auto arow = [&](uint32_t a) { return uint64_t(min(n0 + a, p.R - 1)); };
+    // stage j0 / G: slot g * cmax + i holds block bitrev5(j0 + g) + 32 i (i < that leaf's count)
+    auto issue = [&](int j0) {
+        const int s = (j0 / G) & 1;
+        for (int v = int(t); v < 192 * SL; v += 256) {
+            const bool isw = v < 128 * SL;
+            const int vv = isw ? v : v - 128 * SL, r = vv / (2 * SL), slot = (vv % (2 * SL)) >> 1, h = vv & 1;
+            const int jl = j0 + slot / cmax, i = slot % cmax;
+            if (i >= leaf_count(jl)) continue;
+            const uint64_t k = uint64_t(bitrev5(jl) + 32 * i) * 32 + 16 * h;
+            if (isw)
+                cp_async16(wbuf + (s * kBM + r) * stride + slot * 32 + h * 16, p.wq + wrow(r) * p.K + k);
+            else
+                cp_async16(abuf + (s * kBN + r) * stride + slot * 32 + h * 16, p.aq + arow(r) * p.AL + goff + k);
+        }
+    };
+    // scales of a stage: v < 64 SL: weight row v / SL, slot v % SL; then the activation rows
+    float pre[3];
+    auto load_scales = [&](int j0) {
+#pragma unroll
+        for (int q = 0; q < 3; ++q) {
+            const int v = int(t) + 256 * q;
+            if (v >= 96 * SL) continue;
+            const bool isw = v < 64 * SL;
+            const int vv = isw ? v : v - 64 * SL, r = vv / SL, slot = vv % SL;
+            const int jl = j0 + slot / cmax, i = slot % cmax;
+            if (i >= leaf_count(jl)) continue;
+            const int b = bitrev5(jl) + 32 * i;
+            pre[q] = isw ? f16_to_f32(p.wd[wrow(r) * uint64_t(nb) + b])
+                         : p.ad[arow(r) * (p.AL / 32) + goff / 32 + b];
+        }
+    };
+    auto store_scales = [&]() {
+#pragma unroll
+        for (int q = 0; q < 3; ++q) {
+            const int v = int(t) + 256 * q;
+            if (v < 96 * SL) (v < 64 * SL ? sdw[v] : sda[v - 64 * SL]) = pre[q];   // [row][slot] either way
+        }
+    };
+
+    issue(0);
+    cp_async_commit();
+    load_scales(0);
+    float st[5][2][4], cur[2][4];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        if (j % G == 0) {
+            cp_async_wait_all();
+            __syncthreads();   // stage j / G landed for all; every warp is done with the last one
+            if (j + G < 32) issue(j + G);
+            cp_async_commit();
+            store_scales();
+            if (j + G < 32) load_scales(j + G);
+            __syncthreads();   // scales visible
+        }
+        const int c = leaf_count(j), s = (j / G) & 1, slot0 = (j % G) * cmax;
+        each(cur, [](float& x) { x = 0.0f; });
+        const uint8_t* wb = wbuf + s * kBM * stride;
+        const uint8_t* ab = abuf + s * kBN * stride;
+        for (int i = 0; i < c; ++i) {
+            const int slot = slot0 + i;
+            uint32_t a[4], b[4];
+            ldmatrix_x4(a, wb + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * stride + slot * 32 + (lane >> 4) * 16);
+            ldmatrix_x4(b, ab + (wn + (lane & 7) + (lane >> 4) * 8) * stride + slot * 32 + ((lane >> 3) & 1) * 16);
+            const float dw[2] = {sdw[(wm + gid) * SL + slot], sdw[(wm + gid + 8) * SL + slot]};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                int d[4];
+                const uint32_t bb[2] = {b[2 * nt], b[2 * nt + 1]};
+                mma_s8(a, bb, d);
+                const float da[2] = {sda[(wn + nt * 8 + 2 * tig) * SL + slot],
+                                     sda[(wn + nt * 8 + 2 * tig + 1) * SL + slot]};
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    cur[nt][e] = fmaf(dw[e >> 1] * da[e & 1], float(d[e]), cur[nt][e]);
+            }
+        }
+        tree_push(j, st, cur);
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
+            const uint32_t r = n0 + wn + nt * 8 + 2 * tig + (e & 1);
+            if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = cur[nt][e];
+        }
+}
+
 }  // namespace
 
 namespace {
@@ -444,7 +991,47 @@ bool tensor_cores_on() {
     }();
     return on;
 }
+
+// DSV4_GEMM_SMEM=0 keeps the register-fed tensor-core kernels (gemm_kq_kernel,
+// gemm_q8_0_kernel) instead of the shared-memory staged ones (IQ2_XXS, Q2_K experts; Q8_0
+// of decode's warp-per-row order); gemm_smem_override (tests) wins.
+int g_smem_override = -1;
+bool smem_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("DSV4_GEMM_SMEM");
+        return !e || e[0] != '0';
+    }();
+    return g_smem_override >= 0 ? g_smem_override != 0 : on;
+}
+
+// Dynamic shared memory above 48 KB must be allowed once per kernel, outside stream capture:
+// done at the first launch on a stream that is not capturing; until then (a capture first)
+// the register-fed kernel runs, which gives the same bits.
+bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s) {
+    if (ready) return true;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+          "gemm: dynamic shared memory of a staged kernel");
+    ready = true;
+    return true;
+}
+template <int NW>
+bool iq2_smem_ready(cudaStream_t s) {
+    static bool ready = false;
+    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW>), Iq2Smem<NW>::bytes, ready, s);
+}
+bool q8_smem_ready(cudaStream_t s) {
+    static bool ready = false;
+    return smem_ready(reinterpret_cast<const void*>(gemm_q8_0_smem_kernel), q8_smem_bytes(kQ8MaxSlots), ready, s);
+}
+bool q2k_smem_ready(cudaStream_t s) {
+    static bool ready = false;
+    return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel), Q2Smem::bytes, ready, s);
+}
 }  // namespace
+
+void gemm_smem_override(int on) { g_smem_override = on; }
 
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
     return tensor_cores_on() && W.type == T_Q8_0 && !expert && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
@@ -458,7 +1045,15 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
-    switch (decode_row_threads(W.K, N, false)) {
+    const uint32_t wt = decode_row_threads(W.K, N, false);
+    const int cmax = int((W.K / 32 + 31) / 32);
+    if (wt == 32 && smem_on() && q8_slots(cmax) <= kQ8MaxSlots && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.K % 16 == 0 && q8_smem_ready(s)) {
+        gemm_q8_0_smem_kernel<<<grid, 256, q8_smem_bytes(q8_slots(cmax)), s>>>(p);
+        check_launch("gemm_q8_0");
+        return;
+    }
+    switch (wt) {
         case 1024: gemm_q8_0_kernel<1024><<<grid, 128, 0, s>>>(p); break;
         case 256: gemm_q8_0_kernel<256><<<grid, 128, 0, s>>>(p); break;
         default: gemm_q8_0_kernel<32><<<grid, 128, 0, s>>>(p); break;
@@ -504,7 +1099,19 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     iq2_tables(&p.grid, &p.sign);
     const uint32_t bm = 64 * uint32_t(Wg.type == T_IQ2_XXS ? kq_mt<T_IQ2_XXS>() : kq_mt<T_Q2_K>());
     const dim3 grid(uint32_t((N + bm - 1) / bm), g.cap), block(128);
-    if (Wg.type == T_IQ2_XXS) {
+    if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&
+        (Wu ? iq2_smem_ready<2>(s) : iq2_smem_ready<1>(s))) {
+        const dim3 sgrid(uint32_t((N + kSmRows - 1) / kSmRows), g.cap), sblock(256);
+        if (Wu) gemm_iq2_smem_kernel<2><<<sgrid, sblock, Iq2Smem<2>::bytes, s>>>(p);
+        else gemm_iq2_smem_kernel<1><<<sgrid, sblock, Iq2Smem<1>::bytes, s>>>(p);
+    } else if (Wg.type == T_Q2_K && !Wu && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 &&
+               p.AL % 256 == 0 && reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 &&
+               reinterpret_cast<uintptr_t>(p.absum) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
+               q2k_smem_ready(s)) {
+        const dim3 sgrid(uint32_t((N + kSmRows - 1) / kSmRows), g.cap), sblock(256);
+        gemm_q2k_smem_kernel<<<sgrid, sblock, Q2Smem::bytes, s>>>(p);
+    } else if (Wg.type == T_IQ2_XXS) {
         if (Wu) gemm_kq_kernel<T_IQ2_XXS, 2><<<grid, block, 0, s>>>(p);
         else gemm_kq_kernel<T_IQ2_XXS, 1><<<grid, block, 0, s>>>(p);
     } else {

@@ -118,6 +118,9 @@ bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups);
 void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,
                      uint64_t y_stride, uint64_t N, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups& g,
                      float clamp, const float* ew, cudaStream_t s);
+// The IQ2_XXS expert products stage their operands in shared memory (gemm.cu) unless
+// DSV4_GEMM_SMEM=0 (read once); tests force either path: 1 / 0, or -1 for the variable's.
+void gemm_smem_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign);
 

@@ -1053,3 +1053,114 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
         }
     }
 }
+
+TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
+    // The IQ2_XXS and Q2_K expert products staged through shared memory (gemm.cu,
+    // DSV4_GEMM_SMEM) and the register-fed ones must both give every pair exactly what decode
+    // gives it alone: groups of 1 to 32 pairs (experts with 1, 8, 31, 32, 38 and no pairs), N with a tail
+    // past the block's 64 rows, K of 1 to 16 super-blocks (leaves with none, one, two: K 2,304
+    // gives the decode lanes unequal counts), one weight alone and IQ2_XXS gate+up fused
+    // (clamp, weights).
+    const uint32_t counts[] = {1, 8, 31, 32, 38, 0};
+    const uint32_t NEXP = 6, KU = 2;
+    std::vector<int32_t> ex;
+    for (uint32_t e = 0; e < NEXP; ++e)
+        for (uint32_t i = 0; i < counts[e]; ++i) ex.push_back(int32_t(e));
+    // interleave so a group's pairs are not consecutive activation rows
+    std::vector<int32_t> mixed(ex.size());
+    for (size_t i = 0; i < ex.size(); ++i) mixed[(i * 37) % ex.size()] = ex[i];
+    const uint32_t P = uint32_t(mixed.size()), R = P / KU;
+    ASSERT_EQ(P % KU, 0u);
+    DevVec<int32_t> dex(mixed);
+    const uint32_t cap = cuda::moe_groups_cap(P, NEXP, cuda::gemm_kq_pairs());
+    DevVec<int32_t> grp(3 * cap), pairs(P), count(1);
+    const cuda::MoeGroups groups{grp.get(), pairs.get(), count.get(), cap, cuda::gemm_kq_pairs()};
+    cuda::moe_groups(dex.get(), P, NEXP, groups, nullptr);
+    for (const Type wt : {Type::IQ2_XXS, Type::Q2_K}) {
+        for (const uint64_t K : {256, 1024, 2304, 4096}) {
+            for (const uint64_t N : {uint64_t(70), uint64_t(130)}) {
+                const bool fused = wt == Type::IQ2_XXS;
+                const uint64_t RPE = N + 3;
+                const HostWeight hg = random_weight(wt, K, RPE * NEXP, 701 + K + N + uint64_t(wt));
+                const HostWeight hu = random_weight(wt, K, RPE * NEXP, 801 + K + N + uint64_t(wt));
+                DevWeightHolder dg(hg), du(hu);
+                auto x = random_floats(R * K, 23 + K, -2.0f, 2.0f);
+                DevVec<float> dx(x);
+                ActHolder ah(R * K);
+                const cuda::DevAct a = cuda::quantize_act(uint32_t(wt), dx.get(), K, R, K, ah.buf, nullptr);
+                auto wv = random_floats(P, 29, 0.1f, 1.0f);
+                DevVec<float> dew(wv);
+                ASSERT_TRUE(cuda::gemm_kq_eligible(dg.w, &groups));
+                DevVec<float> alone(P * N), sw_alone(P * N);
+                cuda::matvec(dg.w, a, P, alone.get(), N, N, 0, nullptr, dex.get(), RPE, KU);
+                if (fused)
+                    cuda::matvec_swiglu(dg.w, du.w, a, P, sw_alone.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(),
+                                        RPE, KU);
+                const auto ref = alone.download();
+                const auto sw_ref = sw_alone.download();
+                for (const int smem : {1, 0}) {
+                    cuda::gemm_smem_override(smem);
+                    DevVec<float> got(P * N), sw_got(P * N);
+                    cuda::matvec(dg.w, a, P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &groups);
+                    if (fused)
+                        cuda::matvec_swiglu(dg.w, du.w, a, P, sw_got.get(), N, N, 0.05f, dew.get(), nullptr, dex.get(),
+                                            RPE, KU, &groups);
+                    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                    const auto r1 = got.download();
+                    const auto r2 = sw_got.download();
+                    cuda::gemm_smem_override(-1);
+                    ASSERT_EQ(0, std::memcmp(ref.data(), r1.data(), ref.size() * 4))
+                        << quant::traits(wt).name << " alone, smem " << smem << " K " << K << " N " << N;
+                    if (fused) {
+                        ASSERT_EQ(0, std::memcmp(sw_ref.data(), r2.data(), sw_ref.size() * 4))
+                            << "gate+up, smem " << smem << " K " << K << " N " << N;
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_F(CudaKernels, TensorCoreQ8_0SharedMemoryEqualsDecode) {
+    // The Q8_0 product staged through shared memory (gemm.cu, DSV4_GEMM_SMEM; decode's
+    // warp-per-row order) and the register-fed one both give each row exactly what decode
+    // gives: K with fewer blocks than the 32 leaves (4 leaves a stage), with one leaf longer
+    // than the others (K 1,056: 33 blocks, 2 leaves a stage), 3 blocks a leaf (K 2,304: 2
+    // leaves a stage), 8 blocks a leaf (K 8,192, the largest staged) and past it
+    // (K 8,224: the register-fed kernel takes it), N and R with tails, the grouped product,
+    // and a wide-block shape (N 72, K 4,096: not staged).
+    struct Case {
+        uint64_t K, N, rpg;
+        uint32_t R;
+    };
+    for (const Case c : {Case{512, 100, 0, 16}, Case{1056, 130, 0, 37}, Case{4096, 1100, 0, 20},
+                         Case{8192, 1088, 0, 33}, Case{8224, 1040, 0, 17}, Case{1024, 128, 64, 17},
+                         Case{4096, 72, 0, 20}, Case{1024, 2048, 0, 64}, Case{2304, 1100, 0, 16}}) {
+        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 950 + c.K + c.N);
+        DevWeightHolder dw(hw);
+        auto x = random_floats(c.R * AK, 41 + c.R, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(c.R * AK);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+        DevVec<float> one(c.R * c.N);
+        for (uint32_t r = 0; r < c.R; ++r) {
+            cuda::DevAct ar = a;
+            ar.q = a.q + uint64_t(r) * AK;
+            ar.d = a.d + uint64_t(r) * (AK / 32);
+            if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
+            else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
+        }
+        const auto ref = one.download();
+        for (const int smem : {1, 0}) {
+            cuda::gemm_smem_override(smem);
+            DevVec<float> tc(c.R * c.N);
+            cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto got = tc.download();
+            cuda::gemm_smem_override(-1);
+            ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
+                << "smem " << smem << " K " << c.K << " N " << c.N << " R " << c.R;
+        }
+    }
+}
