@@ -853,7 +853,7 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 }
 
 
-// ---- Q8_0 products staged through shared memory (DSV4_GEMM_SMEM; decode's warp-per-row
+// ---- Q8_0 products staged through shared memory (DSV4_GEMM_SMEM_Q8=1, opt-in; warp-per-row
 // order only, WT = 32) --------------------------------------------------------------------
 // Same block tile as gemm_q8_0_kernel (64 weight rows × 32 activation rows) but 8 warps of
 // 16 × 16 (8 accumulators a thread instead of 16, so ~half the registers). A stage is G
@@ -1003,6 +1003,16 @@ bool smem_on() {
     }();
     return g_smem_override >= 0 ? g_smem_override != 0 : on;
 }
+// The staged Q8_0 kernel is opt-in (DSV4_GEMM_SMEM_Q8=1; tests force it with the override):
+// on the H200 it took twice the register-fed kernel's time for out_a, q_b and out_b (run 27:
+// 12.8 vs 5.8, 9.7 vs 4.6, 7.9 vs 5.5 us/token), while the staged expert kernels halved theirs.
+bool smem_q8_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("DSV4_GEMM_SMEM_Q8");
+        return e && e[0] == '1';
+    }();
+    return g_smem_override >= 0 ? g_smem_override != 0 : on;
+}
 
 // Dynamic shared memory above 48 KB must be allowed once per kernel, outside stream capture:
 // done at the first launch on a stream that is not capturing; until then (a capture first)
@@ -1047,7 +1057,7 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
     const uint32_t wt = decode_row_threads(W.K, N, false);
     const int cmax = int((W.K / 32 + 31) / 32);
-    if (wt == 32 && smem_on() && q8_slots(cmax) <= kQ8MaxSlots && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
+    if (wt == 32 && smem_q8_on() && q8_slots(cmax) <= kQ8MaxSlots && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
         reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.K % 16 == 0 && q8_smem_ready(s)) {
         gemm_q8_0_smem_kernel<<<grid, 256, q8_smem_bytes(q8_slots(cmax)), s>>>(p);
         check_launch("gemm_q8_0");
