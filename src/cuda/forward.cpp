@@ -769,12 +769,23 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     join(0);
     if (ratio != 0) join(1);
     if (ratio == 4) join(2);
+    // grouped low-rank output projection: one quantisation of the whole output (for Q8_0 by
+    // the attention's merge itself), one product
+    const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
-              c_.n_rot, invf, o_.get(), stream_);
+              c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr);
     mark("attention");
-    // grouped low-rank output projection: one quantisation of the whole output, one product
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
-    const DevAct ao = quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
+    DevAct ao;
+    if (o_codes) {
+        ao.kind = ActKind::Q8_0;
+        ao.K = c_.q_dim();
+        ao.q = act_.q;
+        ao.d = act_.d;
+        ao.bsum = act_.bsum;
+    } else {
+        ao = quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
+    }
     matvec_grouped(L.out_a, ao, R, low_.get(), uint64_t(G) * OL, uint64_t(G) * OL, OL, stream_);
     mark("out_a", double(G) * OL * L.out_a.row_bytes);
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);

@@ -270,9 +270,11 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
 // Sink attention (§5.12) for every (row, head): keys = raw window + visible compressed
 // rows (ratio 128, or ratio 4 with n_vis <= top_k) or the selected rows (sel); K = V.
 // Output o [R][n_head][D], inverse-RoPE'd.
+// o_q8: also o's Q8_0 codes there (quantize_act's bytes for a Q8_0 output projection).
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
-               uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s);
+               uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
+               const ActBuf* o_q8 = nullptr);
 
 // Router (§5.13): probs in place (sqrt(softplus)), selection (hash table or biased top-K,
 // ties to the lower id), weights. experts/weights: [R][K].

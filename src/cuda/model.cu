@@ -1198,7 +1198,8 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
     attn_merge_kernel(const float* __restrict__ sinks, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const DevRow* __restrict__ rows, uint32_t r0, uint32_t max_split,
                       const float* __restrict__ part_o, const float2* __restrict__ part_ml, uint32_t n_rot,
-                      const double* __restrict__ inv_freq, float* __restrict__ o) {
+                      const double* __restrict__ inv_freq, float* __restrict__ o, int8_t* __restrict__ oq,
+                      float* __restrict__ od) {
     pdl_begin();
     __shared__ float4 v_s[kAttnMaxD / 4];
     __shared__ float w_s[kAttnMaxSplit];
@@ -1246,6 +1247,23 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
     rope_block(x, D, n_rot, p, inv_freq, true);
     float* oh = o + (uint64_t(r) * n_head + h) * D;
     if (c < D4) reinterpret_cast<float4*>(oh)[c] = v_s[c];
+    if (oq && c < D4) {
+        // The output projection's Q8_0 codes of this head, quantize_act's bytes: 32 values =
+        // 8 threads (the launcher checks D % 32 == 0 and whole warps)
+        const float4 y = v_s[c];
+        float am = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+        for (int x = 1; x < 8; x <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, x));
+        const float dd = am / 127.0f;
+        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        char4 q4;
+        q4.x = q_clamp(y.x * id);
+        q4.y = q_clamp(y.y * id);
+        q4.z = q_clamp(y.z * id);
+        q4.w = q_clamp(y.w * id);
+        const uint64_t at = (uint64_t(r) * n_head + h) * D;   // this head's first value in the rows
+        reinterpret_cast<char4*>(oq + at)[c] = q4;
+        if ((c & 7) == 0) od[at / 32 + c / 8] = f16_round(dd);
+    }
 }
 
 // Scratch of the attention splits, shared by every caller: the backends run one forward pass
@@ -1609,10 +1627,13 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
 
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
-               uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s) {
+               uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
+               const ActBuf* o_q8) {
     if (!R || !n_head) return;
     if (D > kAttnMaxD || D % 4 != 0 || D == 0)
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
+    if (o_q8 && (D % 128 != 0 || uint64_t(R) * n_head * D > o_q8->cap_values))
+        throw_mismatch("attention: Q8_0 output codes need heads of a multiple of 128 values", 0, D, D);
     // Splits per row at most: a layer without compression sees at most n_swa keys, a ratio-4
     // layer at most n_swa + top_k; others grow with the position and take the cap.
     const uint32_t max_split = std::max(
@@ -1656,7 +1677,8 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
                                                              il, r0, n, max_split, part_o, part_ml);
         check_launch("attention");
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,
-                                                                   max_split, part_o, part_ml, n_rot, inv_freq, o);
+                                                                   max_split, part_o, part_ml, n_rot, inv_freq, o,
+                                                                   o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr);
         check_launch("attention merge");
     }
 }

@@ -874,6 +874,38 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
 
 // Captured into a CUDA graph after an eager run of the same shape (as the backend does), the
 // launch replays with the same scratch and gives the eager run's bits.
+TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
+    // The merge can write the output projection's Q8_0 codes of o itself: the same bytes as
+    // quantize_act from o, and o unchanged.
+    for (const AttnShape& sh : kAttnShapes) {
+        if (sh.D % 128) continue;
+        const std::vector<int64_t> pos = {3, 640, 2051};
+        const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 4096, 91);
+        std::vector<cuda::DevRow> rows;
+        std::vector<float> q;
+        std::vector<uint32_t> sel;
+        P.make_rows(pos, 92, &rows, &q, &sel);
+        const uint32_t R = uint32_t(rows.size());
+        const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
+        const auto plain = P.run(rows, q, sel, nullptr);
+        DevVec<cuda::DevRow> drows(rows);
+        DevVec<float> dq(q), dout(n);
+        DevVec<uint32_t> dsel(sel);
+        ActHolder fused(n), ref(n);
+        cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, 4, sh.top_k, dsel.get(),
+                        drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot, P.dinv->get(), dout.get(), nullptr,
+                        &fused.buf);
+        const auto o = dout.download();
+        ASSERT_EQ(0, std::memcmp(o.data(), plain.data(), n * 4)) << "o changed, D=" << sh.D;
+        const uint64_t K = uint64_t(sh.n_head) * sh.D;
+        cuda::quantize_act(uint32_t(Type::Q8_0), dout.get(), K, R, K, ref.buf, nullptr);
+        auto qa = fused.q.download(), qb = ref.q.download();
+        ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), n)) << "codes, D=" << sh.D;
+        auto da = fused.d.download(), db = ref.d.download();
+        ASSERT_EQ(0, std::memcmp(da.data(), db.data(), n / 32 * 4)) << "scales, D=" << sh.D;
+    }
+}
+
 TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
     const AttnShape sh = kAttnShapes[0];
     const std::vector<int64_t> pos = {5, 700, 2051, 9000};
