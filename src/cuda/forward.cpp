@@ -34,6 +34,12 @@ bool env_on(const char* name, bool def) {
 const bool g_timing_on = env_on("DSV4_CUDA_TIMING", false);
 bool g_profile_on = env_on("DSV4_CUDA_PROFILE", false);
 const bool g_graphs_on = env_on("DSV4_CUDA_GRAPHS", true);
+// DSV4_IDX_FUSED=0 keeps the indexer's three-kernel query path (indexer_q_prep →
+// indexer_scores → topk_select) in ratio-4 layers instead of the one-launch indexer_fused
+// (bit-identical; used for batches of up to 16 rows and up to 16384 visible compressed rows).
+// With it on, the indexer queries (iq_b product and preparation) are also skipped while no
+// row has more visible compressed rows than the top-k (nothing reads them then).
+const bool g_idx_fused = env_on("DSV4_IDX_FUSED", true);
 
 // Decode graphs: every edge from one kernel node to another becomes a programmatic
 // dependency, so the dependent is launched while its predecessor runs and waits inside
@@ -413,6 +419,7 @@ private:
     DBuf<float> hc_gate_;      // hc_pre_mix → hc_pre_collapse: per row the pre gates and the norm's scale
     DBuf<double> hc_part_;     // hc_pre_mix's per-block partial sums
     DBuf<uint32_t> hc_count_;  // hc_pre_mix's finished-block counters (left at 0 by every launch)
+    DBuf<uint32_t> idx_count_;  // indexer_fused's finished-block counters per row (left at 0)
     DBuf<uint32_t> sel_, want_, sess_begin_, sess_end_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
@@ -629,6 +636,8 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     hc_part_.ensure(hc_pre_partials(R, H, E), "workspace", g);
     if (hc_count_.ensure(hc_pre_counters(R), "workspace", g))
         check(cudaMemsetAsync(hc_count_.get(), 0, hc_count_.size() * sizeof(uint32_t), stream_), "hc counters");
+    if (idx_count_.ensure(n, "workspace", g))
+        check(cudaMemsetAsync(idx_count_.get(), 0, idx_count_.size() * sizeof(uint32_t), stream_), "indexer counters");
     cap_rows_ = R;
 }
 
@@ -748,19 +757,33 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     if (ratio == 4) {
         wait_main(2);
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
-        const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
-                                ? qa
-                                : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
-        matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
-        mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
-        indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
-        if (vis_ld_) {
-            indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
-                           score_.get(), vis_ld_, si);
-            topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
+        // Fused: iq_b → indexer_fused (queries prepared, scored and selected in one launch),
+        // and nothing at all while every row sees at most top_k compressed rows.
+        const bool fused = g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
+        if (fused && vis_ld_) {
+            const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
+                                    ? qa
+                                    : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
+            matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
+            mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
+            indexer_fused(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, lkv, NL, il,
+                          c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
+            mark("indexer scores+top-k");
+        } else if (!fused) {
+            const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
+                                    ? qa
+                                    : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
+            matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
+            mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
+            indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
+            if (vis_ld_) {
+                indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
+                               score_.get(), vis_ld_, si);
+                topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
+            }
+            mark("indexer scores+top-k");
         }
-        mark("indexer scores+top-k");
     }
     matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);

@@ -266,6 +266,15 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
                  uint32_t* sel, cudaStream_t s);
 // Plain top-k of n values (tests): same selection rule, ascending indices.
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s);
+// The three calls above (indexer_q_prep, indexer_scores, topk_select with ratio 4) in one
+// launch, bit-identical: each score block prepares its row's queries itself and the row's
+// last block selects. qi and wi are only read (not prepared in place). count: R counters,
+// zero before the first call and left at zero. Supported shapes: indexer_fused_ok.
+bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint64_t max_vis);
+void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
+                   const double* inv_freq, const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv,
+                   uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis, float* score, uint64_t ld,
+                   uint32_t* count, uint32_t* sel, cudaStream_t s);
 
 // Sink attention (§5.12) for every (row, head): keys = raw window + visible compressed
 // rows (ratio 128, or ratio 4 with n_vis <= top_k) or the selected rows (sel); K = V.

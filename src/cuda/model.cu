@@ -921,6 +921,262 @@ __global__ void topk_plain_kernel(const float* score, uint32_t n, uint32_t k, ui
     topk_block(score, n, k, sel);
 }
 
+// ---- fused indexer for small batches: q prep + scores + top-k in one launch ---------------
+// The three-kernel path above (indexer_q_prep → indexer_scores → topk_select) is four
+// dependent steps on the indexer's side stream after iq_b (three launches, each a full grid
+// drain and ramp, q and scores round-tripping through global memory). Here every score
+// block of a row prepares the row's 64 query heads itself (redundantly: 32 KB of L2 reads
+// that the scores step loaded anyway, plus a warp-per-head RoPE/Hadamard/FP4 in registers
+// with shuffles, its RoPE angles' double cos/sin under the loads), scores its tile (a thread
+// per (head, 4 rows): float4 shared reads, four FMA chains), and the last block of the row
+// to finish (a counter per row, left at 0) runs the top-k over the row's scores staged in
+// shared memory. The arithmetic of each value is the three kernels' own (same operations in
+// the same order: each dot one fmaf per dimension in order, each score the lane's two heads
+// then indexer_scores' warp sum), so scores and selection are bit-identical; only the work
+// distribution changes. Dependent steps after iq_b: one launch instead of three.
+constexpr uint32_t kFusedNH = 64, kFusedDI = 128, kFusedThreads = 256;
+constexpr uint32_t kFusedP = kFusedDI + 4;   // shared row pitch: float4-aligned, conflict-free
+// dynamic shared floats before the top-k: q, the k tile, the head weights, the tile's dots
+constexpr uint32_t kFusedBase = (kFusedNH + kScoreTile) * kFusedP + kFusedNH + kScoreTile * kFusedNH;
+constexpr uint32_t kFusedMaxKeys = 16384;   // staged top-k keys (64 KB of shared memory)
+constexpr uint32_t kFusedMaxRows = 16;      // beyond: prefill-sized batches, three kernels
+
+// Block (256 threads) exclusive scan of two counts at once: packed as lo | hi << 16 when
+// the totals fit 16 bits, else two scans. Returns the pair of exclusive prefixes.
+__device__ uint2 block_excl_scan2(uint32_t lo, uint32_t hi, bool packed, uint2* total) {
+    if (packed) {
+        uint32_t t;
+        const uint32_t e = block_excl_scan(lo | (hi << 16), &t);
+        *total = make_uint2(t & 0xffffu, t >> 16);
+        return make_uint2(e & 0xffffu, e >> 16);
+    }
+    uint32_t t0, t1;
+    const uint32_t e0 = block_excl_scan(lo, &t0);
+    __syncthreads();   // block_excl_scan's warp totals are reused
+    const uint32_t e1 = block_excl_scan(hi, &t1);
+    *total = make_uint2(t0, t1);
+    return make_uint2(e0, e1);
+}
+
+// topk_block's selection (every key > T, then the lowest-index keys == T, in index order)
+// on n <= kFusedMaxKeys order keys already in shared memory, by 256 threads. Histograms are
+// double-buffered (the next one is cleared during the current pass: one barrier fewer per
+// pass) and filled with one shared atomic per distinct digit of a warp (scores cluster in
+// a few binades, so plain atomics serialise); the output pass is one scan: thread t owns
+// the contiguous keys [t*seg, (t+1)*seg) and the output slot of key i is
+// (#gt before i) + min(#eq before i, need_eq).
+__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out) {
+    __shared__ uint32_t hist[2][256];
+    __shared__ uint32_t s_prefix, s_remaining;
+    const uint32_t tid = threadIdx.x, lane = tid & 31;
+    hist[0][tid] = 0;
+    hist[1][tid] = 0;
+    if (tid == 0) s_remaining = k;
+    __syncthreads();
+    uint32_t prefix = 0, mask = 0;
+    int b = 0;
+    for (int shift = 24; shift >= 0; shift -= 8, b ^= 1) {
+        const uint32_t n_it = (n + kFusedThreads - 1) / kFusedThreads;
+        for (uint32_t it = 0; it < n_it; ++it) {
+            const uint32_t i = it * kFusedThreads + tid;
+            uint32_t bin = 0xffffffffu;
+            if (i < n) {
+                const uint32_t u = keys[i];
+                if ((u & mask) == prefix) bin = (u >> shift) & 255;
+            }
+            const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+            if (bin != 0xffffffffu && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&hist[b][bin], __popc(peers));
+        }
+        hist[b ^ 1][tid] = 0;   // read last in the previous pass, before its final barrier
+        __syncthreads();
+        {
+            const uint32_t rem = s_remaining, h = hist[b][tid];
+            uint32_t total;
+            const uint32_t below = block_excl_scan(h, &total);
+            const uint32_t above = total - below - h;
+            if (above < rem && above + h >= rem) {
+                s_prefix = prefix | (tid << shift);
+                s_remaining = rem - above;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= 255u << shift;
+    }
+    const uint32_t T = prefix, need_eq = s_remaining;
+    const uint32_t seg = (n + kFusedThreads - 1) / kFusedThreads;
+    const uint32_t lo = min(n, tid * seg), hi = min(n, lo + seg);
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t i = lo; i < hi; ++i) {
+        const uint32_t u = keys[i];
+        gt += u > T;
+        eq += u == T;
+    }
+    uint2 tot;
+    const uint2 ex = block_excl_scan2(gt, eq, n < 65536u, &tot);
+    uint32_t gt_b = ex.x, eq_b = ex.y;
+    for (uint32_t i = lo; i < hi; ++i) {
+        const uint32_t u = keys[i];
+        if (u > T) {
+            out[gt_b + min(eq_b, need_eq)] = i;
+            ++gt_b;
+        } else if (u == T) {
+            if (eq_b < need_eq) out[gt_b + eq_b] = i;
+            ++eq_b;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kFusedThreads)
+    indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
+                         const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
+                         uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel) {
+    pdl_begin();
+    extern __shared__ __align__(16) float sm[];
+    constexpr uint32_t NH = kFusedNH, DI = kFusedDI, P = kFusedP, D4 = DI / 4, HPW = NH / (kFusedThreads / 32);
+    __shared__ float cs_s[DI / 2], sn_s[DI / 2];
+    __shared__ bool last;
+    const uint32_t r = blockIdx.y;
+    const int64_t pos = rows[r].pos;
+    const uint64_t n_vis = uint64_t(pos + 1) / 4;
+    if (n_vis <= top_k) return;
+    const uint64_t c0 = uint64_t(blockIdx.x) * kScoreTile;
+    if (c0 >= n_vis) return;
+    float* q_s = sm;                      // [NH][P]
+    float* k_s = sm + NH * P;             // [kScoreTile][P]
+    float* w_s = k_s + kScoreTile * P;    // [NH]
+    float* dot_s = w_s + NH;              // [kScoreTile][NH]
+    const uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = kFusedThreads / 32;
+    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    // Loads first (this warp's heads into registers: lane holds dims 4*lane .. 4*lane+3),
+    // then the RoPE angles' double cos/sin, whose latency runs under them.
+    float4 qv[HPW];
+    const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
+#pragma unroll
+    for (uint32_t j = 0; j < HPW; ++j) qv[j] = q4[(w * HPW + j) * D4 + lane];
+    const uint32_t nt = uint32_t(n_vis - c0 < kScoreTile ? n_vis - c0 : kScoreTile);
+    for (uint32_t i = tid; i < nt * D4; i += kFusedThreads) {
+        const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
+        *reinterpret_cast<float4*>(k_s + (i / D4) * P + (i % D4) * 4) = v;
+    }
+    if (tid < NH) w_s[tid] = wi[uint64_t(r) * NH + tid] * wscale;   // indexer_q_prep's wi *= wscale
+    const uint32_t half = n_rot / 2;
+    if (tid < 2 * half) {   // rope_block's angles: cos on the first half of the threads, sin on the second
+        const uint32_t i = tid < half ? tid : tid - half;
+        const double th = double(pos) * inv_freq[i];
+        if (tid < half) cs_s[i] = float(cos(th));
+        else sn_s[i] = float(sin(th));
+    }
+    __syncthreads();
+    // indexer_q_prep per head, one warp per head at a time: rope_block (tail pairs), then
+    // hadamard_block's butterflies (strides 1, 2 inside the lane, 4..64 across lanes), its
+    // scale, and sim_block's FP4 (a block of 32 dims = 8 lanes).
+    const uint32_t tail0 = DI - n_rot;
+#pragma unroll
+    for (uint32_t j = 0; j < HPW; ++j) {
+        float x[4] = {qv[j].x, qv[j].y, qv[j].z, qv[j].w};
+#pragma unroll
+        for (uint32_t e = 0; e < 4; e += 2) {
+            const uint32_t d = 4 * lane + e;
+            if (d >= tail0) {
+                const uint32_t i = (d - tail0) / 2;
+                const float c = cs_s[i], s = sn_s[i];
+                const float x0 = x[e], x1 = x[e + 1];
+                x[e] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+                x[e + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+            }
+        }
+        if (official) {
+            {   // stride 1
+                const float a0 = x[0], b0 = x[1], a1 = x[2], b1 = x[3];
+                x[0] = a0 + b0, x[1] = a0 - b0, x[2] = a1 + b1, x[3] = a1 - b1;
+            }
+            {   // stride 2
+                const float a0 = x[0], b0 = x[2], a1 = x[1], b1 = x[3];
+                x[0] = a0 + b0, x[2] = a0 - b0, x[1] = a1 + b1, x[3] = a1 - b1;
+            }
+#pragma unroll
+            for (uint32_t m = 1; m < 32; m <<= 1) {   // stride 4m: partner lane ^ m
+                const bool upper = lane & m;
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) {
+                    const float o = __shfl_xor_sync(0xffffffffu, x[e], m);
+                    x[e] = upper ? o - x[e] : x[e] + o;
+                }
+            }
+            const float hs = float(1.0 / sqrt(double(DI)));
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) x[e] *= hs;
+            const float qmax = 6.0f, floor_ = 7.052966104933725e-38f;
+            float amax = 0.0f;
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(x[e]));
+            for (uint32_t m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            amax = fmaxf(amax, floor_);
+            const float scale = pow2_ceil_d(amax / qmax);
+#pragma unroll
+            for (uint32_t e = 0; e < 4; ++e) {
+                const float v = fminf(fmaxf(x[e] / scale, -qmax), qmax);
+                x[e] = e2m1_round_d(v) * scale;
+            }
+        }
+        *reinterpret_cast<float4*>(q_s + (w * HPW + j) * P + 4 * lane) = make_float4(x[0], x[1], x[2], x[3]);
+    }
+    __syncthreads();
+    // indexer_scores' dots (each in dimension order, one fmaf per dimension): thread
+    // (head h = tid % 64, rows 4g .. 4g+3 with g = tid / 64) keeps four chains; a warp reads
+    // 32 heads' q (float4, conflict-free at the row pitch of 132) and four broadcast k rows
+    // per four dimensions, a quarter of a warp-per-row loop's shared-memory traffic.
+    {
+        const uint32_t h = tid % NH, j0 = (tid / NH) * (kScoreTile / (kFusedThreads / NH));
+        constexpr uint32_t RPT = kScoreTile / (kFusedThreads / NH);   // rows per thread: 4
+        const float4* qh = reinterpret_cast<const float4*>(q_s + h * P);
+        float acc[RPT];
+#pragma unroll
+        for (uint32_t t = 0; t < RPT; ++t) acc[t] = 0.0f;
+#pragma unroll 4
+        for (uint32_t d4 = 0; d4 < D4; ++d4) {
+            const float4 qv = qh[d4];
+#pragma unroll
+            for (uint32_t t = 0; t < RPT; ++t) {
+                const float4 kv = reinterpret_cast<const float4*>(k_s + (j0 + t) * P)[d4];
+                acc[t] = fmaf(qv.x, kv.x, acc[t]);
+                acc[t] = fmaf(qv.y, kv.y, acc[t]);
+                acc[t] = fmaf(qv.z, kv.z, acc[t]);
+                acc[t] = fmaf(qv.w, kv.w, acc[t]);
+            }
+        }
+#pragma unroll
+        for (uint32_t t = 0; t < RPT; ++t) dot_s[(j0 + t) * NH + h] = acc[t];   // rows >= nt: unused
+    }
+    __syncthreads();
+    // indexer_scores' sums: lane adds heads lane and lane + 32 (in that order), then the warp sum.
+    for (uint32_t j = w; j < nt; j += nw) {
+        float sc = 0;
+        sc += fmaxf(0.0f, dot_s[j * NH + lane]) * w_s[lane];
+        sc += fmaxf(0.0f, dot_s[j * NH + lane + 32]) * w_s[lane + 32];
+        sc = warp_sum(sc);
+        if (lane == 0) score[uint64_t(r) * ld + c0 + j] = sc;
+    }
+    // The row's last block to finish selects; it leaves the counter at 0 (graph replays).
+    const uint32_t nb = uint32_t((n_vis + kScoreTile - 1) / kScoreTile);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        last = atomicAdd(&count[r], 1u) == nb - 1;
+        if (last) count[r] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const uint32_t n = uint32_t(n_vis);
+    uint32_t* keys = reinterpret_cast<uint32_t*>(sm);   // q_s and k_s are done with
+    const float* sr = score + uint64_t(r) * ld;
+    for (uint32_t i = tid; i < n; i += kFusedThreads) keys[i] = order_key(__ldcg(sr + i));
+    __syncthreads();
+    topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k);
+}
+
 // ---- sink attention (§5.12), split over keys (flash-decoding) -----------------------------
 // Every head attends to the same keys (K = V = one latent row per key), so a work item of
 // attn_split_kernel is kAttnHB heads of one row over one split of that row's keys: each
@@ -1623,6 +1879,32 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
     topk_plain_kernel<<<1, 256, 0, s>>>(score, n, k, sel);
     check_launch("topk_plain");
+}
+
+bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint64_t max_vis) {
+    return R >= 1 && R <= kFusedMaxRows && NH == kFusedNH && DI == kFusedDI && n_rot % 2 == 0 && n_rot <= DI &&
+           max_vis <= kFusedMaxKeys;
+}
+
+void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
+                   const double* inv_freq, const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv,
+                   uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis, float* score, uint64_t ld,
+                   uint32_t* count, uint32_t* sel, cudaStream_t s) {
+    if (!R || max_vis <= top_k) return;
+    if (!indexer_fused_ok(R, NH, DI, n_rot, max_vis))
+        throw_mismatch("indexer_fused: unsupported shape (see indexer_fused_ok)", 0, R, NH);
+    const size_t smem = std::max<size_t>(kFusedBase, max_vis) * sizeof(float);
+    static const bool raised = [] {   // once, to the most any call uses (with the static shared)
+        check(cudaFuncSetAttribute(indexer_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(std::max(kFusedBase, kFusedMaxKeys) * sizeof(float))),
+              "indexer_fused shared memory");
+        return true;
+    }();
+    (void)raised;
+    const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
+    indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
+                                                           n_layer, il, top_k, score, ld, count, sel);
+    check_launch("indexer_fused");
 }
 
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,

@@ -2,7 +2,9 @@
 // quantisation (bit-exact), matvec for every weight type (vs quant::vec_dot), dequantisation
 // (bit-exact), the FP8/FP4/Hadamard simulations (bit-exact), RMSNorm, top-k with ties.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "cpu/numerics.h"
@@ -658,6 +660,98 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
             idx.resize(k);
             std::sort(idx.begin(), idx.end());
             ASSERT_EQ(got, idx) << "n " << n << " k " << k;
+        }
+    }
+}
+
+// The fused indexer (queries prepared, scored and selected in one launch) against the
+// three kernels it replaces, bit for bit: scores and selections, decode (R = 1, also with
+// the keys staged past the base shared memory) and small batches (a row at or below top_k
+// is left alone by both), official and plain numerics, index rows with many exact ties
+// (duplicated rows, all-zero rows). Run twice: the row counters must be left at 0.
+TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
+    const uint32_t NH = 64, DI = 128, n_rot = 64, top_k = 512, n_layer = 2, il = 1;
+    const float wscale = float(1.0 / std::sqrt(double(DI) * NH));
+    std::vector<double> invf(n_rot / 2);
+    for (uint32_t i = 0; i < n_rot / 2; ++i) invf[i] = 1.0 / std::pow(10000.0, 2.0 * i / n_rot);
+    DevVec<double> dinv(invf);
+    const std::vector<std::vector<uint64_t>> cases = {{1500}, {12001}, {1025, 512, 2250}, {513, 700, 1024, 4001, 600}};
+    for (bool official : {true, false}) {
+        for (size_t ci = 0; ci < cases.size(); ++ci) {
+            const auto& vis = cases[ci];
+            const uint32_t R = uint32_t(vis.size());
+            uint64_t max_vis = 0;
+            for (uint64_t v : vis) max_vis = std::max(max_vis, v);
+            uint64_t ld = 1024;
+            while (ld < max_vis) ld *= 2;
+            ASSERT_TRUE(cuda::indexer_fused_ok(R, NH, DI, n_rot, ld));
+            // one session per row; index rows with a padded stride (16-byte aligned)
+            const uint64_t stride = DI + 4;
+            std::vector<std::unique_ptr<DevVec<float>>> dindex;
+            std::vector<cuda::DevLayerKV> lkv(R * n_layer);
+            std::vector<cuda::DevRow> rows(R);
+            for (uint32_t r = 0; r < R; ++r) {
+                const uint64_t n = vis[r];
+                auto base = random_floats(97 * DI, 1000 * ci + r, -1.0f, 1.0f);
+                for (auto& v : base) v = std::round(v * 4.0f) / 4.0f;
+                std::vector<float> idx(n * stride, 0.0f);
+                for (uint64_t c = 0; c < n; ++c) {
+                    if (c % 13 == 5) continue;   // all-zero rows: scores of exactly 0
+                    const uint64_t src = c < 200 ? c % 97 : (c * 7) % 97;   // duplicates: exact ties
+                    std::copy(base.begin() + src * DI, base.begin() + (src + 1) * DI, idx.begin() + c * stride);
+                }
+                dindex.push_back(std::make_unique<DevVec<float>>(idx));
+                lkv[r * n_layer + il].index = dindex.back()->get();
+                lkv[r * n_layer + il].index_stride = stride;
+                rows[r] = {int64_t(4 * n - 1 + r % 4), 0, int32_t(r)};
+                ASSERT_EQ(uint64_t(rows[r].pos + 1) / 4, n);
+            }
+            DevVec<cuda::DevLayerKV> dlkv(lkv);
+            DevVec<cuda::DevRow> drows(rows);
+            auto q = random_floats(uint64_t(R) * NH * DI, 77 + ci, -2.0f, 2.0f);
+            auto wv = random_floats(uint64_t(R) * NH, 99 + ci, -1.0f, 1.0f);
+            DevVec<float> q_old(q), w_old(wv), q_new(q), w_new(wv);
+            const std::vector<float> score_init(R * ld, 12345.0f);
+            const std::vector<uint32_t> sel_init(R * top_k, 0xdeadbeefu);
+            DevVec<float> s_old(score_init), s_new(score_init);
+            DevVec<uint32_t> sel_old(sel_init), sel_new(sel_init);
+            DevVec<uint32_t> count(std::vector<uint32_t>(R, 0u));
+            cuda::indexer_q_prep(q_old.get(), w_old.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official, wscale,
+                                 nullptr);
+            cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, ld,
+                                 s_old.get(), ld, nullptr);
+            cuda::topk_select(s_old.get(), ld, R, drows.get(), 4, top_k, sel_old.get(), nullptr);
+            const auto so = s_old.download();
+            const auto lo = sel_old.download();
+            for (int rep = 0; rep < 2; ++rep) {
+                cuda::indexer_fused(q_new.get(), w_new.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official,
+                                    wscale, dlkv.get(), n_layer, il, top_k, ld, s_new.get(), ld, count.get(),
+                                    sel_new.get(), nullptr);
+                const auto sn = s_new.download();
+                const auto ln = sel_new.download();
+                const auto cn = count.download();
+                ASSERT_EQ(0, std::memcmp(so.data(), sn.data(), so.size() * sizeof(float)))
+                    << "scores, case " << ci << " official " << official << " rep " << rep;
+                ASSERT_EQ(0, std::memcmp(lo.data(), ln.data(), lo.size() * sizeof(uint32_t)))
+                    << "selection, case " << ci << " official " << official << " rep " << rep;
+                for (uint32_t r = 0; r < R; ++r) ASSERT_EQ(cn[r], 0u) << "counter of row " << r;
+            }
+            // the fused kernel reads its inputs only
+            const auto qa = q_new.download();
+            ASSERT_EQ(0, std::memcmp(qa.data(), q.data(), q.size() * sizeof(float)));
+            // and the selection is the top-k with ties to the lower index
+            for (uint32_t r = 0; r < R; ++r) {
+                const uint64_t n = uint64_t(rows[r].pos + 1) / 4;
+                if (n <= top_k) continue;
+                std::vector<uint32_t> idx(n);
+                std::iota(idx.begin(), idx.end(), 0u);
+                const float* s = so.data() + r * ld;
+                auto key = [](float f) { return f == 0.0f ? 0.0f : f; };
+                std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return key(s[a]) > key(s[b]); });
+                idx.resize(top_k);
+                std::sort(idx.begin(), idx.end());
+                ASSERT_EQ(0, std::memcmp(idx.data(), lo.data() + r * top_k, top_k * sizeof(uint32_t))) << "row " << r;
+            }
         }
     }
 }
