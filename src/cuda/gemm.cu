@@ -1131,4 +1131,266 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     check_launch("gemm_kq_experts");
 }
 
+// ---- float weights (F16, BF16, F32) times float activations: a tiled SIMT GEMM ----------
+// Decode (matvec_kernel, VEC path) gives output row n the NT = decode_row_threads(K, N)
+// threads of a warp (32) or of a wide block (256, 1,024); thread t sums the 8-value chunks
+// u = t, t + NT, t + 2 NT, ... in order, 8 sequential fmaf per chunk from 0, then each warp's
+// 32 thread sums are added by the butterfly (xor 16, 8, 4, 2, 1) and, in a wide block, the
+// warps' sums are added in order starting from 0. Here a block computes a tile of 64 weight
+// rows × 16·TR activation rows (256 threads, 4 × TR outputs each, FP32 FMAs on the CUDA
+// cores) and walks the K chunks in the order decode's tree consumes them: warp w of the row
+// threads, its leaves j = 0..31 (thread 32w + bitrev5(j)), each leaf's C = K / (8 NT) chunks
+// in order. The chunk sequence is staged four chunks (32 values) at a time into shared
+// memory, double-buffered through registers (the weight chunk converted to float on the
+// way, exactly), one barrier per stage. A leaf's sum is merged when it ends through the
+// stack of five partial sums (tree_push's binary counter, with the leaf number a run-time
+// value here: the block-uniform level picks the registers by unrolled branches), and a warp's
+// root joins the wide block's running sum. So every output gets decode's float operations in
+// decode's order: bit for bit. Shapes with leaves of unequal chunk counts (K % (8 NT) != 0)
+// stay on matvec_kernel (gemm_float_eligible says no).
+namespace {
+
+constexpr int kFBM = 64;        // weight rows per block (16 threads × 4)
+constexpr int kFStage = 4;      // chunks of 8 values staged per step
+constexpr int kFK = 8 * kFStage;
+
+struct FGemm {
+    const uint8_t* w;
+    uint64_t row_bytes, K, row0, N;
+    const float* a;
+    uint64_t a_stride, rpg;
+    uint32_t R;
+    float* y;
+    uint64_t y_stride;
+    uint32_t nt;    // decode's threads per row (32, 256, 1,024)
+    uint32_t C;     // chunks per leaf: K / (8 nt)
+};
+
+__device__ __forceinline__ uint32_t bitrev5u(uint32_t j) {
+    return ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
+}
+
+// The chunk (index into the row's K / 8 chunks) at position q of the visiting order.
+__device__ __forceinline__ uint32_t chunk_at(const FGemm& p, uint32_t q) {
+    const uint32_t leaf = q / p.C, c = q - leaf * p.C;
+    return (leaf & ~31u) + bitrev5u(leaf & 31) + c * p.nt;
+}
+
+// Leaf number j (0..31) of a warp ended with sum cur: merge it as tree_push does. The level
+// (trailing zeros of j + 1) is the same for the whole block: uniform branches.
+template <int TR>
+__device__ __forceinline__ void tree_push_rt(uint32_t j, float (&st)[5][4][TR], float (&cur)[4][TR]) {
+    const int level = __ffs(int(j + 1)) - 1;
+#pragma unroll
+    for (int h = 0; h < 5; ++h)
+        if (h < level) each2(cur, st[h], [](float& a, float& b) { a = b + a; });
+#pragma unroll
+    for (int h = 0; h < 5; ++h)
+        if (h == level) each2(st[h], cur, [](float& a, float& b) { a = b; });
+}
+
+template <uint32_t T>
+__device__ __forceinline__ void to_floats(const uint4& v, float (&f)[8]) {
+    const uint32_t ws[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint16_t lo = uint16_t(ws[j] & 0xFFFF), hi = uint16_t(ws[j] >> 16);
+        f[2 * j] = T == T_F16 ? f16_to_f32(lo) : bf16_to_f32(lo);
+        f[2 * j + 1] = T == T_F16 ? f16_to_f32(hi) : bf16_to_f32(hi);
+    }
+}
+
+// T: weight type; TR: activation rows per thread (4: 64 per block; 2: 32, for small grids).
+template <uint32_t T, int TR>
+__global__ void __launch_bounds__(256, TR == 2 ? 2 : 1) gemm_float_kernel(FGemm p) {
+    pdl_begin();
+    constexpr int BR = 16 * TR;                    // activation rows per block
+    constexpr int AV = BR / 32;                    // float4 activation loads per thread per stage
+    constexpr int WV = T == T_F32 ? 2 : 1;         // 16-byte weight loads per thread per stage
+    __shared__ __align__(16) float sw[2][kFK][kFBM];
+    __shared__ __align__(16) float sa[2][kFK][BR];
+    const uint32_t tid = threadIdx.x;
+    const uint32_t tn = tid & 15, tr = tid >> 4;
+    const uint64_t m0 = uint64_t(blockIdx.x) * kFBM;
+    const uint32_t r0 = blockIdx.y * BR;
+    // a block's rows lie in one group (the launcher checks rpg % 64 == 0 and row0 % 64 == 0)
+    const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
+
+    // loader roles: weight row lrow, stage position lpos (chunk lpos of the stage)
+    const uint32_t lrow = tid & 63, lpos = tid >> 6;
+    const uint8_t* wrow = p.w + (p.row0 + min(m0 + lrow, p.N - 1)) * p.row_bytes;   // rows past N: clamped
+    const float* arow[AV];
+    uint32_t apos[AV], ahalf[AV], arr[AV];
+#pragma unroll
+    for (int i = 0; i < AV; ++i) {
+        const uint32_t e = tid + 256 * i;
+        arr[i] = e % BR;
+        apos[i] = (e / BR) % kFStage;
+        ahalf[i] = e / (BR * kFStage);
+        arow[i] = p.a + uint64_t(min(r0 + arr[i], p.R - 1)) * p.a_stride + goff;
+    }
+    uint4 wreg[WV];
+    float4 areg[AV];
+    auto load = [&](uint32_t stage) {
+        const uint32_t wu = chunk_at(p, stage * kFStage + lpos);
+        if constexpr (T == T_F32) {
+            const uint4* src = reinterpret_cast<const uint4*>(wrow) + 2 * wu;
+            wreg[0] = src[0];
+            wreg[WV - 1] = src[1];
+        } else {
+            wreg[0] = reinterpret_cast<const uint4*>(wrow)[wu];
+        }
+#pragma unroll
+        for (int i = 0; i < AV; ++i) {
+            const uint32_t au = chunk_at(p, stage * kFStage + apos[i]);
+            areg[i] = reinterpret_cast<const float4*>(arow[i])[2 * au + ahalf[i]];
+        }
+    };
+    auto store = [&](int buf) {
+        float f[8];
+        if constexpr (T == T_F32) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                f[4 * h + 0] = __uint_as_float(wreg[h].x);
+                f[4 * h + 1] = __uint_as_float(wreg[h].y);
+                f[4 * h + 2] = __uint_as_float(wreg[h].z);
+                f[4 * h + 3] = __uint_as_float(wreg[h].w);
+            }
+        } else {
+            to_floats<T>(wreg[0], f);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sw[buf][lpos * 8 + j][lrow] = f[j];
+#pragma unroll
+        for (int i = 0; i < AV; ++i) {
+            float* d = &sa[buf][apos[i] * 8 + ahalf[i] * 4][arr[i]];
+            d[0] = areg[i].x;
+            d[BR] = areg[i].y;
+            d[2 * BR] = areg[i].z;
+            d[3 * BR] = areg[i].w;
+        }
+    };
+
+    float st[5][4][TR], cur[4][TR], total[4][TR];
+    each(cur, [](float& x) { x = 0.0f; });
+    each(total, [](float& x) { x = 0.0f; });
+    const bool wide = p.nt > 32;
+    const uint32_t stages = uint32_t(p.K / kFK);
+    uint32_t cc = 0, leaf = 0;   // chunks done of the current leaf; leaves done
+    load(0);
+    store(0);
+    __syncthreads();
+    for (uint32_t s = 0; s < stages; ++s) {
+        const int buf = int(s & 1);
+        if (s + 1 < stages) load(s + 1);
+#pragma unroll
+        for (int c = 0; c < kFStage; ++c) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float4 wv = *reinterpret_cast<const float4*>(&sw[buf][c * 8 + k][4 * tn]);
+                float av[TR];
+                if constexpr (TR == 4) {
+                    const float4 a4 = *reinterpret_cast<const float4*>(&sa[buf][c * 8 + k][4 * tr]);
+                    av[0] = a4.x, av[1] = a4.y, av[2] = a4.z, av[3] = a4.w;
+                } else {
+                    const float2 a2 = *reinterpret_cast<const float2*>(&sa[buf][c * 8 + k][2 * tr]);
+                    av[0] = a2.x, av[TR - 1] = a2.y;
+                }
+                const float wf[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int r = 0; r < TR; ++r) cur[i][r] = fmaf(wf[i], av[r], cur[i][r]);
+            }
+            if (++cc == p.C) {   // a leaf ends
+                cc = 0;
+                const uint32_t j = leaf++ & 31;
+                tree_push_rt(j, st, cur);
+                if (j == 31) {          // a warp's root: the row's sum, or the next term of a wide block's
+                    each2(total, cur, [&](float& t, float& x) { t = wide ? t + x : x; });
+                }
+                each(cur, [](float& x) { x = 0.0f; });
+            }
+        }
+        if (s + 1 < stages) store(buf ^ 1);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint64_t n = m0 + 4 * tn + i;
+        if (n >= p.N) continue;
+#pragma unroll
+        for (int r = 0; r < TR; ++r) {
+            const uint32_t ar = r0 + TR * tr + r;
+            if (ar < p.R) p.y[uint64_t(ar) * p.y_stride + n] = total[i][r];
+        }
+    }
+}
+
+// DSV4_GEMM_F16=0 keeps the float-weight products of prefill on matvec_kernel (A/B).
+bool gemm_float_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("DSV4_GEMM_F16");
+        return !e || e[0] != '0';
+    }();
+    return on;
+}
+
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, c = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) !=
+                                                       cudaSuccess)
+            c = 132;
+        return c > 0 ? c : 132;
+    }();
+    return n;
+}
+}  // namespace
+
+bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,
+                         bool expert) {
+    if (!gemm_float_on() || expert || R < uint32_t(kMinRows) || N == 0 || a.kind != ActKind::F32) return false;
+    if (W.type != T_F32 && W.type != T_F16 && W.type != T_BF16) return false;
+    // decode's VEC path (matvec_impl's fvec) with leaves of equal chunk counts
+    const uint64_t nt = decode_row_threads(W.K, N, false);
+    return W.K % (8 * nt) == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0 && W.row_bytes % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.f) % 16 == 0 && a.f_stride % 4 == 0 &&
+           (rpg == 0 || (rpg % kFBM == 0 && row0 % kFBM == 0));
+}
+
+void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                uint64_t row0, uint64_t rpg, cudaStream_t s) {
+    if (R == 0 || N == 0) return;
+    if (!gemm_float_eligible(W, a, R, N, row0, rpg, false)) throw_mismatch("gemm_float", W.type, W.K, a.K);
+    FGemm p{};
+    p.w = W.data;
+    p.row_bytes = W.row_bytes;
+    p.K = W.K;
+    p.row0 = row0;
+    p.N = N;
+    p.a = a.f;
+    p.a_stride = a.f_stride;
+    p.rpg = rpg;
+    p.R = R;
+    p.y = y;
+    p.y_stride = y_stride;
+    p.nt = decode_row_threads(W.K, N, false);
+    p.C = uint32_t(W.K / (8 * uint64_t(p.nt)));
+    const uint32_t gx = uint32_t((N + kFBM - 1) / kFBM);
+    // 64 activation rows a block (~225 registers: one block of 8 warps per SM), or 32
+    // (~128 registers: two per SM) where 64 would not give every SM a block
+    const bool big = uint64_t(gx) * ((R + 63) / 64) >= uint64_t(sm_count());
+#define DSV4_FG(TT)                                                                         \
+    if (W.type == TT) {                                                                     \
+        if (big) gemm_float_kernel<TT, 4><<<dim3(gx, (R + 63) / 64), 256, 0, s>>>(p);       \
+        else gemm_float_kernel<TT, 2><<<dim3(gx, (R + 31) / 32), 256, 0, s>>>(p);           \
+    }
+    DSV4_FG(T_F32)
+    DSV4_FG(T_F16)
+    DSV4_FG(T_BF16)
+#undef DSV4_FG
+    check_launch("gemm_float");
+}
+
 }  // namespace dsv4::cuda

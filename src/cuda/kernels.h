@@ -111,6 +111,16 @@ bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                uint64_t row0, uint64_t rpg, cudaStream_t s);
 
+// Float-weight (F16, BF16, F32) products of R >= 16 float activation rows as a tiled SIMT
+// GEMM, bit for bit what matvec's decode path gives each row (see gemm.cu): non-expert,
+// decode's VEC shapes (K % 8 == 0, 16-byte aligned rows and activations) whose row threads
+// get equal chunk counts (K % (8 * decode_row_threads) == 0); grouped (rpg) with rpg and
+// row0 multiples of 64. DSV4_GEMM_F16=0 (read once) turns it off.
+bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,
+                         bool expert);
+void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                uint64_t row0, uint64_t rpg, cudaStream_t s);
+
 // The routed experts' IQ2_XXS / Q2_K products of a prefill (pairs gathered in groups) on the
 // tensor cores, bit for bit what matvec / matvec_swiglu give; they call it where eligible.
 uint32_t gemm_kq_pairs();

@@ -1180,6 +1180,67 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     }
 }
 
+TEST_F(CudaKernels, FloatWeightGemmEqualsDecodeBitForBit) {
+    // Prefill's tiled float-weight GEMM (gemm.cu, gemm_float) must give each row exactly what
+    // decode gives it alone (matvec, one row): the same fmaf chains over the same chunks, the
+    // same butterfly tree of a warp's 32 thread sums, the wide block's warp sums in order.
+    // Decode's row threads 32 (N > 1024, or K < 2048), 256 (N <= 1024, K >= 2048), 1,024
+    // (N <= 1024, K >= 8192); N with tails past the 64-row tile, R past the 32/64-row tiles,
+    // and the grouped product.
+    struct Case {
+        uint64_t K, N, rpg;
+        uint32_t R;
+    };
+    const Case cases[] = {Case{4096, 1024, 0, 33}, Case{4096, 512, 0, 2048}, Case{1024, 8192, 0, 16},
+                          Case{4096, 64, 0, 20},   Case{16384, 24, 0, 17},   Case{4096, 1000, 0, 16},
+                          Case{1024, 37, 0, 33},   Case{4096, 1100, 0, 20},  Case{1024, 128, 64, 17},
+                          Case{256, 100, 0, 70}};
+    for (const Type wt : {Type::F16, Type::BF16, Type::F32}) {
+        for (const Case c : cases) {
+            if (c.R >= 2048 && wt != Type::F16) continue;   // the long case once
+            const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+            const HostWeight hw = random_weight(wt, c.K, c.N, 1900 + c.K + c.N + uint64_t(wt));
+            DevWeightHolder dw(hw);
+            auto x = random_floats(c.R * AK, 37 + c.R, -2.0f, 2.0f);
+            DevVec<float> dx(x);
+            ActHolder ah(16);
+            const cuda::DevAct a = cuda::quantize_act(uint32_t(wt), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+            ASSERT_TRUE(cuda::gemm_float_eligible(dw.w, a, c.R, c.N, 0, c.rpg, false))
+                << "type " << uint32_t(wt) << " K " << c.K << " N " << c.N;
+            DevVec<float> gm(c.R * c.N), one(c.R * c.N);
+            cuda::gemm_float(dw.w, a, c.R, gm.get(), c.N, c.N, 0, c.rpg, nullptr);
+            for (uint32_t r = 0; r < c.R; ++r) {
+                cuda::DevAct ar = a;
+                ar.f = a.f + uint64_t(r) * AK;
+                if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
+                else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
+            }
+            auto got = gm.download();
+            auto ref = one.download();
+            ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
+                << "type " << uint32_t(wt) << " K " << c.K << " N " << c.N << " R " << c.R;
+            // and near the CPU's dot product (a check of the layout, not of the order)
+            for (uint32_t r = 0; r < c.R; r += 7) {
+                const uint64_t n = (r * 13) % c.N, g = c.rpg ? n / c.rpg : 0;
+                const size_t rb = quant::row_bytes(wt, c.K);
+                std::vector<float> wrow(c.K);
+                quant::dequantize_row(wt, hw.bytes.data() + n * rb, wrow.data(), c.K);
+                double ref_d = 0;
+                for (uint64_t k = 0; k < c.K; ++k) ref_d += double(wrow[k]) * x[r * AK + g * c.K + k];
+                ASSERT_NEAR(got[r * c.N + n], ref_d, 1e-3 * (std::fabs(ref_d) + 1)) << "K " << c.K;
+            }
+        }
+    }
+    // leaves of unequal chunk counts stay on matvec_kernel
+    const HostWeight hw = random_weight(Type::F16, 1000, 40, 7);
+    DevWeightHolder dw(hw);
+    DevVec<float> dx(random_floats(16 * 1000, 5));
+    ActHolder ah(16);
+    const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::F16), dx.get(), 1000, 16, 1000, ah.buf, nullptr);
+    EXPECT_FALSE(cuda::gemm_float_eligible(dw.w, a, 16, 40, 0, 0, false));
+    EXPECT_FALSE(cuda::gemm_float_eligible(dw.w, a, 15, 40, 0, 0, false));
+}
+
 TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
     // The IQ2_XXS and Q2_K expert products staged through shared memory (gemm.cu,
     // DSV4_GEMM_SMEM) and the register-fed ones must both give every pair exactly what decode
