@@ -1183,6 +1183,11 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
         gemm_q8_0(W, a, R, y, y_stride, N, row0, rpg, s);
         return;
     }
+    // float weights, many rows (prefill): a tiled CUDA-core GEMM with decode's order of sums
+    if (act_div <= 1 && gemm_float_eligible(W, a, R, N, row0, rpg, expert != nullptr)) {
+        gemm_float(W, a, R, y, y_stride, N, row0, rpg, s);
+        return;
+    }
     switch (W.type) {
         case T_F32: fvec ? launch_rb<T_F32, true>(p, s) : launch_rb<T_F32, false>(p, s); break;
         case T_F16: fvec ? launch_rb<T_F16, true>(p, s) : launch_rb<T_F16, false>(p, s); break;
