@@ -145,6 +145,14 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
 // 1 shared, 2 shared with 3 blocks per SM); -1 (initially) follows the environment.
 void kq_smem_select(int mode);
 
+// Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per
+// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3) and
+// DSV4_Q8_ROWS_V for the one-row Q8_0 products (0 q8_rows_kernel, 1 loads issued first +
+// evict-first, 2 the same with twice the rows per warp); -1 (initially) follows the
+// environment.
+void q2k_select(int v);
+void q8_rows_select(int v);
+
 // Gate and up products of one SwiGLU in one pass (same type and shape, quantised types):
 // mid[r*mid_stride + n] = silu(clamp(Wg[n]·act)) * clamp(Wu[n]·act) (* ew[r]), every
 // operation as matvec + swiglu in that order, so the result is theirs bit for bit.

@@ -499,26 +499,157 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
         if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
 }
 
+// The same products with every weight load guaranteed in flight before any arithmetic
+// (DSV4_Q8_ROWS_V >= 1). ptxas gave q8_rows_kernel 42-62 registers although <8,1,1> alone
+// holds 64 registers of weights: it issues part of the loads only after the first rows'
+// arithmetic (register-pressure scheduling, which the PTX order does not bind). Here the
+// first integer sum of every row starts from `dep & z`: dep is the xor of one word of every
+// weight load, z an opaque zero (%dynamic_smem_size, the launch gives none), so the sums
+// are exactly those of q8_rows_kernel (an integer 0 added) while no dp4a may start before
+// every weight load has been issued and returned. The weight loads are read once per token:
+// ld.global.nc with L1::no_allocate and an L2 evict-first policy, so they neither evict
+// the activations from L1 nor the next kernels' data from L2.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+    uint64_t pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+__device__ __forceinline__ int4 ld_stream16(const void* ptr, uint64_t pol) {
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(ptr), "l"(pol));
+    return v;
+}
+__device__ __forceinline__ uint16_t ld_stream2(const uint16_t* ptr, uint64_t pol) {
+    uint16_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(ptr), "l"(pol));
+    return v;
+}
+__device__ __forceinline__ uint32_t opaque_zero() {
+    uint32_t z;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(z));
+    return z;
+}
+
+template <int RW, int NB, int NW>
+__global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel_v1(MV p) {
+    pdl_begin();
+    const uint32_t lane = threadIdx.x & 31;
+    const uint64_t n0 = (uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5)) * RW;
+    if (n0 >= p.N) return;
+    const uint64_t K = p.K;
+    const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * K : 0;
+    const int nrow = int(min(uint64_t(RW), p.N - n0));
+    const uint64_t pol = evict_first_policy();
+    int4 w0[RW][NW][NB], w1[RW][NW][NB];
+    uint16_t wd[RW][NW][NB];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        const uint64_t wrow = p.row0 + n0 + uint64_t(min(r, nrow - 1));
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            const int8_t* wq = (j == 0 ? p.wqs : p.wqs2) + wrow * K;
+            const uint16_t* wdr = (j == 0 ? p.wd : p.wd2) + wrow * (K / 32);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const int8_t* q = wq + (lane + 32 * b) * 32;
+                w0[r][j][b] = ld_stream16(q, pol);
+                w1[r][j][b] = ld_stream16(q + 16, pol);
+                wd[r][j][b] = ld_stream2(wdr + lane + 32 * b, pol);
+            }
+        }
+    }
+    int4 a0[NB], a1[NB];
+    float da[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
+        a0[b] = a4[0];
+        a1[b] = a4[1];
+        da[b] = p.ad[goff / 32 + lane + 32 * b];
+    }
+    uint32_t dep = 0;
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+#pragma unroll
+        for (int j = 0; j < NW; ++j)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) dep ^= uint32_t(w0[r][j][b].x) ^ uint32_t(w1[r][j][b].x) ^ wd[r][j][b];
+    const int zero = int(dep & opaque_zero());
+    float out[RW];
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        float acc[NW];
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            acc[j] = 0.0f;
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                int sm = __dp4a(w0[r][j][b].x, a0[b].x, zero);
+                sm = __dp4a(w0[r][j][b].y, a0[b].y, sm);
+                sm = __dp4a(w0[r][j][b].z, a0[b].z, sm);
+                sm = __dp4a(w0[r][j][b].w, a0[b].w, sm);
+                sm = __dp4a(w1[r][j][b].x, a1[b].x, sm);
+                sm = __dp4a(w1[r][j][b].y, a1[b].y, sm);
+                sm = __dp4a(w1[r][j][b].z, a1[b].z, sm);
+                sm = __dp4a(w1[r][j][b].w, a1[b].w, sm);
+                acc[j] = fmaf(f16_to_f32(wd[r][j][b]) * da[b], float(sm), acc[j]);
+            }
+        }
+        out[r] = warp_sum(acc[0]);
+        if constexpr (NW == 2) out[r] = swiglu_pair(out[r], warp_sum(acc[NW - 1]), p.clamp, p.ew, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < RW; ++r)
+        if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
+}
+
+int g_q8_rows_select = -1;   // q8_rows_select
+
 // One activation row (decode), rows of 1,024..8,192 values read by a warp each (not the
 // wide-block rows decode_row_threads gives 256+ threads): RW rows per warp for ~8 KB of
 // weights in flight per warp (fewer with the paired gate+up, for registers).
+// DSV4_Q8_ROWS_V (read once) selects the variant for A/B: 0 q8_rows_kernel (loads in the
+// order ptxas picks), 1 (default) q8_rows_kernel_v1 (every weight load issued first,
+// evict-first), 2 the same with twice the rows per warp (~16 KB per warp in flight, 8 KB
+// with gate+up). DSV4_Q8_ROWS=0 turns the whole path off (matvec_kernel).
 bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
     static const bool on = [] {
         const char* e = std::getenv("DSV4_Q8_ROWS");
         return !e || e[0] != '0';
     }();
+    static const int v_env = [] {
+        const char* e = std::getenv("DSV4_Q8_ROWS_V");
+        return e ? std::atoi(e) : 1;
+    }();
     if (!on || p.R != 1 || p.expert || p.grp || p.K % 1024 != 0 || p.K > 8192 ||
         decode_row_threads(p.K, p.N, false) != 32)
         return false;
+    const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
     const int nb = int(p.K / 1024);
-    int rw = std::max(1, (nw == 2 ? 4 : 8) / nb);
+    int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
     while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
     const uint32_t rows_per_block = uint32_t(kQ8Warps * rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
-#define DSV4_Q8(RW, NB, NW) \
-    if (rw == RW && nb == NB && nw == NW) { q8_rows_kernel<RW, NB, NW><<<grid, block, 0, s>>>(p); return true; }
+#define DSV4_Q8(RW, NB, NW)                                                            \
+    if (rw == RW && nb == NB && nw == NW) {                                            \
+        if (v == 0) q8_rows_kernel<RW, NB, NW><<<grid, block, 0, s>>>(p);              \
+        else q8_rows_kernel_v1<RW, NB, NW><<<grid, block, 0, s>>>(p);                  \
+        return true;                                                                   \
+    }
     DSV4_Q8(8, 1, 1) DSV4_Q8(4, 2, 1) DSV4_Q8(2, 4, 1) DSV4_Q8(1, 8, 1)
     DSV4_Q8(4, 1, 2) DSV4_Q8(2, 2, 2) DSV4_Q8(1, 4, 2) DSV4_Q8(1, 8, 2)
+#define DSV4_Q8_V1(RW, NB, NW)                                                                        \
+    if (rw == RW && nb == NB && nw == NW) {                                                           \
+        q8_rows_kernel_v1<RW, NB, NW><<<grid, block, 0, s>>>(p);                                      \
+        return true;                                                                                  \
+    }
+    if (v >= 2) {   // (v = 2 only: the shapes twice the rows per warp adds)
+        DSV4_Q8_V1(16, 1, 1) DSV4_Q8_V1(8, 2, 1) DSV4_Q8_V1(4, 4, 1) DSV4_Q8_V1(2, 8, 1)
+        DSV4_Q8_V1(8, 1, 2) DSV4_Q8_V1(4, 2, 2) DSV4_Q8_V1(2, 4, 2)
+    }
+#undef DSV4_Q8_V1
 #undef DSV4_Q8
     return false;
 }
@@ -875,6 +1006,23 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
     kq_body<T, 1, NW, RW, PS, MINB == 3 ? 2 : 1>(p);
 }
 
+// Q2_K decode with one slot (the routed experts' down product, K = 2,048: one step of
+// 8 super-blocks per row) and registers capped for MINB blocks per SM. kq_kernel<Q2_K, 1,
+// 1, 4, 1> takes 123 registers (2 blocks of 8 warps per SM) for only ~2.7 KB of weights in
+// flight per warp (4 rows x 8 super-blocks x 84 bytes): ~43 KB per SM. DSV4_Q2K_V (read
+// once; launch_kq) selects: 0 that kernel; 1 (default) 8 rows per warp, capped at 2 blocks
+// per SM (122 registers, no spills): ~5.4 KB per warp, ~86 KB per SM, 1.45 waves of warps
+// for 6 experts x 4,096 rows; 2 four rows per warp with 3 blocks per SM (80 registers, no
+// spills): ~65 KB per SM, 1.94 waves; 3 eight rows with 3 blocks per SM (80 registers,
+// ~170 bytes of spills): ~130 KB per SM, one wave. Rows per warp change nothing in a row's sum
+// (the same lanes, blocks and operations), so every variant gives the same bits.
+template <uint32_t T, int NW, int RW, int PS, int MINB>
+__global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
+    pdl_begin();
+    kq_body<T, 1, NW, RW, PS, 0>(p);
+}
+int g_q2k_select = -1;   // q2k_select
+
 // Slots per block and rows per warp: one slot per block row for expert pairs (their weight
 // rows differ) unless grouped, RB rows of a batch otherwise; RW > 1 only for one slot, where
 // a warp's few loads would leave the memory system idle. DSV4_KQ_RW overrides RW (1, 2, 4)
@@ -891,6 +1039,10 @@ void launch_kq(const MV& p, cudaStream_t s) {
     }();
     static const int smem_env = [] {
         const char* e = std::getenv("DSV4_KQ_SMEM");
+        return e ? std::atoi(e) : 1;
+    }();
+    static const int q2k_env = [] {
+        const char* e = std::getenv("DSV4_Q2K_V");
         return e ? std::atoi(e) : 1;
     }();
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
@@ -913,6 +1065,17 @@ void launch_kq(const MV& p, cudaStream_t s) {
                 else if (rw == 2) kq_kernel_smem<T, NW, 2, 2, 2><<<grid, block, sb, s>>>(p);
                 else kq_kernel_smem<T, NW, 1, 2, 2><<<grid, block, sb, s>>>(p);
             }
+            return;
+        }
+    }
+    if constexpr (T == T_Q2_K && NW == 1) {
+        const int v = g_q2k_select >= 0 ? g_q2k_select : q2k_env;
+        if (rb == 1 && !rw_env && v >= 1 && v <= 3) {
+            const uint32_t rw2 = v == 2 ? 4 : 8, rpb = kKqWarps * rw2;
+            const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
+            if (v == 1) kq_kernel_mb<T, NW, 8, 1, 2><<<grid2, block, 0, s>>>(p);
+            else if (v == 2) kq_kernel_mb<T, NW, 4, 1, 3><<<grid2, block, 0, s>>>(p);
+            else kq_kernel_mb<T, NW, 8, 1, 3><<<grid2, block, 0, s>>>(p);   // (spills ~170 bytes)
             return;
         }
     }
@@ -1217,6 +1380,8 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
 }
 
 void kq_smem_select(int mode) { g_kq_smem_select = mode; }
+void q2k_select(int v) { g_q2k_select = v; }
+void q8_rows_select(int v) { g_q8_rows_select = v; }
 
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
     if (Wg.type != Wu.type || Wg.K != Wu.K || Wg.row_bytes != Wu.row_bytes || Wg.rows != Wu.rows) return false;

@@ -1132,6 +1132,95 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
     }
 }
 
+TEST_F(CudaKernels, Q2KDecodeVariantsEqual) {
+    // Q2_K decode with one slot per block row runs 4 rows per warp (DSV4_Q2K_V = 0), 8 rows
+    // per warp with 2 blocks per SM (1), 4 rows with 3 blocks per SM (2) or 8 rows with 3
+    // blocks per SM (3): the same bits
+    // for plain rows and expert pairs (the routed experts' down product: K = 2,048, 4,096
+    // rows per expert), row counts that leave warps partly filled or without rows, K of a
+    // partial to two full steps.
+    const std::pair<uint64_t, uint64_t> shapes[] = {{4096, 2048}, {200, 2048}, {77, 256}, {131, 4096}, {1, 2048}};
+    for (auto [RPE, K] : shapes) {
+        const uint64_t NEXP = 3;
+        const HostWeight hw = random_weight(Type::Q2_K, K, RPE * NEXP, 1301 + K + RPE);
+        DevWeightHolder dw(hw);
+        const uint32_t AR = 6, P = 6;
+        const std::vector<int32_t> ex = {2, 0, 1, 2, 2, 0};
+        DevVec<int32_t> dex(ex);
+        auto x = random_floats(AR * K, 31 + K, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(AR * K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q2_K), dx.get(), K, AR, K, ah.buf, nullptr);
+        const uint64_t N = RPE;
+        std::vector<float> ref[3];
+        for (int v : {0, 1, 2, 3}) {
+            cuda::q2k_select(v);
+            DevVec<float> y1(N), y2(P * N), y3(P * N);
+            cuda::matvec(dw.w, a, 1, y1.get(), N, N, 0, nullptr);
+            // the decode's down product: slot i reads activation row i (one pair per block row)
+            cuda::matvec(dw.w, a, P, y2.get(), N, N, 0, nullptr, dex.get(), RPE, 1);
+            // and two slots per activation row (as the gate/up products of a token's experts)
+            cuda::matvec(dw.w, a, P, y3.get(), N, N, 0, nullptr, dex.get(), RPE, 2);
+            const std::vector<float> got[3] = {y1.download(), y2.download(), y3.download()};
+            for (int c = 0; c < 3; ++c) {
+                if (v == 0) {
+                    ref[c] = got[c];
+                } else {
+                    ASSERT_EQ(ref[c].size(), got[c].size());
+                    ASSERT_EQ(0, std::memcmp(ref[c].data(), got[c].data(), ref[c].size() * 4))
+                        << "RPE " << RPE << " K " << K << " variant " << v << " case " << c;
+                }
+            }
+        }
+        cuda::q2k_select(-1);
+    }
+}
+
+TEST_F(CudaKernels, Q8RowsVariantsEqual) {
+    // The one-row Q8_0 products (q8_rows_kernel, DSV4_Q8_ROWS_V = 0) against the variant
+    // that issues every weight load first with an evict-first policy (1) and the one with
+    // twice the rows per warp (2): the same bits. The decode shapes (q_b 32,768 x 1,024,
+    // out_b 4,096 x 8,192, out_a 8,192 x 4,096 in 8 groups), row counts that leave a warp
+    // partly filled, plain, grouped and gate+up with SwiGLU. (N > 1,024: smaller products
+    // with K >= 2,048 take the wide-row kernel.)
+    struct Shape {
+        uint64_t N, K, G;   // G: groups of the grouped product (0: none)
+    };
+    const Shape shapes[] = {{32768, 1024, 0}, {4096, 8192, 0}, {8192, 4096, 8}, {1037, 1024, 0},
+                            {1061, 2048, 0},  {1029, 4096, 0}, {1027, 8192, 0}, {1040, 1024, 4},
+                            {1056, 2048, 4},  {45, 1024, 0}};
+    for (const Shape& sh : shapes) {
+        const uint64_t N = sh.N, K = sh.K, G = sh.G ? sh.G : 1;
+        const HostWeight hw = random_weight(Type::Q8_0, K, N, 2900 + K + N);
+        const HostWeight hu = random_weight(Type::Q8_0, K, N, 3900 + K + N);
+        DevWeightHolder dw(hw), du(hu);
+        auto x = random_floats(G * K, 37 + K, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(G * K), ah1(K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), G * K, 1, G * K, ah.buf, nullptr);
+        const cuda::DevAct a1 = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), K, 1, K, ah1.buf, nullptr);
+        std::vector<float> ref[2];
+        for (int v : {0, 1, 2}) {
+            cuda::q8_rows_select(v);
+            DevVec<float> y(N), f(N);
+            if (sh.G) cuda::matvec_grouped(dw.w, a, 1, y.get(), N, N, N / G, nullptr);
+            else cuda::matvec(dw.w, a1, 1, y.get(), N, N, 0, nullptr);
+            cuda::matvec_swiglu(dw.w, du.w, a1, 1, f.get(), N, N, 0.0f, nullptr, nullptr);
+            const std::vector<float> got[2] = {y.download(), f.download()};
+            for (int c = 0; c < 2; ++c) {
+                if (v == 0) {
+                    ref[c] = got[c];
+                } else {
+                    ASSERT_EQ(ref[c].size(), got[c].size());
+                    ASSERT_EQ(0, std::memcmp(ref[c].data(), got[c].data(), ref[c].size() * 4))
+                        << "N " << N << " K " << K << " G " << sh.G << " variant " << v << " case " << c;
+                }
+            }
+        }
+        cuda::q8_rows_select(-1);
+    }
+}
+
 TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     // Prefill's tensor-core Q8_0 product (R >= 16) must give each row exactly what decode
     // (one row at a time) gives: same integer block sums, same float steps, same tree of sums.
