@@ -433,82 +433,15 @@ __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
 // the tensor-core prefill products (gemm.cu) still equal decode bit for bit.
 constexpr int kQ8Warps = 4;   // warps per block of q8_rows_kernel
 
-template <int RW, int NB, int NW>
-__global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
-    pdl_begin();
-    const uint32_t lane = threadIdx.x & 31;
-    const uint64_t n0 = (uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5)) * RW;
-    if (n0 >= p.N) return;
-    const uint64_t K = p.K;
-    // rows of one warp share their activation group (launch checks rpg % RW == 0)
-    const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * K : 0;
-    const int nrow = int(min(uint64_t(RW), p.N - n0));
-    int4 w0[RW][NW][NB], w1[RW][NW][NB];
-    uint16_t wd[RW][NW][NB];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        const uint64_t wrow = p.row0 + n0 + uint64_t(min(r, nrow - 1));
-#pragma unroll
-        for (int j = 0; j < NW; ++j) {
-            const int8_t* wq = (j == 0 ? p.wqs : p.wqs2) + wrow * K;
-            const uint16_t* wdr = (j == 0 ? p.wd : p.wd2) + wrow * (K / 32);
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                const int4* q4 = reinterpret_cast<const int4*>(wq + (lane + 32 * b) * 32);
-                w0[r][j][b] = q4[0];
-                w1[r][j][b] = q4[1];
-                wd[r][j][b] = wdr[lane + 32 * b];
-            }
-        }
-    }
-    int4 a0[NB], a1[NB];
-    float da[NB];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-        const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
-        a0[b] = a4[0];
-        a1[b] = a4[1];
-        da[b] = p.ad[goff / 32 + lane + 32 * b];
-    }
-    float out[RW];
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        float acc[NW];
-#pragma unroll
-        for (int j = 0; j < NW; ++j) {
-            acc[j] = 0.0f;
-#pragma unroll
-            for (int b = 0; b < NB; ++b) {
-                int sm = __dp4a(w0[r][j][b].x, a0[b].x, 0);
-                sm = __dp4a(w0[r][j][b].y, a0[b].y, sm);
-                sm = __dp4a(w0[r][j][b].z, a0[b].z, sm);
-                sm = __dp4a(w0[r][j][b].w, a0[b].w, sm);
-                sm = __dp4a(w1[r][j][b].x, a1[b].x, sm);
-                sm = __dp4a(w1[r][j][b].y, a1[b].y, sm);
-                sm = __dp4a(w1[r][j][b].z, a1[b].z, sm);
-                sm = __dp4a(w1[r][j][b].w, a1[b].w, sm);
-                acc[j] = fmaf(f16_to_f32(wd[r][j][b]) * da[b], float(sm), acc[j]);
-            }
-        }
-        out[r] = warp_sum(acc[0]);
-        if constexpr (NW == 2) out[r] = swiglu_pair(out[r], warp_sum(acc[NW - 1]), p.clamp, p.ew, 0);
-    }
-    // stores last: nothing may keep the compiler from issuing every load first
-#pragma unroll
-    for (int r = 0; r < RW; ++r)
-        if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
-}
-
-// The same products with every weight load guaranteed in flight before any arithmetic
-// (DSV4_Q8_ROWS_V >= 1). ptxas gave q8_rows_kernel 42-62 registers although <8,1,1> alone
-// holds 64 registers of weights: it issues part of the loads only after the first rows'
-// arithmetic (register-pressure scheduling, which the PTX order does not bind). Here the
-// first integer sum of every row starts from `dep & z`: dep is the xor of one word of every
-// weight load, z an opaque zero (%dynamic_smem_size, the launch gives none), so the sums
-// are exactly those of q8_rows_kernel (an integer 0 added) while no dp4a may start before
-// every weight load has been issued and returned. The weight loads are read once per token:
-// ld.global.nc with L1::no_allocate and an L2 evict-first policy, so they neither evict
-// the activations from L1 nor the next kernels' data from L2.
+// FIRST (DSV4_Q8_ROWS_V >= 1): every weight load guaranteed in flight before any arithmetic.
+// ptxas gives the plain kernel 42-62 registers although <8,1,1> alone holds 64 registers of
+// weights: it issues part of the loads only after the first rows' arithmetic (register-
+// pressure scheduling, which the PTX order does not bind). With FIRST the first integer sum
+// of every row starts from `dep & z`: dep is the xor of one word of every weight load, z an
+// opaque zero (%dynamic_smem_size, the launch gives none), so the sums are the same (an
+// integer 0 added) while no dp4a may start before every weight load has returned. Those
+// loads are read once per token: ld.global.nc with L1::no_allocate and an L2 evict-first
+// policy, so they neither evict the activations from L1 nor the next kernels' data from L2.
 __device__ __forceinline__ uint64_t evict_first_policy() {
     uint64_t pol;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
@@ -532,16 +465,17 @@ __device__ __forceinline__ uint32_t opaque_zero() {
     return z;
 }
 
-template <int RW, int NB, int NW>
-__global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel_v1(MV p) {
+template <int RW, int NB, int NW, bool FIRST>
+__global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
     pdl_begin();
     const uint32_t lane = threadIdx.x & 31;
     const uint64_t n0 = (uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5)) * RW;
     if (n0 >= p.N) return;
     const uint64_t K = p.K;
+    // rows of one warp share their activation group (launch checks rpg % RW == 0)
     const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * K : 0;
     const int nrow = int(min(uint64_t(RW), p.N - n0));
-    const uint64_t pol = evict_first_policy();
+    const uint64_t pol = FIRST ? evict_first_policy() : 0;
     int4 w0[RW][NW][NB], w1[RW][NW][NB];
     uint16_t wd[RW][NW][NB];
 #pragma unroll
@@ -554,9 +488,15 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel_v1(MV p) {
 #pragma unroll
             for (int b = 0; b < NB; ++b) {
                 const int8_t* q = wq + (lane + 32 * b) * 32;
-                w0[r][j][b] = ld_stream16(q, pol);
-                w1[r][j][b] = ld_stream16(q + 16, pol);
-                wd[r][j][b] = ld_stream2(wdr + lane + 32 * b, pol);
+                if constexpr (FIRST) {
+                    w0[r][j][b] = ld_stream16(q, pol);
+                    w1[r][j][b] = ld_stream16(q + 16, pol);
+                    wd[r][j][b] = ld_stream2(wdr + lane + 32 * b, pol);
+                } else {
+                    w0[r][j][b] = reinterpret_cast<const int4*>(q)[0];
+                    w1[r][j][b] = reinterpret_cast<const int4*>(q)[1];
+                    wd[r][j][b] = wdr[lane + 32 * b];
+                }
             }
         }
     }
@@ -569,14 +509,17 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel_v1(MV p) {
         a1[b] = a4[1];
         da[b] = p.ad[goff / 32 + lane + 32 * b];
     }
-    uint32_t dep = 0;
+    int zero = 0;
+    if constexpr (FIRST) {
+        uint32_t dep = 0;
 #pragma unroll
-    for (int r = 0; r < RW; ++r)
+        for (int r = 0; r < RW; ++r)
 #pragma unroll
-        for (int j = 0; j < NW; ++j)
+            for (int j = 0; j < NW; ++j)
 #pragma unroll
-            for (int b = 0; b < NB; ++b) dep ^= uint32_t(w0[r][j][b].x) ^ uint32_t(w1[r][j][b].x) ^ wd[r][j][b];
-    const int zero = int(dep & opaque_zero());
+                for (int b = 0; b < NB; ++b) dep ^= uint32_t(w0[r][j][b].x) ^ uint32_t(w1[r][j][b].x) ^ wd[r][j][b];
+        zero = int(dep & opaque_zero());
+    }
     float out[RW];
 #pragma unroll
     for (int r = 0; r < RW; ++r) {
@@ -600,6 +543,7 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel_v1(MV p) {
         out[r] = warp_sum(acc[0]);
         if constexpr (NW == 2) out[r] = swiglu_pair(out[r], warp_sum(acc[NW - 1]), p.clamp, p.ew, 0);
     }
+    // stores last: nothing may keep the compiler from issuing every load first
 #pragma unroll
     for (int r = 0; r < RW; ++r)
         if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
@@ -611,7 +555,7 @@ int g_q8_rows_select = -1;   // q8_rows_select
 // wide-block rows decode_row_threads gives 256+ threads): RW rows per warp for ~8 KB of
 // weights in flight per warp (fewer with the paired gate+up, for registers).
 // DSV4_Q8_ROWS_V (read once) selects the variant for A/B: 0 (default) q8_rows_kernel (loads
-// in the order ptxas picks), 1 q8_rows_kernel_v1 (every weight load issued first,
+// in the order ptxas picks), 1 the same with FIRST (every weight load issued first,
 // evict-first), 2 the same with twice the rows per warp (~16 KB per warp in flight, 8 KB
 // with gate+up). On the H200 (run 28, 4 layers, one run) variant 0 gave 0.146 ms per layer,
 // variant 1 0.149: forcing every load first did not pay, so 0 stays the default and 1, 2
@@ -637,15 +581,15 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
 #define DSV4_Q8(RW, NB, NW)                                                            \
     if (rw == RW && nb == NB && nw == NW) {                                            \
-        if (v == 0) q8_rows_kernel<RW, NB, NW><<<grid, block, 0, s>>>(p);              \
-        else q8_rows_kernel_v1<RW, NB, NW><<<grid, block, 0, s>>>(p);                  \
+        if (v == 0) q8_rows_kernel<RW, NB, NW, false><<<grid, block, 0, s>>>(p);       \
+        else q8_rows_kernel<RW, NB, NW, true><<<grid, block, 0, s>>>(p);               \
         return true;                                                                   \
     }
     DSV4_Q8(8, 1, 1) DSV4_Q8(4, 2, 1) DSV4_Q8(2, 4, 1) DSV4_Q8(1, 8, 1)
     DSV4_Q8(4, 1, 2) DSV4_Q8(2, 2, 2) DSV4_Q8(1, 4, 2) DSV4_Q8(1, 8, 2)
 #define DSV4_Q8_V1(RW, NB, NW)                                                                        \
     if (rw == RW && nb == NB && nw == NW) {                                                           \
-        q8_rows_kernel_v1<RW, NB, NW><<<grid, block, 0, s>>>(p);                                      \
+        q8_rows_kernel<RW, NB, NW, true><<<grid, block, 0, s>>>(p);                                   \
         return true;                                                                                  \
     }
     if (v >= 2) {   // (v = 2 only: the shapes twice the rows per warp adds)
