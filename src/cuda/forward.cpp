@@ -3,6 +3,11 @@
 // of rows (session, position, token), layer-major, compressors as per-token state machines,
 // the indexer's top-k with ties to the lower index, sink attention, MoE, mHC, and both
 // numerics modes. Every kernel computes the CPU's function up to float summation order.
+// Decode rounds are captured as CUDA graphs whose independent paths run as parallel
+// branches (side streams) and whose kernel-to-kernel edges are programmatic (PDL); prefill
+// runs eagerly in chunks on tensor-core / tiled GEMMs that reproduce decode's order of
+// float additions, so a row's result is the same bits in prefill, decode and any batch.
+// bench/gpu/NOTES.md has the measurements and the A/B switches.
 #include <cuda_runtime.h>
 
 #include <algorithm>
