@@ -68,6 +68,22 @@ __device__ __forceinline__ float block_max(float v) {
     return t;
 }
 
+// True in the block that finishes last of the n blocks counting on *count; every thread
+// of every block calls it once its results are stored. That block sees every other block's
+// stores and leaves the counter at 0 for the next launch (graph replays).
+__device__ __forceinline__ bool last_block_done(uint32_t* count, uint32_t n) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(count, 1u) == n - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // expf as the CPU's std::exp(float) gives it (correctly rounded in glibc nearly always):
 // the double exponential rounded once to float.
 __device__ __forceinline__ float exp_cr(float x) { return float(exp(double(x))); }

@@ -671,13 +671,7 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
                 (k == 1 ? qa.q0 : qa.qk) = b.q;
                 (k == 1 ? qa.d0 : qa.dk) = b.d;
                 if (k == 2) qa.bk = b.bsum;
-                DevAct& a = xn_acts_[k];
-                a = DevAct{};
-                a.kind = ActKind(k);
-                a.K = E;
-                a.q = b.q;
-                a.d = b.d;
-                a.bsum = b.bsum;
+                xn_acts_[k] = codes_in(ActKind(k), E, b);
                 xn_have_[k] = true;
             }
         hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);
@@ -766,26 +760,22 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         // Fused: iq_b → indexer_fused (queries prepared, scored and selected in one launch),
         // and nothing at all while every row sees at most top_k compressed rows.
         const bool fused = g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
-        if (fused && vis_ld_) {
+        if (!fused || vis_ld_) {
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
                                     ? qa
                                     : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
             matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
             mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
-            indexer_fused(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, lkv, NL, il,
-                          c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
-            mark("indexer scores+top-k");
-        } else if (!fused) {
-            const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
-                                    ? qa
-                                    : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
-            matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
-            mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
-            indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
-            if (vis_ld_) {
-                indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
-                               score_.get(), vis_ld_, si);
-                topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
+            if (fused) {
+                indexer_fused(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, lkv, NL, il,
+                              c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
+            } else {
+                indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
+                if (vis_ld_) {
+                    indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
+                                   score_.get(), vis_ld_, si);
+                    topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
+                }
             }
             mark("indexer scores+top-k");
         }
@@ -804,16 +794,8 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
               c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr);
     mark("attention");
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
-    DevAct ao;
-    if (o_codes) {
-        ao.kind = ActKind::Q8_0;
-        ao.K = c_.q_dim();
-        ao.q = act_.q;
-        ao.d = act_.d;
-        ao.bsum = act_.bsum;
-    } else {
-        ao = quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
-    }
+    const DevAct ao = o_codes ? codes_in(ActKind::Q8_0, c_.q_dim(), act_)
+                              : quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
     matvec_grouped(L.out_a, ao, R, low_.get(), uint64_t(G) * OL, uint64_t(G) * OL, OL, stream_);
     mark("out_a", double(G) * OL * L.out_a.row_bytes);
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);

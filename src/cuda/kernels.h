@@ -72,6 +72,18 @@ struct ActBuf {
     uint64_t cap_values = 0;   // q holds cap_values; d cap_values/32; bsum cap_values/16
 };
 
+// The activation of rows of K values whose codes (of a quantised kind) are, or are about to
+// be, in buf: what quantize_act returns, for kernels that write the codes themselves.
+inline DevAct codes_in(ActKind kind, uint64_t K, const ActBuf& buf) {
+    DevAct a;
+    a.kind = kind;
+    a.K = K;
+    a.q = buf.q;
+    a.d = buf.d;
+    a.bsum = buf.bsum;
+    return a;
+}
+
 // Quantises R rows (x + r*x_stride, K values each) for weights of type wtype into buf
 // (buf.cap_values >= R*K for the quantised kinds). Q8_0: d = amax/127 (f16-rounded for the
 // dot), q = round_half_even(x * (1/d)); Q8_K: model-spec §2.2.

@@ -1214,18 +1214,15 @@ ActKind act_kind(uint32_t t) {
 
 DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t R, uint64_t K, const ActBuf& buf,
                     cudaStream_t s) {
-    DevAct a;
-    a.kind = act_kind(wtype);
-    a.K = K;
-    if (a.kind == ActKind::F32) {
+    if (act_kind(wtype) == ActKind::F32) {
+        DevAct a;
+        a.K = K;
         a.f = x;
         a.f_stride = x_stride;
         return a;
     }
     if (uint64_t(R) * K > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * K, buf.cap_values);
-    a.q = buf.q;
-    a.d = buf.d;
-    a.bsum = buf.bsum;
+    const DevAct a = codes_in(act_kind(wtype), K, buf);
     if (R == 0) return a;
     if (a.kind == ActKind::Q8_0) {
         const uint32_t blocks = uint32_t(K / 32);

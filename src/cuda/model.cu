@@ -403,18 +403,8 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
         }
     }
 
-    // The last block of this grid column finishes the rows; it leaves the counter at 0 for
-    // the next launch (graph replays).
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(&count[blockIdx.y], 1u) == NB - 1;
-        if (last) count[blockIdx.y] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // The last block of this grid column finishes the rows.
+    if (!last_block_done(&count[blockIdx.y], NB)) return;
 
     // Each partial is summed over NS consecutive runs of blocks by NS threads (loads of a run
     // issued together: the sum is bound by L2 latency), then the runs in order. The split
@@ -1035,7 +1025,6 @@ __global__ void __launch_bounds__(kFusedThreads)
     extern __shared__ __align__(16) float sm[];
     constexpr uint32_t NH = kFusedNH, DI = kFusedDI, P = kFusedP, D4 = DI / 4, HPW = NH / (kFusedThreads / 32);
     __shared__ float cs_s[DI / 2], sn_s[DI / 2];
-    __shared__ bool last;
     const uint32_t r = blockIdx.y;
     const int64_t pos = rows[r].pos;
     const uint64_t n_vis = uint64_t(pos + 1) / 4;
@@ -1158,17 +1147,8 @@ __global__ void __launch_bounds__(kFusedThreads)
         sc = warp_sum(sc);
         if (lane == 0) score[uint64_t(r) * ld + c0 + j] = sc;
     }
-    // The row's last block to finish selects; it leaves the counter at 0 (graph replays).
-    const uint32_t nb = uint32_t((n_vis + kScoreTile - 1) / kScoreTile);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        last = atomicAdd(&count[r], 1u) == nb - 1;
-        if (last) count[r] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    // The row's last block to finish selects.
+    if (!last_block_done(&count[r], uint32_t((n_vis + kScoreTile - 1) / kScoreTile))) return;
     const uint32_t n = uint32_t(n_vis);
     uint32_t* keys = reinterpret_cast<uint32_t*>(sm);   // q_s and k_s are done with
     const float* sr = score + uint64_t(r) * ld;
@@ -1705,12 +1685,7 @@ DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float 
                      const ActBuf& buf, cudaStream_t s) {
     if (n % 32) throw std::runtime_error("rms_norm_q8_0: row not a multiple of 32 values");
     if (uint64_t(R) * n > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * n, buf.cap_values);
-    DevAct a;
-    a.kind = ActKind::Q8_0;
-    a.K = n;
-    a.q = buf.q;
-    a.d = buf.d;
-    a.bsum = buf.bsum;
+    const DevAct a = codes_in(ActKind::Q8_0, n, buf);
     if (!R) return a;
     rms_norm_q8_0_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
     check_launch("rms_norm_q8_0");
