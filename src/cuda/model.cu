@@ -849,6 +849,22 @@ __device__ uint32_t block_excl_scan(uint32_t v, uint32_t* total) {
     return off + incl - v;
 }
 
+// One radix pass's digit (blockDim.x == 256): thread d holds h, the count of bin d among the
+// keys matching prefix; the digit where the count of larger-or-equal keys reaches what
+// remains (*s_remaining) extends the prefix (*s_prefix) and leaves what remains below it.
+// above[d] = keys in bins > d, by a block scan (one thread walking 256 bins was slow).
+__device__ __forceinline__ void radix_pick_digit(uint32_t h, int shift, uint32_t prefix, uint32_t* s_prefix,
+                                                 uint32_t* s_remaining) {
+    const uint32_t rem = *s_remaining;
+    uint32_t total;
+    const uint32_t below = block_excl_scan(h, &total);   // bins < d
+    const uint32_t above = total - below - h;
+    if (above < rem && above + h >= rem) {
+        *s_prefix = prefix | (threadIdx.x << shift);
+        *s_remaining = rem - above;
+    }
+}
+
 // Top-k by radix select on order-preserving keys: the k-th largest key T, then every key
 // > T and the lowest-index keys == T, written in index order.
 __device__ void topk_block(const float* sc, uint32_t n, uint32_t k, uint32_t* out) {
@@ -864,19 +880,7 @@ __device__ void topk_block(const float* sc, uint32_t n, uint32_t k, uint32_t* ou
             if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1u);
         }
         __syncthreads();
-        // The digit where the count of larger-or-equal keys reaches what remains: thread d
-        // (blockDim.x == 256) holds bin d; above[d] = keys in bins > d, by a block scan (one
-        // thread walking 256 bins was most of this kernel's time).
-        {
-            const uint32_t rem = s_remaining, h = hist[threadIdx.x];
-            uint32_t total;
-            const uint32_t below = block_excl_scan(h, &total);   // bins < d
-            const uint32_t above = total - below - h;
-            if (above < rem && above + h >= rem) {
-                s_prefix = prefix | (threadIdx.x << shift);
-                s_remaining = rem - above;
-            }
-        }
+        radix_pick_digit(hist[threadIdx.x], shift, prefix, &s_prefix, &s_remaining);
         __syncthreads();
         prefix = s_prefix;
         mask |= 255u << shift;
@@ -979,16 +983,7 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
         }
         hist[b ^ 1][tid] = 0;   // read last in the previous pass, before its final barrier
         __syncthreads();
-        {
-            const uint32_t rem = s_remaining, h = hist[b][tid];
-            uint32_t total;
-            const uint32_t below = block_excl_scan(h, &total);
-            const uint32_t above = total - below - h;
-            if (above < rem && above + h >= rem) {
-                s_prefix = prefix | (tid << shift);
-                s_remaining = rem - above;
-            }
-        }
+        radix_pick_digit(hist[b][tid], shift, prefix, &s_prefix, &s_remaining);
         __syncthreads();
         prefix = s_prefix;
         mask |= 255u << shift;
