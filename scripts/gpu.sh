@@ -50,6 +50,20 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # so no launch gaps in the numbers), then a table of device time per token by kernel.
 # NCU_CACHE=none keeps the caches warm between kernels (as in a real decode step: small
 # activations stay in L2); the default flushes them before each kernel.
+# NCU_DETAIL=REGEX (with --ncu): instead of the per-kernel table, Nsight Compute's sections
+# (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) decode kernels
+# whose names match REGEX: why a kernel takes the time it takes.
+if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
+  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  DSV4_CUDA_BENCH=1 DSV4_NCU=1 DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
+    "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
+    -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" --section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+    "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.Flash*" > "$LOG/ncu_detail.txt" 2>&1
+  echo "ncu rc $?"
+  grep -vE "^ *(----|==PROF==)" "$LOG/ncu_detail.txt" | grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size|Waves|Stall|Warp Cycles|Eligible|Issued|Shared Memory Config|Dynamic Shared|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps|Theoretical" | head -${NCU_LINES:-400}
+  exit 0
+fi
 if [[ $NCU == 1 ]]; then
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "== ncu: $NCU_BIN"

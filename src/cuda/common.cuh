@@ -24,12 +24,24 @@ enum : uint32_t {
 // visible. Launch latency hides behind the running kernel; both are no-ops for kernels
 // launched without a programmatic dependency (eager runs; graphs with DSV4_CUDA_PDL=0).
 // Every kernel must call it before touching global memory: a dependent may start early.
-__device__ __forceinline__ void pdl_begin() {
+__device__ __forceinline__ void pdl_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void pdl_begin() {
+    pdl_launch();
+    pdl_wait();
+}
+// A kernel that reads constant data (weights) may do so between pdl_launch and pdl_wait:
+// those bytes are written once, at load, so reading them while the kernels before it still
+// run is safe, and the loads then overlap their tails. Everything else (activations, any
+// buffer a kernel writes, and every store) only after pdl_wait.
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

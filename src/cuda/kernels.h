@@ -16,6 +16,12 @@ void check(cudaError_t e, const char* what);
 void check_launch(const char* what);
 [[noreturn]] void throw_too_small(const char* what, uint64_t need, uint64_t have);
 [[noreturn]] void throw_mismatch(const char* what, uint32_t type, uint64_t weight_k, uint64_t act_k);
+// An A/B switch read from the environment: unset or empty gives on_by_default, "0..." off.
+bool env_switch(const char* name, bool on_by_default);
+// Kernels that stream weights issue those loads before waiting for the kernels they depend
+// on (pdl_launch / pdl_wait, common.cuh), so the loads overlap their tails in the decode
+// graphs. DSV4_PDL_EARLY=0 (read once) makes them wait first.
+bool pdl_early_weights();
 
 // ---- weights ---------------------------------------------------------------------------
 // A weight matrix on the device: `rows` rows of K values (a 3-D expert tensor is flattened:

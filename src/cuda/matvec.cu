@@ -124,6 +124,7 @@ struct MV {
     const int32_t* grp_pairs;
     const int32_t* n_grp;
     uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
+    bool early_weights;   // q8_rows_kernel: weight loads before pdl_wait (pdl_early_weights)
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -467,10 +468,11 @@ __device__ __forceinline__ uint32_t opaque_zero() {
 
 template <int RW, int NB, int NW, bool FIRST>
 __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
-    pdl_begin();
+    pdl_launch();
+    if (!p.early_weights) pdl_wait();
     const uint32_t lane = threadIdx.x & 31;
     const uint64_t n0 = (uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5)) * RW;
-    if (n0 >= p.N) return;
+    if (n0 >= p.N) return;   // (touches nothing: no wait needed)
     const uint64_t K = p.K;
     // rows of one warp share their activation group (launch checks rpg % RW == 0)
     const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * K : 0;
@@ -500,6 +502,9 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
             }
         }
     }
+    // The activation is the previous kernel's output: from here on, wait for it. The weight
+    // loads above are in flight meanwhile (overlapping that kernel's tail).
+    if (p.early_weights) pdl_wait();
     int4 a0[NB], a1[NB];
     float da[NB];
 #pragma unroll
@@ -561,7 +566,7 @@ int g_q8_rows_select = -1;   // q8_rows_select
 // variant 1 0.149: forcing every load first did not pay, so 0 stays the default and 1, 2
 // are kept for the next round's measurements. DSV4_Q8_ROWS=0 turns the whole path off
 // (matvec_kernel).
-bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
+bool launch_q8_rows(const MV& p0, int nw, cudaStream_t s) {
     static const bool on = [] {
         const char* e = std::getenv("DSV4_Q8_ROWS");
         return !e || e[0] != '0';
@@ -570,9 +575,11 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
         const char* e = std::getenv("DSV4_Q8_ROWS_V");
         return e ? std::atoi(e) : 0;
     }();
-    if (!on || p.R != 1 || p.expert || p.grp || p.K % 1024 != 0 || p.K > 8192 ||
-        decode_row_threads(p.K, p.N, false) != 32)
+    if (!on || p0.R != 1 || p0.expert || p0.grp || p0.K % 1024 != 0 || p0.K > 8192 ||
+        decode_row_threads(p0.K, p0.N, false) != 32)
         return false;
+    MV p = p0;
+    p.early_weights = pdl_early_weights();
     const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
     const int nb = int(p.K / 1024);
     int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);

@@ -323,8 +323,10 @@ template <uint32_t H, uint32_t WT>
 __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
                                                             uint32_t R, uint32_t E, const float* scale,
                                                             const float* base, float hc_eps, float rms_eps, float* mix,
-                                                            float* post, float* gate, double* part, uint32_t* count) {
-    pdl_begin();
+                                                            float* post, float* gate, double* part, uint32_t* count,
+                                                            bool early) {
+    pdl_launch();
+    if (!early) pdl_wait();
     using S = HcShape<H>;
     constexpr uint32_t M = S::M, P = S::P;
     const uint32_t q = threadIdx.x % kHcQuads, g = threadIdx.x / kHcQuads;
@@ -344,6 +346,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
             w[k][h] = have && m < M ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u)
                                     : make_float4(0, 0, 0, 0);
     }
+    if (early) pdl_wait();   // fn is a weight (loaded above meanwhile); X is the previous kernel's
     float4 x[kHcRows][H];
 #pragma unroll
     for (uint32_t i = 0; i < kHcRows; ++i)
@@ -1723,18 +1726,19 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
     if (!R) return;
     if (H != 4) throw std::runtime_error("hc_pre_mix: n_hc != 4");
     const dim3 grid((E / 4 + kHcQuads - 1) / kHcQuads, hc_pre_counters(R));
+    const bool early = pdl_early_weights();
     switch (fn.type) {
         case T_F32:
             hc_mix_kernel<4, T_F32><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
-                                                                rms_eps, mix, post, gate, part, count);
+                                                                rms_eps, mix, post, gate, part, count, early);
             break;
         case T_F16:
             hc_mix_kernel<4, T_F16><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
-                                                                rms_eps, mix, post, gate, part, count);
+                                                                rms_eps, mix, post, gate, part, count, early);
             break;
         case T_BF16:
             hc_mix_kernel<4, T_BF16><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
-                                                                 rms_eps, mix, post, gate, part, count);
+                                                                 rms_eps, mix, post, gate, part, count, early);
             break;
         default: throw std::runtime_error("hc_pre_mix: fn type");
     }

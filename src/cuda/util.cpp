@@ -1,4 +1,5 @@
 // Error checking and host-side helpers of the CUDA backend.
+#include <cstdlib>
 #include <cstring>
 
 #include "cuda/kernels.h"
@@ -23,6 +24,16 @@ void throw_too_small(const char* what, uint64_t need, uint64_t have) {
 void throw_mismatch(const char* what, uint32_t type, uint64_t weight_k, uint64_t act_k) {
     fail("CUDA backend: ", what, ": weight type ", quant::type_name(type), " with rows of ", weight_k,
          " values, activation of ", act_k, " values in another format");
+}
+
+bool env_switch(const char* name, bool on_by_default) {
+    const char* e = std::getenv(name);
+    return e && e[0] ? e[0] != '0' : on_by_default;
+}
+
+bool pdl_early_weights() {
+    static const bool on = env_switch("DSV4_PDL_EARLY", true);
+    return on;
 }
 
 bool repack_shape(uint32_t type, RepackShape* s) {
