@@ -725,7 +725,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         const uint32_t W = c_.coff(il) * D;
         mv_xn(L.comp_kv, R, ckv_.get(), W, "compressor proj", sc);
         mv_xn(L.comp_gate, R, csc_.get(), W, "compressor proj", sc);
-        compressor_state(ckv_.get(), csc_.get(), L.comp_ape, rows, sess_begin_.get(), sess_end_.get(), S, ratio, D,
+        compressor_state(ckv_.get(), csc_.get(), L.comp_ape, rows, R, sess_begin_.get(), sess_end_.get(), S, ratio, D,
                          false, lkv, NL, il, pooled_.get(), sc);
         compressor_emit(pooled_.get(), R, rows, ratio, D, c_.n_rot, c_.n_nope(), c_.rms_eps, L.comp_norm, invf, false,
                         official, lkv, NL, il, sc);
@@ -737,7 +737,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         const uint32_t DI = c_.indexer_head_dim, Wi = 2 * DI;
         mv_xn(L.icomp_kv, R, ikv_.get(), Wi, "indexer proj", si);
         mv_xn(L.icomp_gate, R, isc_.get(), Wi, "indexer proj", si);
-        compressor_state(ikv_.get(), isc_.get(), L.icomp_ape, rows, sess_begin_.get(), sess_end_.get(), S, ratio, DI,
+        compressor_state(ikv_.get(), isc_.get(), L.icomp_ape, rows, R, sess_begin_.get(), sess_end_.get(), S, ratio, DI,
                          true, lkv, NL, il, ipooled_.get(), si);
         compressor_emit(ipooled_.get(), R, rows, ratio, DI, c_.n_rot, c_.n_nope(), c_.rms_eps, L.icomp_norm, invf,
                         true, official, lkv, NL, il, si);

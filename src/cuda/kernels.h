@@ -276,12 +276,17 @@ void kv_finalize(float* kvr, uint32_t R, uint32_t D, uint32_t n_rot, float eps, 
                  uint32_t n_layer, uint32_t il, cudaStream_t s);
 
 // Compressor state machine (§5.9) for every session of the batch: rows of session s are
-// rows sess_begin[s] .. sess_end[s]-1, in position order. kvp/scp: [R][coff*D]. ape:
-// [ratio][coff*D]. Rows that complete a group get their pooled (pre-norm) row in pooled[r].
-void compressor_state(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+// rows sess_begin[s] .. sess_end[s]-1, consecutive positions in order. kvp/scp: [R][coff*D].
+// ape: [ratio][coff*D]. Rows that complete a group get their pooled (pre-norm) row in
+// pooled[r]. Batches of more rows than sessions run parallel over groups unless
+// DSV4_CMP_PAR=0 (read once): the same bits, pooled rows and state slots.
+void compressor_state(const float* kvp, const float* scp, const float* ape, const DevRow* rows, uint32_t R,
                       const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t S, uint32_t ratio, uint32_t D,
                       bool indexer, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, float* pooled,
                       cudaStream_t s);
+// Tests force the path: 0 the sequential walk, 1 the parallel kernels (also for one row per
+// session), -1 the variable's choice.
+void compressor_state_override(int on);
 // Finishes the emitted rows: RMSNorm(norm) → RoPE at c*ratio → FP8 sim (attention) or
 // Hadamard+FP4 (indexer) when official → comp/index row c = pos/ratio.
 void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t D, uint32_t n_rot,

@@ -4,6 +4,7 @@
 // (exp, the FP8/FP4 simulations, RoPE), the same float operations are used, unfused.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <stdexcept>
 #include <utility>
@@ -732,6 +733,153 @@ __global__ void compressor_state_kernel(const float* kvp, const float* scp, cons
                     ssc[uint64_t(k) * width + col] = ssc[uint64_t(k + 4) * width + col];
                 }
     }
+}
+
+// ---- the compressor state machine, parallel over groups (DSV4_CMP_PAR, on by default) ----
+// compressor_state_kernel walks a session's rows one after another. Every complete group's
+// pooled row depends only on its candidates, so compressor_pool_kernel computes them all at
+// once (one block per (group, column chunk)), and compressor_tail_kernel then leaves in each
+// state slot what the walk would have left; it is launched after the pool kernel, which reads
+// the slots as the previous call left them.
+//
+// Where the walk finds the value of position q when it emits the group ending at position pe:
+// q in this batch (q >= p0, the session's first position here): the row's projection, its
+// score plus the ape bias of its phase, as the walk stores them. Otherwise the slot written in
+// an earlier call: for ratio 4 the current group's rows are in slots 4..7; the previous
+// group's rows are in slots 0..3 when that group was emitted in an earlier call (pe - 4 < p0),
+// else still in slots 4..7 (its emission, in this batch, has not copied them yet when it reads
+// them; no row of this batch before pe - 4 shares their phase). Other ratios: slot q % ratio.
+
+// The candidates' softmax-weighted value, compressor_state_kernel's operations in its order.
+template <typename Cand>
+__device__ __forceinline__ float compressor_pool_value(uint32_t nc, Cand cand) {
+    float mx = kNegInf;
+    for (uint32_t k = 0; k < nc; ++k) {
+        float v, sc;
+        cand(k, v, sc);
+        mx = fmaxf(mx, sc);
+    }
+    float den = 0, num = 0;
+    if (mx > kNegInf * 0.5f)
+        for (uint32_t k = 0; k < nc; ++k) {
+            float v, sc;
+            cand(k, v, sc);
+            if (sc <= kNegInf * 0.5f) continue;
+            const float ex = exp_cr(sc - mx);
+            den = __fadd_rn(den, ex);
+            num = __fadd_rn(num, __fmul_rn(ex, v));
+        }
+    return den > 0 ? num / den : 0.0f;
+}
+
+// Block x: the x-th complete group of the batch, sessions in order (a session's rows are
+// consecutive positions, so its groups are the rows pe with (pe + 1) % ratio == 0); blocks past
+// the last group return. Block y: a chunk of blockDim.x pooled columns.
+template <bool kOverlap>
+__global__ void compressor_pool_kernel(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+                                       const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t S,
+                                       uint32_t ratio, uint32_t D, bool indexer, const DevLayerKV* lkv,
+                                       uint32_t n_layer, uint32_t il, float* pooled) {
+    pdl_begin();
+    const uint32_t d = blockIdx.y * blockDim.x + threadIdx.x;
+    if (d >= D) return;
+    uint64_t gi = blockIdx.x, g = 0;
+    uint32_t s = 0, b = 0;
+    int64_t p0 = 0;
+    for (; s < S; ++s) {
+        b = sess_begin[s];
+        const uint32_t e = sess_end[s];
+        if (b >= e) continue;
+        p0 = rows[b].pos;
+        const uint64_t first = uint64_t(p0) / ratio, n_g = (uint64_t(p0) + (e - b)) / ratio - first;
+        if (gi < n_g) {
+            g = first + gi;
+            break;
+        }
+        gi -= n_g;
+    }
+    if (s == S) return;
+    const int64_t pe = int64_t(g + 1) * ratio - 1;   // the group's last position: its emitting row
+    const DevLayerKV& L = lkv[uint64_t(rows[b].sess) * n_layer + il];
+    const float* skv = indexer ? L.iskv : L.skv;
+    const float* ssc = indexer ? L.issc : L.ssc;
+    const uint64_t width = uint64_t(kOverlap ? 2 : 1) * D;
+    // position q's value and score in column col (phase ph = q % ratio), or slot's when q < p0
+    auto fetch = [&](int64_t q, uint32_t ph, uint64_t col, uint32_t slot, float& v, float& sc) {
+        if (q >= p0) {
+            const uint64_t off = uint64_t(b + uint64_t(q - p0)) * width + col;
+            v = kvp[off];
+            sc = scp[off] + ape[uint64_t(ph) * width + col];
+        } else {
+            v = skv[uint64_t(slot) * width + col];
+            sc = ssc[uint64_t(slot) * width + col];
+        }
+    };
+    float out;
+    if constexpr (kOverlap) {
+        // candidates 0..3: the previous group's rows, first half; 4..7: this group's, second half
+        float v[8], sc[8];
+        const bool prev_emitted_before = pe - 4 < p0;
+#pragma unroll
+        for (uint32_t j = 0; j < 4; ++j) {
+            fetch(pe - 7 + j, j, d, prev_emitted_before ? j : 4 + j, v[j], sc[j]);
+            fetch(pe - 3 + j, j, uint64_t(D) + d, 4 + j, v[4 + j], sc[4 + j]);
+        }
+        out = compressor_pool_value(8, [&](uint32_t k, float& cv, float& cs) {
+            cv = v[k];
+            cs = sc[k];
+        });
+    } else {
+        const int64_t q0 = pe - int64_t(ratio - 1);
+        out = compressor_pool_value(ratio, [&](uint32_t k, float& cv, float& cs) { fetch(q0 + k, k, d, k, cv, cs); });
+    }
+    pooled[uint64_t(b + uint64_t(pe - p0)) * D + d] = out;
+}
+
+// The state as compressor_state_kernel leaves it, one thread per (session, phase ph, column):
+// slot (4+)ph holds the batch's last row of phase ph if it has one, else keeps its value; for
+// ratio 4, slot ph holds what slot 4+ph held at the batch's last emission (both halves), if the
+// batch emitted, else keeps its value. Launched after compressor_pool_kernel (it overwrites
+// slots that kernel reads).
+template <bool kOverlap>
+__global__ void compressor_tail_kernel(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+                                       const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t ratio,
+                                       uint32_t D, bool indexer, const DevLayerKV* lkv, uint32_t n_layer,
+                                       uint32_t il) {
+    pdl_begin();
+    const uint64_t width = uint64_t(kOverlap ? 2 : 1) * D;
+    const uint32_t col = blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= width) return;
+    const uint32_t ph = blockIdx.y, s = blockIdx.z;
+    const uint32_t b = sess_begin[s], e = sess_end[s];
+    if (b >= e) return;
+    const DevLayerKV& L = lkv[uint64_t(rows[b].sess) * n_layer + il];
+    float* skv = indexer ? L.iskv : L.skv;
+    float* ssc = indexer ? L.issc : L.ssc;
+    const int64_t p0 = rows[b].pos, pl = p0 + int64_t(e - b) - 1;   // first and last position
+    const int64_t rt = ratio;
+    const uint32_t slot = kOverlap ? 4 + ph : ph;
+    const uint64_t so = uint64_t(slot) * width + col;
+    auto batch_row = [&](int64_t q, uint64_t dst) {
+        const uint64_t off = uint64_t(b + uint64_t(q - p0)) * width + col;
+        skv[dst] = kvp[off];
+        ssc[dst] = scp[off] + ape[uint64_t(ph) * width + col];
+    };
+    if constexpr (kOverlap) {
+        const int64_t pe = pl - (pl % 4 + 1) % 4;   // the last emitting position <= pl
+        if (pe >= p0) {
+            const int64_t q = pe - 3 + ph;
+            const uint64_t dst = uint64_t(ph) * width + col;
+            if (q >= p0) {
+                batch_row(q, dst);
+            } else {   // read before slot 4+ph is overwritten below (same thread)
+                skv[dst] = skv[so];
+                ssc[dst] = ssc[so];
+            }
+        }
+    }
+    const int64_t q = pl - (pl % rt - int64_t(ph) + rt) % rt;   // the last position <= pl of phase ph
+    if (q >= p0) batch_row(q, so);
 }
 
 __global__ void compressor_emit_kernel(const float* pooled, const DevRow* rows, uint32_t ratio, uint32_t D,
@@ -1799,14 +1947,45 @@ void kv_finalize(float* kvr, uint32_t R, uint32_t D, uint32_t n_rot, float eps, 
     check_launch("kv_finalize");
 }
 
-void compressor_state(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
+// DSV4_CMP_PAR=0 keeps the sequential walk (compressor_state_kernel) for every batch; by
+// default batches with more rows than sessions take the two parallel kernels, and decode (one
+// row per session) keeps the walk's one launch. compressor_state_override (tests) wins.
+static int g_cmp_par_override = -1;
+void compressor_state_override(int on) { g_cmp_par_override = on; }
+
+void compressor_state(const float* kvp, const float* scp, const float* ape, const DevRow* rows, uint32_t R,
                       const uint32_t* sess_begin, const uint32_t* sess_end, uint32_t S, uint32_t ratio, uint32_t D,
                       bool indexer, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, float* pooled,
                       cudaStream_t s) {
-    if (!S) return;
-    compressor_state_kernel<<<dim3((D + 127) / 128, S), 128, 0, s>>>(kvp, scp, ape, rows, sess_begin, sess_end, ratio,
-                                                                     D, indexer, lkv, n_layer, il, pooled);
-    check_launch("compressor_state");
+    if (!S || !R) return;
+    static const bool env_par = [] {
+        const char* e = std::getenv("DSV4_CMP_PAR");
+        return !e || e[0] != '0';
+    }();
+    const bool par = g_cmp_par_override >= 0 ? g_cmp_par_override != 0 : env_par && R > S;
+    if (!par) {
+        compressor_state_kernel<<<dim3((D + 127) / 128, S), 128, 0, s>>>(kvp, scp, ape, rows, sess_begin, sess_end,
+                                                                         ratio, D, indexer, lkv, n_layer, il, pooled);
+        check_launch("compressor_state");
+        return;
+    }
+    // at most floor(R/ratio) + S complete groups: a session of n rows has at most ceil(n/ratio)
+    const uint32_t groups = R / ratio + S;
+    if (ratio == 4) {
+        compressor_pool_kernel<true><<<dim3(groups, (D + 127) / 128), 128, 0, s>>>(
+            kvp, scp, ape, rows, sess_begin, sess_end, S, ratio, D, indexer, lkv, n_layer, il, pooled);
+        check_launch("compressor_pool");
+        compressor_tail_kernel<true><<<dim3((2 * D + 127) / 128, 4, S), 128, 0, s>>>(
+            kvp, scp, ape, rows, sess_begin, sess_end, ratio, D, indexer, lkv, n_layer, il);
+    } else {
+        // 128 candidates a column: narrower blocks, twice as many of them
+        compressor_pool_kernel<false><<<dim3(groups, (D + 63) / 64), 64, 0, s>>>(
+            kvp, scp, ape, rows, sess_begin, sess_end, S, ratio, D, indexer, lkv, n_layer, il, pooled);
+        check_launch("compressor_pool");
+        compressor_tail_kernel<false><<<dim3((D + 127) / 128, ratio, S), 128, 0, s>>>(
+            kvp, scp, ape, rows, sess_begin, sess_end, ratio, D, indexer, lkv, n_layer, il);
+    }
+    check_launch("compressor_tail");
 }
 
 void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t D, uint32_t n_rot,

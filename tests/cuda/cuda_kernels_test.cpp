@@ -1440,3 +1440,129 @@ TEST_F(CudaKernels, TensorCoreQ8_0SharedMemoryEqualsDecode) {
         }
     }
 }
+
+TEST_F(CudaKernels, CompressorParallelEqualsSequential) {
+    // The compressor state machine (§5.9) run parallel over groups (compressor_pool_kernel +
+    // compressor_tail_kernel, DSV4_CMP_PAR) against the sequential walk (compressor_state_kernel):
+    // every pooled row and every state slot afterwards bit for bit, over a sequence of calls
+    // on three sessions (each path on its own copy of the state): decode rows (one row per
+    // session), batches that start and end mid-group, batches that complete a group begun in
+    // earlier calls, 2,048-row chunks, several sessions at different positions in one batch.
+    // Ratio 4 (attention, and the indexer's state) and ratio 128, from the state a session
+    // starts with and from a random one (finite scores in slots 0..3 too, some masked).
+    // The default choice (-1: parallel when rows > sessions) runs on a third copy.
+    struct Restore {
+        ~Restore() { cuda::compressor_state_override(-1); }
+    } restore;
+    struct Cfg {
+        uint32_t ratio, D;
+        bool indexer;
+    };
+    const uint32_t n_sess = 3, n_layer = 2, il = 1, n_paths = 3;
+    const int modes[n_paths] = {0, 1, -1};
+    // rows per session per call; negative -k: enough rows (1..ratio) that the call's last row
+    // is k-1 positions before a group's end (-1: it completes a group)
+    std::vector<std::vector<int>> calls = {
+        {1, 0, 0},    {2, 1, 3},  {1, 1, 1},    {5, 6, 130},  {2048, 0, 0}, {3, 2048, 1},   {0, 0, 125},
+        {1, 1, 1},    {1, 1, 1},  {2047, 7, 2}, {4, 4, 4},    {128, 0, 256}, {-1, -2, -1},  {1, 1, 1},
+        {1, 1, 1},    {-3, -1, -2}, {1, 1, 1},  {1, 1, 1},    {-2, -2, -2}, {2, 2, 2},      {-1, -1, -1},
+        {1, 0, 1},    {2048, 2048, 2048}, {9, 0, 0}, {1, 2, 3}, {-4, 0, -4}, {4, 1, 4},      {1, 1, 1}};
+    uint64_t seed = 1;
+    for (int extra = 0; extra < 12; ++extra) {
+        std::vector<int> c(n_sess);
+        for (auto& x : c) x = int((seed = seed * 6364136223846793005ull + 1442695040888963407ull) >> 60) - 4;
+        calls.push_back(c);
+    }
+    uint64_t emitted_total = 0;
+    for (const Cfg cfg : {Cfg{4, 512, false}, Cfg{4, 128, true}, Cfg{128, 512, false}}) {
+        for (const bool fresh : {true, false}) {
+            const uint32_t ratio = cfg.ratio, D = cfg.D, W = (ratio == 4 ? 2 : 1) * D;
+            const uint32_t slots = ratio == 4 ? 8 : ratio;
+            const std::string what = "ratio " + std::to_string(ratio) + " D " + std::to_string(D) +
+                                     (cfg.indexer ? " indexer" : "") + (fresh ? " fresh" : " random state");
+            DevVec<float> ape(random_floats(uint64_t(ratio) * W, 11 + ratio + D, -1.0f, 1.0f));
+            // per session: value and score slots, one copy per path
+            std::vector<float> kv0(uint64_t(slots) * W, 0.0f), sc0(uint64_t(slots) * W, -1e30f);
+            std::vector<std::unique_ptr<DevVec<float>>> skv, ssc;   // [path * n_sess + s]
+            for (uint32_t p = 0; p < n_paths; ++p)
+                for (uint32_t s = 0; s < n_sess; ++s) {
+                    if (!fresh) {
+                        kv0 = random_floats(kv0.size(), 100 + s, -2.0f, 2.0f);
+                        sc0 = random_floats(sc0.size(), 200 + s, -3.0f, 3.0f);
+                        for (size_t i = 0; i < sc0.size(); i += 7) sc0[i] = -1e30f;
+                    }
+                    skv.push_back(std::make_unique<DevVec<float>>(kv0));
+                    ssc.push_back(std::make_unique<DevVec<float>>(sc0));
+                }
+            std::vector<int64_t> pos(n_sess, 0);
+            for (size_t ci = 0; ci < calls.size(); ++ci) {
+                std::vector<cuda::DevRow> rows;
+                std::vector<uint32_t> sb, se;
+                std::vector<uint32_t> in_batch;   // session of each session table entry
+                for (uint32_t s = 0; s < n_sess; ++s) {
+                    int n = calls[ci][s];
+                    if (n < 0) {
+                        const int64_t want = (int64_t(ratio) - (-n - 1)) % ratio;   // next position's phase
+                        n = int((want - pos[s] % ratio + ratio) % ratio);
+                        if (!n) n = int(ratio);
+                    }
+                    if (!n) continue;
+                    const int32_t sidx = int32_t(sb.size());
+                    sb.push_back(uint32_t(rows.size()));
+                    for (int j = 0; j < n; ++j) rows.push_back({pos[s] + j, 0, sidx});
+                    se.push_back(uint32_t(rows.size()));
+                    in_batch.push_back(s);
+                    pos[s] += n;
+                }
+                const uint32_t R = uint32_t(rows.size()), S = uint32_t(sb.size());
+                if (!R) continue;
+                DevVec<cuda::DevRow> drows(rows);
+                DevVec<uint32_t> dsb(sb), dse(se);
+                DevVec<float> kvp(random_floats(uint64_t(R) * W, 1000 + ci * 7 + ratio, -2.0f, 2.0f));
+                DevVec<float> scp(random_floats(uint64_t(R) * W, 2000 + ci * 7 + ratio, -3.0f, 3.0f));
+                std::vector<float> unset(uint64_t(R) * D);
+                const uint32_t nan_bits = 0xFFFFFFFFu;
+                for (auto& v : unset) std::memcpy(&v, &nan_bits, 4);
+                std::vector<std::vector<float>> pooled(n_paths);
+                for (uint32_t p = 0; p < n_paths; ++p) {
+                    std::vector<cuda::DevLayerKV> lkv(uint64_t(S) * n_layer);
+                    for (uint32_t t = 0; t < S; ++t) {
+                        cuda::DevLayerKV& L = lkv[uint64_t(t) * n_layer + il];
+                        (cfg.indexer ? L.iskv : L.skv) = skv[p * n_sess + in_batch[t]]->get();
+                        (cfg.indexer ? L.issc : L.ssc) = ssc[p * n_sess + in_batch[t]]->get();
+                    }
+                    DevVec<cuda::DevLayerKV> dlkv(lkv);
+                    DevVec<float> dpooled(unset);
+                    cuda::compressor_state_override(modes[p]);
+                    cuda::compressor_state(kvp.get(), scp.get(), ape.get(), drows.get(), R, dsb.get(), dse.get(), S,
+                                           ratio, D, cfg.indexer, dlkv.get(), n_layer, il, dpooled.get(), nullptr);
+                    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+                    pooled[p] = dpooled.download();
+                    cuda::compressor_state_override(-1);
+                }
+                // the rows that complete a group, and only they, have a pooled row
+                uint64_t emitted = 0;
+                for (uint32_t r = 0; r < R; ++r) {
+                    const bool emits = (rows[r].pos + 1) % ratio == 0;
+                    emitted += emits;
+                    ASSERT_EQ(emits, std::memcmp(&pooled[0][uint64_t(r) * D], &unset[0], 4) != 0)
+                        << what << " call " << ci << " row " << r;
+                }
+                emitted_total += emitted;
+                for (uint32_t p = 1; p < n_paths; ++p) {
+                    ASSERT_EQ(0, std::memcmp(pooled[0].data(), pooled[p].data(), pooled[0].size() * 4))
+                        << what << " call " << ci << " R " << R << " S " << S << ": pooled rows, mode " << modes[p];
+                    for (uint32_t s = 0; s < n_sess; ++s) {
+                        const auto kv_ref = skv[s]->download(), sc_ref = ssc[s]->download();
+                        const auto kv_got = skv[p * n_sess + s]->download(), sc_got = ssc[p * n_sess + s]->download();
+                        ASSERT_EQ(0, std::memcmp(kv_ref.data(), kv_got.data(), kv_ref.size() * 4))
+                            << what << " call " << ci << ": value slots of session " << s << ", mode " << modes[p];
+                        ASSERT_EQ(0, std::memcmp(sc_ref.data(), sc_got.data(), sc_ref.size() * 4))
+                            << what << " call " << ci << ": score slots of session " << s << ", mode " << modes[p];
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(emitted_total, 6000u);
+}
