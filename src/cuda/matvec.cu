@@ -5,7 +5,9 @@
 // weight row once per RB rows.
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "cuda/common.cuh"
 
@@ -176,10 +178,22 @@ __device__ __forceinline__ float float_weight(const uint8_t* wr, uint64_t k) {
 // single-weight order of operations, then the SwiGLU of swiglu_kernel in the epilogue.
 template <uint32_t T, int RB, bool VEC, bool WIDE, int WT = 256, int NW = 1>
 __global__ void __launch_bounds__(WIDE ? WT : 128) matvec_kernel(MV p) {
-    pdl_begin();
+    pdl_launch();
     constexpr uint32_t NT = WIDE ? WT : 32;   // threads sharing one output row
     const uint64_t n = WIDE ? uint64_t(blockIdx.x) : uint64_t(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
     const uint32_t lane = WIDE ? threadIdx.x : (threadIdx.x & 31);
+    // A row whose weight row does not depend on the previous kernels (no expert id, no pair
+    // group) is pulled into L2 while those kernels finish (pdl_early_weights); the loop below
+    // then streams it from L2.
+    if (p.early_weights && !p.expert && !p.grp && blockIdx.y == 0 && n < p.N) {
+        const uint64_t wrow = p.row0 + n;
+        const bool split = T == T_Q8_0;   // repacked: codes in wqs, scales in wd
+        const uint8_t* base = split ? reinterpret_cast<const uint8_t*>(p.wqs) + wrow * p.K : p.w + wrow * p.row_bytes;
+        const uint64_t bytes = split ? p.K : p.row_bytes;
+        for (uint64_t o = uint64_t(lane) * 128; o < bytes; o += uint64_t(NT) * 128)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + o));
+    }
+    pdl_wait();
     if (n >= p.N) return;
     Slots<RB> sl;
     if (!get_slots<RB>(p, sl)) return;
@@ -566,7 +580,7 @@ int g_q8_rows_select = -1;   // q8_rows_select
 // variant 1 0.149: forcing every load first did not pay, so 0 stays the default and 1, 2
 // are kept for the next round's measurements. DSV4_Q8_ROWS=0 turns the whole path off
 // (matvec_kernel).
-bool launch_q8_rows(const MV& p0, int nw, cudaStream_t s) {
+bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
     static const bool on = [] {
         const char* e = std::getenv("DSV4_Q8_ROWS");
         return !e || e[0] != '0';
@@ -575,11 +589,9 @@ bool launch_q8_rows(const MV& p0, int nw, cudaStream_t s) {
         const char* e = std::getenv("DSV4_Q8_ROWS_V");
         return e ? std::atoi(e) : 0;
     }();
-    if (!on || p0.R != 1 || p0.expert || p0.grp || p0.K % 1024 != 0 || p0.K > 8192 ||
-        decode_row_threads(p0.K, p0.N, false) != 32)
+    if (!on || p.R != 1 || p.expert || p.grp || p.K % 1024 != 0 || p.K > 8192 ||
+        decode_row_threads(p.K, p.N, false) != 32)
         return false;
-    MV p = p0;
-    p.early_weights = pdl_early_weights();
     const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
     const int nb = int(p.K / 1024);
     int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
@@ -754,201 +766,213 @@ __device__ __forceinline__ int iq2_group_smem(uint32_t a0, uint32_t a1, int4 x0,
 template <uint32_t T, int RB, int NW, int RW, int PS, int SM>
 __device__ __forceinline__ void kq_body(const MV& p) {
     static_assert(SM == 0 || (T == T_IQ2_XXS && RB == 1), "shared tables: IQ2_XXS with one slot");
-    // SM: kIq2SmemBytes of tables (launch_kq), filled once the first weight loads are issued
-    // (the fill's own loads then wait beside them instead of before them). Every thread
-    // passes exactly one barrier: warps without rows fill and leave here.
+    // SM: kIq2SmemBytes of tables (launch_kq), filled once per block: before waiting for the
+    // kernels this one depends on when p.early_weights (the tables are constants), else once
+    // the first weight loads are issued (the fill's own loads then wait beside them). Every
+    // thread passes exactly one barrier: warps without rows fill after their (empty) loop.
+    // The grid may be smaller than the rows (launch_kq sizes it to what the GPU holds at
+    // once): a warp then takes the rows n0, n0 + stride, ... one group of RW after another,
+    // each with the same operations as a warp of its own would do.
     extern __shared__ uint4 kq_smem[];
     constexpr uint32_t BODY = T == T_IQ2_XXS ? 64 : 80;   // repacked bytes per super-block
     constexpr uint32_t CODES = T == T_IQ2_XXS ? 0 : 16;   // where its codes start
     constexpr uint32_t AUX = T == T_IQ2_XXS ? 1 : 2;      // f16 scales per super-block
     const uint32_t lane = threadIdx.x & 31, q = lane & 3;
-    const uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW;
-    Slots<RB> sl;
-    if (n0 >= p.N || !get_slots<RB>(p, sl)) {   // (one slot: get_slots always succeeds)
-        if constexpr (SM != 0) iq2_fill_smem(kq_smem);
-        return;
-    }
-    const uint64_t nsb = p.K / 256, AL = p.act_len;
+    bool filled = false;
     if constexpr (SM != 0) {
-        if (nsb == 0) {   // (no loop below to fill in)
+        if (p.early_weights) {
             iq2_fill_smem(kq_smem);
-            return;
+            filled = true;
         }
     }
-    const int nrow = int(min(uint64_t(RW), p.N - n0));
-    const uint8_t* wq[RW][NW];
-    const uint16_t* wd[RW][NW];
+    pdl_wait();
+    Slots<RB> sl;
+    const bool live = get_slots<RB>(p, sl);   // (one slot: get_slots always succeeds)
+    const uint64_t nsb = p.K / 256, AL = p.act_len;
+    const uint64_t stride = uint64_t(gridDim.x) * kKqWarps * RW;
+    for (uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW; live && nsb && n0 < p.N;
+         n0 += stride) {
+        const int nrow = int(min(uint64_t(RW), p.N - n0));
+        const uint8_t* wq[RW][NW];
+        const uint16_t* wd[RW][NW];
 #pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        const uint64_t wrow = sl.wbase + p.row0 + n0 + uint64_t(min(r, nrow - 1));
-        wq[r][0] = reinterpret_cast<const uint8_t*>(p.wqs) + wrow * nsb * BODY;
-        wd[r][0] = p.wd + wrow * nsb * AUX;
-        if constexpr (NW == 2) {
-            wq[r][NW - 1] = reinterpret_cast<const uint8_t*>(p.wqs2) + wrow * nsb * BODY;
-            wd[r][NW - 1] = p.wd2 + wrow * nsb * AUX;
+        for (int r = 0; r < RW; ++r) {
+            const uint64_t wrow = sl.wbase + p.row0 + n0 + uint64_t(min(r, nrow - 1));
+            wq[r][0] = reinterpret_cast<const uint8_t*>(p.wqs) + wrow * nsb * BODY;
+            wd[r][0] = p.wd + wrow * nsb * AUX;
+            if constexpr (NW == 2) {
+                wq[r][NW - 1] = reinterpret_cast<const uint8_t*>(p.wqs2) + wrow * nsb * BODY;
+                wd[r][NW - 1] = p.wd2 + wrow * nsb * AUX;
+            }
         }
-    }
-    float acc[RW][NW][RB];
+        float acc[RW][NW][RB];
 #pragma unroll
-    for (int r = 0; r < RW; ++r)
+        for (int r = 0; r < RW; ++r)
 #pragma unroll
-        for (int j = 0; j < NW; ++j)
+            for (int j = 0; j < NW; ++j)
 #pragma unroll
-            for (int i = 0; i < RB; ++i) acc[r][j][i] = 0.0f;
+                for (int i = 0; i < RB; ++i) acc[r][j][i] = 0.0f;
 
-    for (uint64_t base = 0; base < nsb; base += 8 * PS) {
-        // every weight load of PS steps first: the bytes in flight are what sets the speed
-        uint4 wv[PS][RW][NW];
-        uint2 sc[PS][RW][NW];      // Q2_K: the 8 scale bytes of this lane's half
-        uint32_t dv[PS][RW][NW];   // f16 scale(s) of the super-block
+        for (uint64_t base = 0; base < nsb; base += 8 * PS) {
+            // every weight load of PS steps first: the bytes in flight are what sets the speed
+            uint4 wv[PS][RW][NW];
+            uint2 sc[PS][RW][NW];      // Q2_K: the 8 scale bytes of this lane's half
+            uint32_t dv[PS][RW][NW];   // f16 scale(s) of the super-block
 #pragma unroll
-        for (int st = 0; st < PS; ++st) {
-            const uint64_t sb = base + 8 * st + (lane >> 2);
-#pragma unroll
-            for (int r = 0; r < RW; ++r)
-#pragma unroll
-                for (int j = 0; j < NW; ++j) {
-                    if (sb < nsb) {
-                        const uint8_t* blk = wq[r][j] + sb * BODY;
-                        wv[st][r][j] = *reinterpret_cast<const uint4*>(blk + CODES + 16 * q);
-                        if constexpr (T == T_Q2_K) {
-                            sc[st][r][j] = *reinterpret_cast<const uint2*>(blk + 8 * (q >> 1));
-                            dv[st][r][j] = *reinterpret_cast<const uint32_t*>(wd[r][j] + sb * 2);
-                        } else {
-                            dv[st][r][j] = wd[r][j][sb];
-                        }
-                    } else {
-                        wv[st][r][j] = make_uint4(0, 0, 0, 0);
-                        sc[st][r][j] = make_uint2(0, 0);
-                        dv[st][r][j] = 0;
-                    }
-                }
-        }
-        if constexpr (SM != 0) {
-            if (base == 0) iq2_fill_smem(kq_smem);
-        }
-        // IQ2_XXS with several slots: the signed code bytes of this lane's two groups
-        uint32_t wx[PS][RW][NW][T == T_IQ2_XXS && RB > 1 ? 16 : 1];
-        if constexpr (T == T_IQ2_XXS && RB > 1) {
-#pragma unroll
-            for (int st = 0; st < PS; ++st)
+            for (int st = 0; st < PS; ++st) {
+                const uint64_t sb = base + 8 * st + (lane >> 2);
 #pragma unroll
                 for (int r = 0; r < RW; ++r)
 #pragma unroll
                     for (int j = 0; j < NW; ++j) {
-                        const uint4 w = wv[st][r][j];
-                        iq2_expand(w.x, w.y, &wx[st][r][j][0]);
-                        iq2_expand(w.z, w.w, &wx[st][r][j][8]);
-                    }
-        }
-#pragma unroll
-        for (int st = 0; st < PS; ++st) {
-            const uint64_t sb = base + 8 * st + (lane >> 2);
-            const bool ok = sb < nsb;
-            for (int i = 0; i < RB; ++i) {
-                if (i >= sl.n) break;
-                const int8_t* a = p.aq + sl.act[i] * AL + (ok ? sb : 0) * 256;
-                const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
-                if constexpr (T == T_IQ2_XXS) {
-                    // groups 2q and 2q+1: 64 activation codes
-                    const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
-                    const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
-#pragma unroll
-                    for (int r = 0; r < RW; ++r)
-#pragma unroll
-                        for (int j = 0; j < NW; ++j) {
-                            const uint4 w = wv[st][r][j];
-                            int isum;
-                            if constexpr (RB > 1) {
-                                // several slots share each weight row: its codes were expanded
-                                // to signed bytes once (wx), so a slot costs 16 dp4a
-                                const int aw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
-                                                    x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-                                int s0 = 0, s1 = 0;
-#pragma unroll
-                                for (int t = 0; t < 8; ++t) {
-                                    s0 = __dp4a(int(wx[st][r][j][t]), aw[t], s0);
-                                    s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
-                                }
-                                isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
-                            } else if constexpr (SM != 0) {
-                                const uint8_t* smb = reinterpret_cast<const uint8_t*>(kq_smem);
-                                isum = iq2_group_smem(w.x, w.y, x0, x1, smb, lane) +
-                                       iq2_group_smem(w.z, w.w, x2, x3, smb, lane);
+                        if (sb < nsb) {
+                            const uint8_t* blk = wq[r][j] + sb * BODY;
+                            wv[st][r][j] = *reinterpret_cast<const uint4*>(blk + CODES + 16 * q);
+                            if constexpr (T == T_Q2_K) {
+                                sc[st][r][j] = *reinterpret_cast<const uint2*>(blk + 8 * (q >> 1));
+                                dv[st][r][j] = *reinterpret_cast<const uint32_t*>(wd[r][j] + sb * 2);
                             } else {
-                                isum = iq2_group(w.x, w.y, x0, x1) + iq2_group(w.z, w.w, x2, x3);
+                                dv[st][r][j] = wd[r][j][sb];
                             }
-                            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-                            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-                            if (ok && q == 0) {
-                                const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
-                                acc[r][j][i] = fmaf(dw * dx, float(isum), acc[r][j][i]);
-                            }
+                        } else {
+                            wv[st][r][j] = make_uint4(0, 0, 0, 0);
+                            sc[st][r][j] = make_uint2(0, 0);
+                            dv[st][r][j] = 0;
                         }
-                } else {
-                    // half h = q >> 1, sub-block parity s = q & 1: values 128h + 32j + 16s + t
-                    // (t < 16) of plane j = 0..3 sit at bits 2j of this lane's 16 code bytes
-                    const uint32_t h = q >> 1, s = q & 1;
-                    int4 x[4];
-                    int bs[4];
-#pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) {
-                        x[jj] = *reinterpret_cast<const int4*>(a + 128 * h + 32 * jj + 16 * s);
-                        bs[jj] = ok ? p.absum[sl.act[i] * (AL / 16) + sb * 16 + 8 * h + 2 * jj + s] : 0;
                     }
+            }
+            if constexpr (SM != 0) {
+                if (!filled) {
+                    iq2_fill_smem(kq_smem);
+                    filled = true;
+                }
+            }
+            // IQ2_XXS with several slots: the signed code bytes of this lane's two groups
+            uint32_t wx[PS][RW][NW][T == T_IQ2_XXS && RB > 1 ? 16 : 1];
+            if constexpr (T == T_IQ2_XXS && RB > 1) {
+#pragma unroll
+                for (int st = 0; st < PS; ++st)
 #pragma unroll
                     for (int r = 0; r < RW; ++r)
 #pragma unroll
                         for (int j = 0; j < NW; ++j) {
                             const uint4 w = wv[st][r][j];
-                            const uint64_t scb = uint64_t(sc[st][r][j].x) | (uint64_t(sc[st][r][j].y) << 32);
-                            int isum = 0, mins = 0;
-#pragma unroll
-                            for (int jj = 0; jj < 4; ++jj) {
-                                const uint32_t sh = 2 * jj;
-                                int sm = __dp4a(int((w.x >> sh) & 0x03030303u), x[jj].x, 0);
-                                sm = __dp4a(int((w.y >> sh) & 0x03030303u), x[jj].y, sm);
-                                sm = __dp4a(int((w.z >> sh) & 0x03030303u), x[jj].z, sm);
-                                sm = __dp4a(int((w.w >> sh) & 0x03030303u), x[jj].w, sm);
-                                const uint32_t scv = uint32_t(scb >> (8 * (2 * jj + s))) & 0xFF;
-                                isum += int(scv & 0xF) * sm;
-                                mins += int(scv >> 4) * bs[jj];
-                            }
-                            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-                            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-                            mins += __shfl_xor_sync(0xffffffffu, mins, 1);
-                            mins += __shfl_xor_sync(0xffffffffu, mins, 2);
-                            if (ok && q == 0) {
-                                const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
-                                const float dmw = f16_to_f32(uint16_t(dv[st][r][j] >> 16));
-                                const float dall = dx * dw, dmin = dx * dmw;
-                                acc[r][j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
-                            }
+                            iq2_expand(w.x, w.y, &wx[st][r][j][0]);
+                            iq2_expand(w.z, w.w, &wx[st][r][j][8]);
                         }
+            }
+#pragma unroll
+            for (int st = 0; st < PS; ++st) {
+                const uint64_t sb = base + 8 * st + (lane >> 2);
+                const bool ok = sb < nsb;
+                for (int i = 0; i < RB; ++i) {
+                    if (i >= sl.n) break;
+                    const int8_t* a = p.aq + sl.act[i] * AL + (ok ? sb : 0) * 256;
+                    const float dx = ok ? p.ad[sl.act[i] * (AL / 256) + sb] : 0.0f;
+                    if constexpr (T == T_IQ2_XXS) {
+                        // groups 2q and 2q+1: 64 activation codes
+                        const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
+                        const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
+#pragma unroll
+                        for (int r = 0; r < RW; ++r)
+#pragma unroll
+                            for (int j = 0; j < NW; ++j) {
+                                const uint4 w = wv[st][r][j];
+                                int isum;
+                                if constexpr (RB > 1) {
+                                    // several slots share each weight row: its codes were expanded
+                                    // to signed bytes once (wx), so a slot costs 16 dp4a
+                                    const int aw[16] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w,
+                                                        x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+                                    int s0 = 0, s1 = 0;
+#pragma unroll
+                                    for (int t = 0; t < 8; ++t) {
+                                        s0 = __dp4a(int(wx[st][r][j][t]), aw[t], s0);
+                                        s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
+                                    }
+                                    isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
+                                } else if constexpr (SM != 0) {
+                                    const uint8_t* smb = reinterpret_cast<const uint8_t*>(kq_smem);
+                                    isum = iq2_group_smem(w.x, w.y, x0, x1, smb, lane) +
+                                           iq2_group_smem(w.z, w.w, x2, x3, smb, lane);
+                                } else {
+                                    isum = iq2_group(w.x, w.y, x0, x1) + iq2_group(w.z, w.w, x2, x3);
+                                }
+                                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                                if (ok && q == 0) {
+                                    const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
+                                    acc[r][j][i] = fmaf(dw * dx, float(isum), acc[r][j][i]);
+                                }
+                            }
+                    } else {
+                        // half h = q >> 1, sub-block parity s = q & 1: values 128h + 32j + 16s + t
+                        // (t < 16) of plane j = 0..3 sit at bits 2j of this lane's 16 code bytes
+                        const uint32_t h = q >> 1, s = q & 1;
+                        int4 x[4];
+                        int bs[4];
+#pragma unroll
+                        for (int jj = 0; jj < 4; ++jj) {
+                            x[jj] = *reinterpret_cast<const int4*>(a + 128 * h + 32 * jj + 16 * s);
+                            bs[jj] = ok ? p.absum[sl.act[i] * (AL / 16) + sb * 16 + 8 * h + 2 * jj + s] : 0;
+                        }
+#pragma unroll
+                        for (int r = 0; r < RW; ++r)
+#pragma unroll
+                            for (int j = 0; j < NW; ++j) {
+                                const uint4 w = wv[st][r][j];
+                                const uint64_t scb = uint64_t(sc[st][r][j].x) | (uint64_t(sc[st][r][j].y) << 32);
+                                int isum = 0, mins = 0;
+#pragma unroll
+                                for (int jj = 0; jj < 4; ++jj) {
+                                    const uint32_t sh = 2 * jj;
+                                    int sm = __dp4a(int((w.x >> sh) & 0x03030303u), x[jj].x, 0);
+                                    sm = __dp4a(int((w.y >> sh) & 0x03030303u), x[jj].y, sm);
+                                    sm = __dp4a(int((w.z >> sh) & 0x03030303u), x[jj].z, sm);
+                                    sm = __dp4a(int((w.w >> sh) & 0x03030303u), x[jj].w, sm);
+                                    const uint32_t scv = uint32_t(scb >> (8 * (2 * jj + s))) & 0xFF;
+                                    isum += int(scv & 0xF) * sm;
+                                    mins += int(scv >> 4) * bs[jj];
+                                }
+                                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                                mins += __shfl_xor_sync(0xffffffffu, mins, 1);
+                                mins += __shfl_xor_sync(0xffffffffu, mins, 2);
+                                if (ok && q == 0) {
+                                    const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
+                                    const float dmw = f16_to_f32(uint16_t(dv[st][r][j] >> 16));
+                                    const float dall = dx * dw, dmin = dx * dmw;
+                                    acc[r][j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
+                                }
+                            }
+                    }
                 }
             }
         }
-    }
 #pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        if (r >= nrow) break;
-        for (int i = 0; i < RB; ++i) {
-            if (i >= sl.n) break;
-            float v = warp_sum(acc[r][0][i]);
-            if (T == T_IQ2_XXS) v *= 0.125f;
-            if constexpr (NW == 2) {
-                float u = warp_sum(acc[r][NW - 1][i]);
-                if (T == T_IQ2_XXS) u *= 0.125f;
-                v = swiglu_pair(v, u, p.clamp, p.ew, sl.out[i]);
+        for (int r = 0; r < RW; ++r) {
+            if (r >= nrow) break;
+            for (int i = 0; i < RB; ++i) {
+                if (i >= sl.n) break;
+                float v = warp_sum(acc[r][0][i]);
+                if (T == T_IQ2_XXS) v *= 0.125f;
+                if constexpr (NW == 2) {
+                    float u = warp_sum(acc[r][NW - 1][i]);
+                    if (T == T_IQ2_XXS) u *= 0.125f;
+                    v = swiglu_pair(v, u, p.clamp, p.ew, sl.out[i]);
+                }
+                if (lane == 0) p.y[uint64_t(sl.out[i]) * p.y_stride + n0 + r] = v;
             }
-            if (lane == 0) p.y[uint64_t(sl.out[i]) * p.y_stride + n0 + r] = v;
         }
+    }
+    if constexpr (SM != 0) {
+        if (!filled) iq2_fill_smem(kq_smem);
     }
 }
 
 template <uint32_t T, int RB, int NW, int RW, int PS>
 __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
-    pdl_begin();
+    pdl_launch();   // (kq_body waits)
     kq_body<T, RB, NW, RW, PS, 0>(p);
 }
 
@@ -956,7 +980,7 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
 // 2 (128 registers) for SM = 1, 3 (80) for SM = 2.
 template <uint32_t T, int NW, int RW, int PS, int MINB>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
-    pdl_begin();
+    pdl_launch();   // (kq_body waits)
     kq_body<T, 1, NW, RW, PS, MINB == 3 ? 2 : 1>(p);
 }
 
@@ -974,7 +998,7 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
 // between runs, so the default stays until a profile tells them apart.
 template <uint32_t T, int NW, int RW, int PS, int MINB>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
-    pdl_begin();
+    pdl_launch();   // (kq_body waits)
     kq_body<T, 1, NW, RW, PS, 0>(p);
 }
 int g_q2k_select = -1;   // q2k_select
@@ -986,6 +1010,35 @@ int g_q2k_select = -1;   // q2k_select
 // kIq2SmemBytes); DSV4_KQ_SMEM (read once) selects for A/B: 0 the global-memory lookups of
 // before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM).
 int g_kq_smem_select = -1;   // kq_smem_select
+
+// Blocks of `kernel` the GPU holds at once (blocks per SM at this shape × SMs), asked once
+// per kernel.
+uint32_t resident_blocks(const void* kernel, uint32_t threads, size_t smem) {
+    static std::mutex mu;
+    static std::vector<std::pair<const void*, uint32_t>> seen;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [k, n] : seen)
+        if (k == kernel) return n;
+    int dev = 0, sms = 0, per_sm = 0;
+    check(cudaGetDevice(&dev), "matvec");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "matvec");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), smem), "matvec occupancy");
+    seen.push_back({kernel, uint32_t(std::max(1, sms) * std::max(1, per_sm))});
+    return seen.back().second;
+}
+
+// The 2-bit decode kernels with the grid cut to what the GPU holds at once (kq_body's warps
+// then loop over their rows): no second wave of blocks each filling its shared tables and
+// ramping up again. DSV4_KQ_PERSIST=0 (read once) launches a block per RW * 8 rows.
+template <typename Kernel>
+void launch_kq_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, const MV& p) {
+    static const bool persist = env_switch("DSV4_KQ_PERSIST", true);
+    if (persist) {
+        const uint32_t res = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem);
+        grid.x = std::min(grid.x, std::max(1u, (res + grid.y - 1) / grid.y));
+    }
+    kernel<<<grid, block, smem, s>>>(p);
+}
 
 template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
@@ -1013,13 +1066,13 @@ void launch_kq(const MV& p, cudaStream_t s) {
             // 48 KB of dynamic shared memory: within the default limit, no attribute needed
             constexpr size_t sb = kIq2SmemBytes;
             if (sm == 2) {
-                if (rw >= 4) kq_kernel_smem<T, NW, 4, 1, 3><<<grid, block, sb, s>>>(p);
-                else if (rw == 2) kq_kernel_smem<T, NW, 2, 2, 3><<<grid, block, sb, s>>>(p);
-                else kq_kernel_smem<T, NW, 1, 2, 3><<<grid, block, sb, s>>>(p);
+                if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 3>, grid, block, sb, s, p);
+                else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 3>, grid, block, sb, s, p);
+                else launch_kq_grid(kq_kernel_smem<T, NW, 1, 2, 3>, grid, block, sb, s, p);
             } else {
-                if (rw >= 4) kq_kernel_smem<T, NW, 4, 1, 2><<<grid, block, sb, s>>>(p);
-                else if (rw == 2) kq_kernel_smem<T, NW, 2, 2, 2><<<grid, block, sb, s>>>(p);
-                else kq_kernel_smem<T, NW, 1, 2, 2><<<grid, block, sb, s>>>(p);
+                if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 2>, grid, block, sb, s, p);
+                else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 2>, grid, block, sb, s, p);
+                else launch_kq_grid(kq_kernel_smem<T, NW, 1, 2, 2>, grid, block, sb, s, p);
             }
             return;
         }
@@ -1029,18 +1082,18 @@ void launch_kq(const MV& p, cudaStream_t s) {
         if (rb == 1 && !rw_env && v >= 1 && v <= 3) {
             const uint32_t rw2 = v == 2 ? 4 : 8, rpb = kKqWarps * rw2;
             const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
-            if (v == 1) kq_kernel_mb<T, NW, 8, 1, 2><<<grid2, block, 0, s>>>(p);
-            else if (v == 2) kq_kernel_mb<T, NW, 4, 1, 3><<<grid2, block, 0, s>>>(p);
-            else kq_kernel_mb<T, NW, 8, 1, 3><<<grid2, block, 0, s>>>(p);   // (spills ~170 bytes)
+            if (v == 1) launch_kq_grid(kq_kernel_mb<T, NW, 8, 1, 2>, grid2, block, 0, s, p);
+            else if (v == 2) launch_kq_grid(kq_kernel_mb<T, NW, 4, 1, 3>, grid2, block, 0, s, p);
+            else launch_kq_grid(kq_kernel_mb<T, NW, 8, 1, 3>, grid2, block, 0, s, p);   // (spills ~170 bytes)
             return;
         }
     }
-    if (rb == 8) kq_kernel<T, 8, NW, 1, 1><<<grid, block, 0, s>>>(p);
-    else if (rb == 4) kq_kernel<T, 4, NW, 1, 1><<<grid, block, 0, s>>>(p);
-    else if (rb == 2) kq_kernel<T, 2, NW, 1, 1><<<grid, block, 0, s>>>(p);
-    else if (rw >= 4) kq_kernel<T, 1, NW, 4, 1><<<grid, block, 0, s>>>(p);
-    else if (rw == 2) kq_kernel<T, 1, NW, 2, 2><<<grid, block, 0, s>>>(p);
-    else kq_kernel<T, 1, NW, 1, 2><<<grid, block, 0, s>>>(p);
+    if (rb == 8) launch_kq_grid(kq_kernel<T, 8, NW, 1, 1>, grid, block, 0, s, p);
+    else if (rb == 4) launch_kq_grid(kq_kernel<T, 4, NW, 1, 1>, grid, block, 0, s, p);
+    else if (rb == 2) launch_kq_grid(kq_kernel<T, 2, NW, 1, 1>, grid, block, 0, s, p);
+    else if (rw >= 4) launch_kq_grid(kq_kernel<T, 1, NW, 4, 1>, grid, block, 0, s, p);
+    else if (rw == 2) launch_kq_grid(kq_kernel<T, 1, NW, 2, 2>, grid, block, 0, s, p);
+    else launch_kq_grid(kq_kernel<T, 1, NW, 1, 2>, grid, block, 0, s, p);
 }
 
 template <uint32_t T, bool VEC, bool WIDE, int WT = 256, int NW = 1>
@@ -1266,6 +1319,7 @@ MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y
     p.expert = expert;
     p.rows_per_expert = rows_per_expert;
     p.act_div = act_div ? act_div : 1;
+    p.early_weights = pdl_early_weights();
     if (groups) {
         p.grp = groups->grp;
         p.grp_pairs = groups->pairs;
