@@ -8,6 +8,7 @@
 // order in which that butterfly tree adds them (bit-reversed lane numbers), and added at once
 // through a stack of five partial sums: the same additions of the same values. So a row's
 // result is bit for bit what decode gives, whichever path a batch takes.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 
@@ -980,9 +981,248 @@ __global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
         }
 }
 
+
+// ---- Q8_0 products, staged and pipelined (DSV4_GEMM_Q8_V=1, the default; warp-per-row order,
+// WT = 32) --------------------------------------------------------------------------------
+// Why the register-fed kernel runs at ~3 % of the int8 tensor peak: per MMA each thread
+// issues 3 four-byte global loads, 2 scale loads, and 4 int→float conversions (I2F: 16 a
+// clock an SM, so 8 clocks an SM per MMA before anything else), and the first staged attempt
+// (gemm_q8_0_smem_kernel) kept the I2F, fed 2 MMAs with 2 ldmatrix and 6 scalar scale loads
+// (shared memory bound), and paid two barriers and runtime divisions per stage of 4 blocks.
+// This kernel:
+// - gets float(isum) without I2F: the MMA's accumulator input is 0x4B400000 (1.5 · 2^23 as
+//   a float), so it returns isum + 0x4B400000, whose float is exactly 12,582,912 + isum
+//   (|isum| <= 32 · 128 · 128 < 2^22 keeps it in [2^23, 2^24), where floats are the integers);
+//   one float subtraction gives isum, the same value float(isum) gives: same bits.
+// - stages 8 blocks a row a stage (the next 8 positions of decode's visiting sequence: leaf
+//   bitrev5(j) of j = 0..31, its blocks leaf, leaf + 32, ... in order), 64 weight rows and 64
+//   activation rows a block, by cp.async NS stages deep; 8 warps of 32 × 16 (2 × 2 MMA
+//   tiles: 3 ldmatrix.x4 feed 4 MMAs); the scales staged as floats, in an order that gives
+//   each thread its 4 weight and 4 activation scales of a block in two 16-byte loads.
+// - is persistent: a block walks its tiles (activation tiles fastest, so the blocks in
+//   flight share weight rows) with one pipeline across tile boundaries, so a short K (q_b:
+//   4 stages a tile) does not pay the pipeline's fill for every tile.
+// CM (1, 2, 4, 8) is decode's longest leaf, rounded up to a power of two (positions past a
+// leaf's blocks are skipped), so a stage holds 8 / CM whole leaves and every tree level
+// inside a stage is a constant; the stage's last leaf merges at a level known at run time
+// (the same for the whole block).
+constexpr int kQ2Rows = 64;                       // weight rows = activation rows a tile
+constexpr int kQ2Slots = 8;                       // blocks a row a stage
+constexpr int kQ2Stride = kQ2Slots * 32 + 16;     // a staged row: 17 16-byte units (odd: ldmatrix rows on distinct banks)
+constexpr int kQ2StageBytes = 2 * kQ2Rows * kQ2Stride + 2 * kQ2Rows * kQ2Slots * 4;
+constexpr int q8_pipe_smem(int stages) { return stages * kQ2StageBytes; }
+constexpr int kQ8Magic = 0x4B400000;              // 12,582,912.0f
+static_assert(kQ2Rows == kBM, "gemm_q8_0_eligible's group check (rpg % kBM) covers the pipelined tiles");
+
+__device__ __forceinline__ void mma_s8_magic(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(kQ8Magic));
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// tree_push with the level (trailing zero bits of j + 1) given: a constant after unrolling
+// folds the branches; a run-time level takes uniform branches.
+template <int L, typename A>
+__device__ __forceinline__ void tree_push_level(int level, A (&st)[L], A& cur) {
+#pragma unroll
+    for (int h = 0; h < L; ++h)
+        if (h < level) each2(cur, st[h], [](float& a, float& b) { a = b + a; });
+#pragma unroll
+    for (int h = 0; h < L; ++h)
+        if (h == level) each2(st[h], cur, [](float& a, float& b) { a = b; });
+}
+
+__host__ __device__ constexpr int ctz_c(int x) { return (x & 1) ? 0 : 1 + ctz_c(x >> 1); }
+
+__device__ __forceinline__ uint32_t bitrev5d(uint32_t j) {
+    return ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
+}
+
+// NS: stages in flight (3: 117 KB, one block an SM; 2: 78 KB, two blocks an SM where the
+// registers allow: MINB = 2 caps them at 128).
+template <int CM, int NS, int MINB>
+__global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint32_t tiles_r, uint32_t tiles) {
+    pdl_begin();
+    constexpr int G = kQ2Slots / CM;                                       // leaves a stage
+    constexpr int LG = G >= 8 ? 3 : G >= 4 ? 2 : G >= 2 ? 1 : 0;           // log2 G
+    constexpr int LC = CM >= 8 ? 3 : CM >= 4 ? 2 : CM >= 2 ? 1 : 0;        // log2 CM
+    constexpr int NST = 32 * CM / kQ2Slots;                                // stages a tile
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wmi = warp & 1, wni = warp >> 1;   // warp's 32 weight rows, 16 activation rows
+    const uint32_t nb = uint32_t(p.K / 32);
+    const bool full = nb == 32u * CM;                 // every position holds a block
+    const uint32_t mine = tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    const uint32_t nwork = mine * NST;                // stages of this block, all its tiles
+    const uint64_t anb = p.AL / 32;
+
+    struct TileAt {
+        uint64_t m0;   // first weight row (from row0)
+        uint32_t r0;   // first activation row
+        uint64_t goff; // grouped product: the group's values in an activation row
+    };
+    auto tile_at = [&](uint32_t w) {
+        const uint32_t tile = blockIdx.x + (w / NST) * gridDim.x;
+        TileAt a;
+        a.m0 = uint64_t(tile / tiles_r) * kQ2Rows;
+        a.r0 = (tile % tiles_r) * kQ2Rows;
+        // a tile's rows lie in one group (64 divides rpg: checked by the launcher)
+        a.goff = p.rpg ? ((p.row0 + a.m0) / p.rpg) * p.K : 0;
+        return a;
+    };
+    // the block at position q of a leaf sequence (q = 8 st + slot), or nb past the leaf
+    auto block_at = [&](uint32_t q) {
+        const uint32_t b = bitrev5d(q >> LC) + 32u * (q & (CM - 1));
+        return b < nb ? b : nb;
+    };
+
+    // copies: 16-byte chunk (t & 15) = (slot, half) of staged rows (t >> 4) + 16 u, u < 8
+    // (rows 0-63 weights, 64-127 activations)
+    const uint32_t cslot = (t & 15) >> 1, chalf = t & 1;
+    auto issue = [&](uint32_t w) {
+        const TileAt ta = tile_at(w);
+        const uint32_t b = block_at((w % NST) * kQ2Slots + cslot);
+        if (b >= nb) return;
+        uint8_t* dst = sm + (w % NS) * kQ2StageBytes + (t >> 4) * kQ2Stride + (t & 15) * 16;
+        const uint64_t k = uint64_t(b) * 32 + chalf * 16;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const uint32_t r = (t >> 4) + 16 * (u & 3);
+            const int8_t* src = u < 4 ? p.wq + (p.row0 + min(ta.m0 + r, p.N - 1)) * p.K + k   // rows past N, R:
+                                      : p.aq + uint64_t(min(ta.r0 + r, p.R - 1)) * p.AL + ta.goff + k;   // clamped
+            cp_async16(dst + u * 16 * kQ2Stride, src);
+        }
+    };
+    // scales: slot (t & 7) of rows (t >> 3) + 32 u, u < 4 (u < 2: weights), loaded a stage
+    // early into registers, stored as floats in the order the MMA threads read them
+    const uint32_t sslot = t & 7;
+    float pre[4];
+    auto load_scales = [&](uint32_t w) {
+        const TileAt ta = tile_at(w);
+        const uint32_t b = block_at((w % NST) * kQ2Slots + sslot);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t r = (t >> 3) + 32 * (u & 1);
+            pre[u] = 0.0f;
+            if (b < nb)
+                pre[u] = u < 2 ? f16_to_f32(p.wd[(p.row0 + min(ta.m0 + r, p.N - 1)) * nb + b])
+                               : p.ad[uint64_t(min(ta.r0 + r, p.R - 1)) * anb + ta.goff / 32 + b];
+        }
+    };
+    auto store_scales = [&](uint32_t w) {
+        float* sdw = reinterpret_cast<float*>(sm + (w % NS) * kQ2StageBytes + 2 * kQ2Rows * kQ2Stride);
+        float* sda = sdw + kQ2Slots * kQ2Rows;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t r = (t >> 3) + 32 * (u & 1);
+            // weight row r = 32 wmi + 16 mt + 8 h + gid -> 32 wmi + 4 gid + 2 mt + h;
+            // activation row r = 16 wni + 8 nt + 2 tig + c -> 16 wni + 4 tig + 2 nt + c
+            const uint32_t pw = (r & 32) + 4 * (r & 7) + 2 * ((r >> 4) & 1) + ((r >> 3) & 1);
+            const uint32_t pa = (r & 48) + 4 * ((r >> 1) & 3) + 2 * ((r >> 3) & 1) + (r & 1);
+            if (u < 2) sdw[sslot * kQ2Rows + pw] = pre[u];
+            else sda[sslot * kQ2Rows + pa] = pre[u];
+        }
+    };
+
+    // prologue: stages 0 .. NS - 2 in flight, stage 0's scales stored, stage 1's loaded
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (uint32_t(s) < nwork) issue(s);
+        cp_async_commit();
+    }
+    if (nwork > 0) {
+        load_scales(0);
+        store_scales(0);
+    }
+    if (nwork > 1) load_scales(1);
+
+    float st[5][2][2][4], cur[2][2][4];
+    for (uint32_t w = 0; w < nwork; ++w) {
+        cp_async_wait_group<NS - 2>();
+        __syncthreads();   // stage w landed for all; every warp is done with stage w - 1
+        if (w + NS - 1 < nwork) issue(w + NS - 1);
+        cp_async_commit();
+        if (w + 1 < nwork) store_scales(w + 1);   // its buffer's last reader was stage w + 1 - NS <= w - 1
+        if (w + 2 < nwork) load_scales(w + 2);
+
+        const uint32_t sti = w % NST;
+        const uint8_t* wb = sm + (w % NS) * kQ2StageBytes;
+        const uint8_t* ab = wb + kQ2Rows * kQ2Stride;
+        const float* sdw = reinterpret_cast<const float*>(wb + 2 * kQ2Rows * kQ2Stride);
+        const float* sda = sdw + kQ2Slots * kQ2Rows;
+        // ldmatrix rows: A (rows 0-7 / 8-15, k 0-15 / 16-31), B (rows 0-7 / 8-15 of the pair of
+        // n-tiles, k 0-15 / 16-31)
+        const uint8_t* arow = wb + (32 * wmi + (lane & 7) + ((lane >> 3) & 1) * 8) * kQ2Stride + (lane >> 4) * 16;
+        const uint8_t* brow = ab + (16 * wni + (lane & 7) + (lane >> 4) * 8) * kQ2Stride + ((lane >> 3) & 1) * 16;
+#pragma unroll
+        for (int s = 0; s < kQ2Slots; ++s) {
+            const int i = s % CM, g = s / CM;   // chain position, leaf of the stage
+            if (i == 0) each(cur, [](float& x) { x = 0.0f; });
+            if (full || block_at(sti * kQ2Slots + s) < nb) {
+                uint32_t a[2][4], b[4];
+                ldmatrix_x4(a[0], arow + s * 32);
+                ldmatrix_x4(a[1], arow + 16 * kQ2Stride + s * 32);
+                ldmatrix_x4(b, brow + s * 32);
+                const float4 dw4 = *reinterpret_cast<const float4*>(sdw + s * kQ2Rows + 32 * wmi + 4 * gid);
+                const float4 da4 = *reinterpret_cast<const float4*>(sda + s * kQ2Rows + 16 * wni + 4 * tig);
+                const float dw[2][2] = {{dw4.x, dw4.y}, {dw4.z, dw4.w}}, da[2][2] = {{da4.x, da4.y}, {da4.z, da4.w}};
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        int d[4];
+                        mma_s8_magic(a[mt], b[2 * nt], b[2 * nt + 1], d);
+                        // d[e]: weight row gid + 8 (e >> 1), activation row 2 tig + (e & 1)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
+                            cur[mt][nt][e] = fmaf(dw[mt][e >> 1] * da[nt][e & 1], isum, cur[mt][nt][e]);
+                        }
+                    }
+            }
+            if (i == CM - 1) {
+                // leaf j = G sti + g: its level is trailing_zeros(j + 1)
+                const int level = g < G - 1 ? ctz_c(g + 1) : LG + __ffs(int(sti) + 1) - 1;
+                tree_push_level(level, st, cur);
+            }
+        }
+        if (sti == NST - 1) {   // the tile's last leaf: cur is the root, the row's result
+            const TileAt ta = tile_at(w);
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const uint64_t n = ta.m0 + 32 * wmi + mt * 16 + gid + 8 * (e >> 1);
+                        const uint32_t r = ta.r0 + 16 * wni + nt * 8 + 2 * tig + (e & 1);
+                        if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = cur[mt][nt][e];
+                    }
+        }
+    }
+    cp_async_wait_all();
+}
+
 }  // namespace
 
 namespace {
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, c = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) !=
+                                                       cudaSuccess)
+            c = 132;
+        return c > 0 ? c : 132;
+    }();
+    return n;
+}
+
 // DSV4_CUDA_TC=0 keeps every product on the decode kernels (measurements).
 bool tensor_cores_on() {
     static const bool on = [] {
@@ -1035,6 +1275,44 @@ bool q8_smem_ready(cudaStream_t s) {
     static bool ready = false;
     return smem_ready(reinterpret_cast<const void*>(gemm_q8_0_smem_kernel), q8_smem_bytes(kQ8MaxSlots), ready, s);
 }
+// DSV4_GEMM_Q8_V: which kernel takes the Q8_0 products of decode's warp-per-row order
+// (DSV4_GEMM_SMEM_Q8=1 wins): 1 (default) gemm_q8_0_pipe_kernel, 3 stages, one block an SM;
+// 2 the same kernel with 2 stages and registers capped for two blocks an SM; 0 the
+// register-fed gemm_q8_0_kernel. gemm_q8_0_version (tests, benchmarks) wins.
+int g_q8_version_override = -1;
+int q8_version() {
+    static const int v = [] {
+        const char* e = std::getenv("DSV4_GEMM_Q8_V");
+        return e && e[0] ? std::atoi(e) : 1;
+    }();
+    return g_q8_version_override >= 0 ? g_q8_version_override : v;
+}
+// Launches gemm_q8_0_pipe_kernel<CM, NS, MINB> as a persistent grid (blocks an SM by the
+// occupancy calculator); false where it cannot yet (first met in a capture).
+template <int CM, int NS, int MINB>
+bool q8_pipe_launch(const Gemm& p, uint32_t tiles_r, uint32_t tiles, cudaStream_t s) {
+    static bool ready = false;
+    static int per_sm = 0;
+    const auto kernel = gemm_q8_0_pipe_kernel<CM, NS, MINB>;
+    if (!smem_ready(reinterpret_cast<const void*>(kernel), q8_pipe_smem(NS), ready, s)) return false;
+    if (per_sm == 0) {
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, q8_pipe_smem(NS)),
+              "gemm: occupancy of the pipelined Q8_0 kernel");
+        if (per_sm < 1) per_sm = 1;
+    }
+    const uint32_t blocks = std::min<uint32_t>(tiles, uint32_t(sm_count() * per_sm));
+    kernel<<<blocks, 256, q8_pipe_smem(NS), s>>>(p, tiles_r, tiles);
+    return true;
+}
+template <int NS, int MINB>
+bool q8_pipe_launch_cm(int cm, const Gemm& p, uint32_t tiles_r, uint32_t tiles, cudaStream_t s) {
+    switch (cm) {
+        case 1: return q8_pipe_launch<1, NS, MINB>(p, tiles_r, tiles, s);
+        case 2: return q8_pipe_launch<2, NS, MINB>(p, tiles_r, tiles, s);
+        case 4: return q8_pipe_launch<4, NS, MINB>(p, tiles_r, tiles, s);
+        default: return q8_pipe_launch<8, NS, MINB>(p, tiles_r, tiles, s);
+    }
+}
 bool q2k_smem_ready(cudaStream_t s) {
     static bool ready = false;
     return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel), Q2Smem::bytes, ready, s);
@@ -1042,6 +1320,7 @@ bool q2k_smem_ready(cudaStream_t s) {
 }  // namespace
 
 void gemm_smem_override(int on) { g_smem_override = on; }
+void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
     return tensor_cores_on() && W.type == T_Q8_0 && !expert && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
@@ -1062,6 +1341,17 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
         gemm_q8_0_smem_kernel<<<grid, 256, q8_smem_bytes(q8_slots(cmax)), s>>>(p);
         check_launch("gemm_q8_0");
         return;
+    }
+    if (wt == 32 && q8_version() >= 1 && cmax <= 8 && reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(a.q) % 16 == 0 && a.K % 16 == 0 && W.K % 16 == 0) {
+        const int cm = cmax <= 1 ? 1 : cmax <= 2 ? 2 : cmax <= 4 ? 4 : 8;
+        const uint64_t tiles_r = (R + kQ2Rows - 1) / kQ2Rows, tiles = (N + kQ2Rows - 1) / kQ2Rows * tiles_r;
+        if (tiles < (uint64_t(1) << 31) &&
+            (q8_version() == 2 ? q8_pipe_launch_cm<2, 2>(cm, p, uint32_t(tiles_r), uint32_t(tiles), s)
+                               : q8_pipe_launch_cm<3, 1>(cm, p, uint32_t(tiles_r), uint32_t(tiles), s))) {
+            check_launch("gemm_q8_0");
+            return;
+        }
     }
     switch (wt) {
         case 1024: gemm_q8_0_kernel<1024><<<grid, 128, 0, s>>>(p); break;
@@ -1336,16 +1626,6 @@ bool gemm_float_on() {
     return on;
 }
 
-int sm_count() {
-    static const int n = [] {
-        int dev = 0, c = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) !=
-                                                       cudaSuccess)
-            c = 132;
-        return c > 0 ? c : 132;
-    }();
-    return n;
-}
 }  // namespace
 
 bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,

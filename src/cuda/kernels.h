@@ -149,6 +149,9 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
 // The IQ2_XXS expert products stage their operands in shared memory (gemm.cu) unless
 // DSV4_GEMM_SMEM=0 (read once); tests force either path: 1 / 0, or -1 for the variable's.
 void gemm_smem_override(int on);
+// The Q8_0 products of decode's warp-per-row order: 1 the pipelined tensor-core kernel (the
+// default), 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).
+void gemm_q8_0_version(int v);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "cuda/backend_impl.h"
 #include "cuda/kernels.h"
@@ -249,6 +250,84 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
         char shape[32];
         std::snprintf(shape, sizeof shape, "%llu x %llu", (unsigned long long)N, (unsigned long long)K);
         std::printf("%-22s %8.1f %10.2f %8.2f %10.2f\n", shape, mb, cold, warm, mb / warm);
+    }
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The Q8_0 products of a prefill chunk (2,048 rows) on the tensor cores, the register-fed
+// kernel (DSV4_GEMM_Q8_V=0) beside the pipelined one (1) on the model's shapes: q_b, the
+// shared expert's gate (up is the same) and down, out_a (8 groups of 1,024 rows, each
+// reading its 4,096 values of a 32,768-value row) and out_b. Device time by events (median
+// of 9 after a warm-up), int8 TOPS (2 R N K / t), and whether both give the same bits.
+TEST(CudaBench, Q8_0PrefillGemmOldNew) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    struct Shape {
+        const char* name;
+        uint64_t K, N, rpg;
+    };
+    const uint32_t R = env_u32("DSV4_BENCH_ROWS", 2048);
+    std::printf("\n== Q8_0 prefill products, R = %u rows: device us (median of 9), int8 TOPS ==\n", R);
+    std::printf("%-12s %6s %6s %5s %10s %7s %10s %7s %7s %5s\n", "product", "K", "N", "rpg", "old us", "TOPS",
+                "new us", "TOPS", "speed", "same");
+    for (const Shape sh : {Shape{"q_b", 1024, 32768, 0}, Shape{"shared gate", 4096, 2048, 0},
+                           Shape{"shared down", 2048, 4096, 0}, Shape{"out_a", 4096, 8192, 1024},
+                           Shape{"out_b", 8192, 4096, 0}}) {
+        const uint64_t N = sh.N, K = sh.K, AK = sh.rpg ? N / sh.rpg * K : K;
+        std::vector<int8_t> q(N * K);
+        std::vector<uint16_t> d(N * K / 32);
+        for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t((i * 2654435761u) >> 24);
+        for (size_t i = 0; i < d.size(); ++i) d[i] = uint16_t((i & 1 ? 0x8000 : 0) | (0x2000 + i % 512));
+        DevVec<int8_t> dq(q);
+        DevVec<uint16_t> dd(d);
+        cuda::DevWeight w;
+        w.type = uint32_t(quant::Type::Q8_0);
+        w.K = K;
+        w.rows = N;
+        w.row_bytes = K / 32 * 34;
+        w.qs = dq.get();
+        w.d = dd.get();
+        std::vector<int8_t> aq(uint64_t(R) * AK);
+        std::vector<float> ad(uint64_t(R) * AK / 32);
+        for (size_t i = 0; i < aq.size(); ++i) aq[i] = int8_t(int((i * 2246822519u) >> 24) % 255 - 127);
+        for (size_t i = 0; i < ad.size(); ++i) ad[i] = 0.001f * float(1 + i % 97) * (i % 3 ? 1.0f : -1.0f);
+        DevVec<int8_t> daq(aq);
+        DevVec<float> dad(ad);
+        cuda::DevAct a;
+        a.kind = cuda::ActKind::Q8_0;
+        a.K = AK;
+        a.q = daq.get();
+        a.d = dad.get();
+        DevVec<float> y_old(uint64_t(R) * N), y_new(uint64_t(R) * N);
+        auto timed = [&](int v, float* y) {
+            cuda::gemm_q8_0_version(v);
+            cuda::gemm_q8_0(w, a, R, y, N, N, 0, sh.rpg, nullptr);   // warm-up (and the attribute, once)
+            cudaDeviceSynchronize();
+            std::vector<float> t;
+            for (int i = 0; i < 9; ++i) {
+                cudaEventRecord(e0);
+                cuda::gemm_q8_0(w, a, R, y, N, N, 0, sh.rpg, nullptr);
+                cudaEventRecord(e1);
+                cudaEventSynchronize(e1);
+                float ms = 0;
+                cudaEventElapsedTime(&ms, e0, e1);
+                t.push_back(ms * 1000);
+            }
+            cuda::gemm_q8_0_version(-1);
+            std::sort(t.begin(), t.end());
+            return double(t[t.size() / 2]);
+        };
+        const double t_old = timed(0, y_old.get()), t_new = timed(1, y_new.get());
+        const auto o = y_old.download(), n = y_new.download();
+        const bool same = std::memcmp(o.data(), n.data(), o.size() * 4) == 0;
+        const double ops = 2.0 * R * N * K;
+        std::printf("%-12s %6llu %6llu %5llu %10.1f %7.1f %10.1f %7.1f %6.2fx %5s\n", sh.name,
+                    (unsigned long long)K, (unsigned long long)N, (unsigned long long)sh.rpg, t_old,
+                    ops / t_old / 1e6, t_new, ops / t_new / 1e6, t_old / t_new, same ? "yes" : "NO");
+        EXPECT_TRUE(same) << sh.name;
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

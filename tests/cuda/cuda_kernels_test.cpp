@@ -1245,8 +1245,11 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
         DevVec<float> dx(x);
         ActHolder ah(c.R * AK);
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
-        DevVec<float> tc(c.R * c.N), one(c.R * c.N);
+        DevVec<float> tc(c.R * c.N), one(c.R * c.N), old_tc(c.R * c.N);
         cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
+        cuda::gemm_q8_0_version(0);   // the register-fed kernel too
+        cuda::gemm_q8_0(dw.w, a, c.R, old_tc.get(), c.N, c.N, 0, c.rpg, nullptr);
+        cuda::gemm_q8_0_version(-1);
         for (uint32_t r = 0; r < c.R; ++r) {
             cuda::DevAct ar = a;
             ar.q = a.q + uint64_t(r) * AK;
@@ -1257,6 +1260,9 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
         auto got = tc.download();
         auto ref = one.download();
         ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4)) << "K " << c.K << " N " << c.N;
+        const auto got_old = old_tc.download();
+        ASSERT_EQ(0, std::memcmp(got_old.data(), ref.data(), got.size() * 4))
+            << "register-fed: K " << c.K << " N " << c.N;
         // and near the CPU's dot product (a sanity check of the layout, not of the order)
         std::vector<uint8_t> act(quant::act_bytes(Type::Q8_0, c.K));
         const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
@@ -1265,6 +1271,67 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
             quant::quantize_act(Type::Q8_0, &x[r * AK + g * c.K], act.data(), c.K);
             const float cpu = quant::vec_dot(Type::Q8_0, hw.bytes.data() + n * rb, act.data(), c.K);
             ASSERT_NEAR(got[r * c.N + n], cpu, 1e-3 * (std::fabs(cpu) + 1)) << "K " << c.K;
+        }
+    }
+}
+
+TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
+    // The pipelined Q8_0 kernel (gemm.cu, gemm_q8_0_pipe_kernel, DSV4_GEMM_Q8_V=1) and the
+    // register-fed one (0) give each row exactly what decode gives it alone. The model's
+    // shapes (q_b: K 1,024 = one block a leaf; the shared expert's gate/up K 4,096 and down
+    // K 2,048; out_a grouped in 8 groups of 1,024 rows; out_b K 8,192 = 8 blocks a leaf) with R
+    // past a multiple of the 64-row tile, and so many tiles that every block walks several
+    // (one pipeline across tiles); then awkward ones: K below 32 blocks (leaves without a
+    // block), 33 blocks (leaves of 2 and 1), 3 and 6 blocks a leaf (positions of the
+    // power-of-two stage layout skipped), K 8,224 (9 blocks a leaf: the register-fed kernel
+    // takes it), N with tails, small groups, R of exactly one tile and of 16.
+    struct Case {
+        uint64_t K, N, rpg;
+        uint32_t R;
+    };
+    for (const Case c : {Case{1024, 32768, 0, 130}, Case{4096, 2048, 0, 100}, Case{2048, 4096, 0, 67},
+                         Case{4096, 8192, 1024, 50}, Case{8192, 4096, 0, 45}, Case{512, 1100, 0, 16},
+                         Case{1056, 1100, 0, 37}, Case{3072, 1030, 0, 64}, Case{6144, 1500, 0, 33},
+                         Case{8224, 1040, 0, 17}, Case{2048, 2048, 128, 70}, Case{1024, 1090, 0, 200}}) {
+        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+        ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
+                                             false));
+        ASSERT_EQ(cuda::decode_row_threads(c.K, c.N, false), 32u) << "K " << c.K << " N " << c.N;
+        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 970 + c.K + c.N);
+        DevWeightHolder dw(hw);
+        auto x = random_floats(c.R * AK, 43 + c.R, -2.0f, 2.0f);
+        DevVec<float> dx(x);
+        ActHolder ah(c.R * AK);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+        DevVec<float> one(c.R * c.N);
+        for (uint32_t r = 0; r < c.R; ++r) {
+            cuda::DevAct ar = a;
+            ar.q = a.q + uint64_t(r) * AK;
+            ar.d = a.d + uint64_t(r) * (AK / 32);
+            if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
+            else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
+        }
+        const auto ref = one.download();
+        for (const int v : {1, 0}) {
+            cuda::gemm_q8_0_version(v);
+            // a poisoned output: a row or column the kernel skips shows
+            DevVec<float> tc(std::vector<float>(c.R * c.N, std::nanf("")));
+            cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto got = tc.download();
+            cuda::gemm_q8_0_version(-1);
+            ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
+                << "version " << v << " K " << c.K << " N " << c.N << " R " << c.R << " rpg " << c.rpg;
+        }
+        // a strided output (y_stride > N) and a batch of a different size: same rows
+        const uint32_t R2 = c.R - 3;
+        DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
+        cuda::gemm_q8_0(dw.w, a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
+        const auto w2 = wide.download();
+        for (uint32_t r = 0; r < R2; ++r) {
+            ASSERT_EQ(0, std::memcmp(w2.data() + r * (c.N + 8), ref.data() + r * c.N, c.N * 4))
+                << "strided, R " << R2 << " row " << r << " K " << c.K << " N " << c.N;
+            ASSERT_EQ(w2[r * (c.N + 8) + c.N], 7.0f) << "wrote past N";
         }
     }
 }
