@@ -49,13 +49,18 @@ __device__ __forceinline__ AttnKeys attn_keys(int64_t p, uint32_t n_swa, uint32_
     return k;
 }
 
-// Key g (0 .. NK-1) of a row: a raw ring row, or a (selected) compressed row. sel_r: the
-// row's top_k selections.
+// Key g (0 .. NK-1) of a row: a raw ring row, or a compressed row (with use_sel, the row's
+// selection sel_g = sel_r[g - n_raw], read by the caller).
+__device__ __forceinline__ const float* attn_key_row_sel(const AttnKeys& ks, const DevLayerKV& L, uint64_t g,
+                                                         uint32_t sel_g, uint32_t D) {
+    if (g < ks.n_raw) return L.raw + uint64_t((ks.lo + int64_t(g)) % L.raw_cap) * D;
+    const uint64_t c = ks.use_sel ? sel_g : g - ks.n_raw;
+    return L.comp + c * L.comp_stride;
+}
+// The same, reading the selection from sel_r (the row's top_k selections).
 __device__ __forceinline__ const float* attn_key_row(const AttnKeys& ks, const DevLayerKV& L, const uint32_t* sel_r,
                                                      uint64_t g, uint32_t D) {
-    if (g < ks.n_raw) return L.raw + uint64_t((ks.lo + int64_t(g)) % L.raw_cap) * D;
-    const uint64_t c = ks.use_sel ? sel_r[g - ks.n_raw] : g - ks.n_raw;
-    return L.comp + c * L.comp_stride;
+    return attn_key_row_sel(ks, L, g, g >= ks.n_raw && ks.use_sel ? sel_r[g - ks.n_raw] : 0u, D);
 }
 
 // The split kernels' item list: incl_s[i] = splits of rows 0..i of the slice (rows past

@@ -21,7 +21,7 @@
 // The keys are gathered rows (window ring and selected compressed rows), copied by cp.async
 // into two tile buffers: the next tile (of this item, or the block's next item) is copied
 // while the current one is computed; the next item's queries once the current scores are
-// made. One block of 8 warps per SM (~186 KB of shared memory at D = 512).
+// made. One block of 8 warps per SM (192 KB of shared memory at D = 512).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -90,14 +90,12 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* p) {
                  : "memory");
 }
 
-// One work item, decoded from its number (every thread decodes it the same way).
+// One work item, decoded from its number (every thread decodes it the same way, from the
+// slice's rows staged in shared memory).
 struct TcItem {
     uint32_t rl, split, h0, nh;
-    uint64_t kb, ke;               // the split's keys kb .. ke-1
+    uint64_t kb, ke;   // the split's keys kb .. ke-1
     AttnKeys ks;
-    const DevLayerKV* L;
-    const uint32_t* sel_r;         // the row's selections
-    const float* q;                // the row's query of head h0
 };
 
 // Weighted-sum columns: warp w owns columns [8·NT·w, 8·NT·(w+1)) as NT MMA n-tiles. Column
@@ -121,14 +119,22 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     uint32_t* pl_s = ph_s + kTcHeads * kTcRS;                   // [kTcHeads][kTcRS]
     __shared__ float corr_s[kTcHeads];
     __shared__ uint32_t incl_s[kAttnMaxSliceRows];
+    __shared__ int64_t pos_s[kAttnMaxSliceRows];      // the slice's rows: positions
+    __shared__ DevLayerKV L_s[kAttnMaxSliceRows];     // and their sessions' KV of this layer
 
-    attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);
+    if (threadIdx.x < n_rows) {   // n_rows <= kAttnMaxSliceRows
+        const DevRow row = rows[r0 + threadIdx.x];
+        pos_s[threadIdx.x] = row.pos;
+        L_s[threadIdx.x] = lkv[uint64_t(row.sess) * n_layer + il];
+    }
+    attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);   // (its barriers publish the rows too)
     const uint32_t n_groups = (n_head + kTcHeads - 1) / kTcHeads;
     const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_groups;
     if (blockIdx.x >= n_items) return;
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t li = lane >> 3, lr = lane & 7;   // ldmatrix: the matrix and row this lane addresses
+    const uint32_t kj = threadIdx.x >> 3, ksub = threadIdx.x & 7;   // key staging: row, first float4
     const float scale = float(1.0 / sqrt(double(D)));
 
     auto decode = [&](uint32_t item) {
@@ -136,47 +142,75 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const uint32_t P = item / n_groups, grp = item % n_groups;
         it.rl = attn_pair_row(incl_s, P);
         it.split = P - (it.rl ? incl_s[it.rl - 1] : 0);
-        const uint32_t r = r0 + it.rl;
-        const DevRow row = rows[r];
-        it.ks = attn_keys(row.pos, n_swa, ratio, top_k);
+        it.ks = attn_keys(pos_s[it.rl], n_swa, ratio, top_k);
         const uint32_t ns = attn_nsplit(it.ks.NK);
         it.kb = uint64_t(it.split) * it.ks.NK / ns;
         it.ke = uint64_t(it.split + 1) * it.ks.NK / ns;
         it.h0 = grp * kTcHeads;
         it.nh = min(kTcHeads, n_head - it.h0);
-        it.L = lkv + uint64_t(row.sess) * n_layer + il;
-        it.sel_r = sel + uint64_t(r) * top_k;
-        it.q = q + (uint64_t(r) * n_head + it.h0) * D;
         return it;
     };
-    // Keys t0 .. t0+nt-1 into dst; rows nt .. kTcKT-1 zero (their weights are 0, and 0 · a
-    // stale NaN would not be).
-    auto stage_keys = [&](const TcItem& it, uint64_t t0, float* dst) {
-        const uint64_t left = it.ke - t0;
-        const uint32_t nt = uint32_t(left < kTcKT ? left : kTcKT);
-        const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
-        float* row = dst + j * DP;
-        if (j < nt) {
-            const float* kp = attn_key_row(it.ks, *it.L, it.sel_r, t0 + j, D);
-            for (uint32_t u = sub; u < D4; u += 8) cp_async16(row + 4 * u, kp + 4 * u);
+    // The tile after (item, t0): the split's next keys, or the first of the block's next item
+    // (n_items when there is none).
+    auto advance = [&](uint32_t& item, TcItem& it, uint64_t& t0) {
+        if (t0 + kTcKT < it.ke) {
+            t0 += kTcKT;
+            return;
+        }
+        item += gridDim.x;
+        if (item < n_items) {
+            it = decode(item);
+            t0 = it.kb;
+        }
+    };
+    // This thread's key of tile (it, t0): key g (~0: none, a zero row) and its selection,
+    // read a tile ahead of the copy so the read's latency hides behind a tile's work.
+    auto key_of = [&](const TcItem& it, uint64_t t0, uint64_t& g, uint32_t& sel_g) {
+        g = t0 + kj < it.ke ? t0 + kj : ~uint64_t(0);
+        sel_g = g != ~uint64_t(0) && g >= it.ks.n_raw && it.ks.use_sel
+                    ? sel[uint64_t(r0 + it.rl) * top_k + (g - it.ks.n_raw)]
+                    : 0u;
+    };
+    // This thread's part of the tile copy into dst: eight float4 columns of key row kj; rows
+    // past the tile's keys zero (their weights are 0, and 0 · a stale NaN would not be).
+    auto stage_keys = [&](const TcItem& it, uint64_t g, uint32_t sel_g, float* dst) {
+        float* row = dst + kj * DP;
+        if (g != ~uint64_t(0)) {
+            const float* kp = attn_key_row_sel(it.ks, L_s[it.rl], g, sel_g, D);
+            for (uint32_t u = ksub; u < D4; u += 8) cp_async16(row + 4 * u, kp + 4 * u);
         } else {
-            for (uint32_t u = sub; u < D4; u += 8) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
+            for (uint32_t u = ksub; u < D4; u += 8) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
         }
     };
     // The item's queries (absent heads of a partial group: zeros, never written out).
     auto stage_q = [&](const TcItem& it) {
+        const float* qr = q + (uint64_t(r0 + it.rl) * n_head + it.h0) * D;
         for (uint32_t i = threadIdx.x; i < kTcHeads * D4; i += kTcThreads) {
             const uint32_t h = i / D4, u = i % D4;
-            if (h < it.nh) cp_async16(q_s + h * DP + 4 * u, it.q + uint64_t(h) * D + 4 * u);
+            if (h < it.nh) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
             else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
         }
     };
 
+    // Three tiles in flight: cur (computed now, in buffer buf), nx1 (copied into buf ^ 1 while
+    // cur is computed) and nx2 (its keys' selections read meanwhile).
     uint32_t item = blockIdx.x;
     TcItem cur = decode(item);
     uint64_t t0 = cur.kb;
-    stage_q(cur);
-    stage_keys(cur, t0, k_s);
+    {
+        uint64_t g;
+        uint32_t sg;
+        key_of(cur, t0, g, sg);
+        stage_q(cur);
+        stage_keys(cur, g, sg, k_s);
+    }
+    uint32_t item1 = item;
+    TcItem nx1 = cur;
+    uint64_t t1 = t0;
+    advance(item1, nx1, t1);
+    uint64_t g1 = ~uint64_t(0);
+    uint32_t sg1 = 0;
+    if (item1 < n_items) key_of(nx1, t1, g1, sg1);
     uint32_t buf = 0;
 
     // Running output of heads gid, gid+8 over this warp's columns: the large terms (ob) and
@@ -201,21 +235,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const float* kt = k_s + buf * kTcKT * DP;
         const uint64_t left = cur.ke - t0;
         const uint32_t nt = uint32_t(left < kTcKT ? left : kTcKT);
-        const bool split_end = left <= kTcKT;
+        const bool more = item1 < n_items, new_item = item1 != item;   // new_item: cur ends its split
 
-        // The next tile (this split's, or the first of the block's next item) is copied now.
-        uint32_t nitem = item;
-        uint64_t nt0 = t0 + kTcKT;
-        TcItem nxt = cur;
-        if (split_end) {
-            nitem = item + gridDim.x;
-            if (nitem < n_items) {
-                nxt = decode(nitem);
-                nt0 = nxt.kb;
-            }
+        if (more) stage_keys(nx1, g1, sg1, k_s + (buf ^ 1) * kTcKT * DP);
+        uint32_t item2 = item1;
+        TcItem nx2 = nx1;
+        uint64_t t2 = t1, g2 = ~uint64_t(0);
+        uint32_t sg2 = 0;
+        if (more) {
+            advance(item2, nx2, t2);
+            if (item2 < n_items) key_of(nx2, t2, g2, sg2);
         }
-        const bool more = nitem < n_items;
-        if (more) stage_keys(nxt, nt0, k_s + (buf ^ 1) * kTcKT * DP);
 
         {   // Scores: warp w, dims base .. base + 8·NT - 1 of the 16 heads × 32 keys.
             float sb[4][4], ss[4][4];
@@ -259,7 +289,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             }
         }
         __syncthreads();   // score parts complete; the queries are no longer read
-        if (more && split_end) stage_q(nxt);
+        if (more && new_item) stage_q(nx1);
 
         // Online softmax: warp w = heads kTcHPW·w + i, lane = key.
 #pragma unroll
@@ -338,7 +368,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             }
         }
 
-        if (split_end) {   // the split's partials: heads gid, gid + 8 of this warp's columns
+        if (new_item) {   // the split's partials: heads gid, gid + 8 of this warp's columns
             const uint64_t hb = uint64_t(cur.rl) * n_head + cur.h0;   // scratch row of the item's first head
 #pragma unroll
             for (uint32_t half = 0; half < 2; ++half) {
@@ -383,9 +413,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             }
         }
         if (!more) break;
-        item = nitem;
-        cur = nxt;
-        t0 = nt0;
+        item = item1;
+        cur = nx1;
+        t0 = t1;
+        item1 = item2;
+        nx1 = nx2;
+        t1 = t2;
+        g1 = g2;
+        sg1 = sg2;
         buf ^= 1;
     }
 }
