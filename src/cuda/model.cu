@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 
 namespace dsv4::cuda {
@@ -1313,61 +1314,6 @@ __global__ void __launch_bounds__(kFusedThreads)
 // The split count and boundaries are a function of the row's own key count only, and the
 // order of every floating-point operation is fixed, so a row's output is bit-identical
 // whether it is computed alone (decode), in a prefill batch, or beside other sessions.
-constexpr uint32_t kAttnThreads = 256;
-constexpr uint32_t kAttnWarps = kAttnThreads / 32;
-constexpr uint32_t kAttnMaxD = 512;
-constexpr uint32_t kAttnHB = 8;         // heads per block; = kAttnWarps (softmax: one warp per head)
-constexpr uint32_t kAttnKT = 32;        // keys per staged tile; = warp width (softmax: a lane per key)
-constexpr uint32_t kAttnKS = 32;        // keys per split, at least (until the split count is capped)
-constexpr uint32_t kAttnMaxSplit = 32;  // = warp width (the merge reduces the splits in one warp)
-constexpr uint32_t kAttnPad = 4;        // floats after each staged query/key row: no bank conflicts across rows
-constexpr uint32_t kAttnMergeThreads = kAttnMaxD / 4;
-constexpr uint32_t kAttnMaxSliceRows = 64;   // rows per launch; = two warps (the split kernel's item list)
-static_assert(kAttnHB == kAttnWarps && kAttnHB == 8 && kAttnKT == 32 && kAttnMaxSplit == 32, "attention layout");
-static_assert(kAttnThreads == 2 * (kAttnMaxD / 4), "weighted sum: two key groups of one float4 column per thread");
-static_assert(kAttnThreads == 8 * kAttnKT, "staging: eight threads per key");
-static_assert(kAttnMaxSliceRows == 64 && kAttnThreads >= 64, "item list: one thread per row of a slice");
-
-// Number of splits of a row with NK keys; non-decreasing in NK (the launcher bounds it by the
-// largest NK a layer can have).
-__host__ __device__ constexpr uint32_t attn_nsplit(uint64_t NK) {
-    const uint64_t n = (NK + kAttnKS - 1) / kAttnKS;
-    return uint32_t(n < kAttnMaxSplit ? n : kAttnMaxSplit);
-}
-
-// A row's keys: raw window positions lo .. lo+n_raw-1, then n_comp compressed rows (the
-// selected ones when use_sel).
-struct AttnKeys {
-    int64_t lo;
-    uint64_t n_raw, NK;
-    bool use_sel;
-};
-__device__ __forceinline__ AttnKeys attn_keys(int64_t p, uint32_t n_swa, uint32_t ratio, uint32_t top_k) {
-    AttnKeys k;
-    k.lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
-    k.n_raw = uint64_t(p + 1 - k.lo);
-    const uint64_t n_vis = ratio ? uint64_t(p + 1) / ratio : 0;
-    k.use_sel = ratio == 4 && n_vis > top_k;
-    k.NK = k.n_raw + (k.use_sel ? top_k : n_vis);
-    return k;
-}
-
-// 16-byte global → shared copy, asynchronous where the architecture has cp.async (the
-// staged keys bypass L1: they are read from shared memory only).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-    *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
-#endif
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void fma4(float a, const float4& k, float4& acc) {
     acc.x = fmaf(a, k.x, acc.x);
     acc.y = fmaf(a, k.y, acc.y);
@@ -1403,18 +1349,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     __shared__ uint32_t incl_s[kAttnMaxSliceRows];   // splits of rows 0..i of the slice
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (threadIdx.x < kAttnMaxSliceRows) {   // two warps: split counts, inclusive scan per warp
-        const uint32_t i = threadIdx.x;
-        uint32_t v = i < n_rows ? attn_nsplit(attn_keys(rows[r0 + i].pos, n_swa, ratio, top_k).NK) : 0;
-        for (uint32_t o = 1; o < 32; o <<= 1) {
-            const uint32_t t = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += t;
-        }
-        incl_s[i] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x >= 32 && threadIdx.x < kAttnMaxSliceRows) incl_s[threadIdx.x] += incl_s[31];
-    __syncthreads();
+    attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);
     const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
     const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_groups;
     const float scale = float(1.0 / sqrt(double(D)));
@@ -1423,13 +1358,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
         // (row, split) pair P: the first row whose inclusive count exceeds P.
         const uint32_t P = item / n_groups, grp = item % n_groups;
-        uint32_t lo_i = 0, hi_i = kAttnMaxSliceRows - 1;
-        while (lo_i < hi_i) {
-            const uint32_t mid = (lo_i + hi_i) / 2;
-            if (incl_s[mid] > P) hi_i = mid;
-            else lo_i = mid + 1;
-        }
-        const uint32_t rl = lo_i, r = r0 + rl, split = P - (rl ? incl_s[rl - 1] : 0);
+        const uint32_t rl = attn_pair_row(incl_s, P), r = r0 + rl, split = P - (rl ? incl_s[rl - 1] : 0);
         const int64_t p = rows[r].pos;
         const AttnKeys ks = attn_keys(p, n_swa, ratio, top_k);
         const uint32_t ns = attn_nsplit(ks.NK);
@@ -1454,14 +1383,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
             {   // stage keys t0 .. t0+nt-1
                 const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
                 if (j < nt) {
-                    const uint64_t g = t0 + j;
-                    const float* kp;
-                    if (g < ks.n_raw) {
-                        kp = L.raw + uint64_t((ks.lo + int64_t(g)) % L.raw_cap) * D;
-                    } else {
-                        const uint64_t c = ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : g - ks.n_raw;
-                        kp = L.comp + c * L.comp_stride;
-                    }
+                    const float* kp = attn_key_row(ks, L, sel + uint64_t(r) * top_k, t0 + j, D);
                     for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
                 }
             }
@@ -2081,36 +2003,47 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
     float* part_o = static_cast<float*>(attn_scratch(slice * row_bytes, s));
     float2* part_ml = reinterpret_cast<float2*>(part_o + o_floats);
 
+    // The key splits on the tensor cores where the head width allows (DSV4_ATTN_TC): the same
+    // splits and partials, so the merge is shared.
+    const bool tc = attn_tc_on() && attn_tc_ok(n_head, D);
     const size_t smem =
         (size_t(kAttnHB + kAttnKT) * (D + kAttnPad) + kAttnWarps * kAttnHB * kAttnKT + kAttnKT * kAttnHB) * sizeof(float);
     // Shared-memory limit and residency (blocks the GPU holds at once: the persistent grid):
     // found by the first call of each width, an eager round, so graph capture finds them.
     static size_t raised = 0;
     static std::vector<std::pair<size_t, uint32_t>> resident_by_smem;
-    if (smem > 48 * 1024 && smem > raised) {
-        check(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-              "attention shared memory");
-        raised = smem;
+    uint32_t resident = 0;
+    if (!tc) {
+        if (smem > 48 * 1024 && smem > raised) {
+            check(cudaFuncSetAttribute(attn_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                  "attention shared memory");
+            raised = smem;
+        }
+        auto it = std::find_if(resident_by_smem.begin(), resident_by_smem.end(),
+                               [&](const auto& e) { return e.first == smem; });
+        if (it == resident_by_smem.end()) {
+            int dev = 0, sms = 0, per_sm = 0;
+            check(cudaGetDevice(&dev), "attention");
+            check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attention");
+            check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_kernel, kAttnThreads, smem),
+                  "attention occupancy");
+            resident_by_smem.push_back({smem, uint32_t(std::max(1, sms) * std::max(1, per_sm))});
+            it = resident_by_smem.end() - 1;
+        }
+        resident = it->second;
     }
-    auto it = std::find_if(resident_by_smem.begin(), resident_by_smem.end(),
-                           [&](const auto& e) { return e.first == smem; });
-    if (it == resident_by_smem.end()) {
-        int dev = 0, sms = 0, per_sm = 0;
-        check(cudaGetDevice(&dev), "attention");
-        check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attention");
-        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_kernel, kAttnThreads, smem),
-              "attention occupancy");
-        resident_by_smem.push_back({smem, uint32_t(std::max(1, sms) * std::max(1, per_sm))});
-        it = resident_by_smem.end() - 1;
-    }
-    const uint32_t resident = it->second;
     const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
     for (uint32_t r0 = 0; r0 < R; r0 += slice) {
         const uint32_t n = std::min(slice, R - r0);
-        const uint32_t blocks = std::min(n * n_groups * max_split, resident);
-        attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer,
-                                                             il, r0, n, max_split, part_o, part_ml);
-        check_launch("attention");
+        if (tc) {
+            attn_split_tc(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n, max_split, part_o,
+                          part_ml, s);
+        } else {
+            const uint32_t blocks = std::min(n * n_groups * max_split, resident);
+            attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
+                                                                 n_layer, il, r0, n, max_split, part_o, part_ml);
+            check_launch("attention");
+        }
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,
                                                                    max_split, part_o, part_ml, n_rot, inv_freq, o,
                                                                    o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr);

@@ -3,6 +3,7 @@
 // (bit-exact), the FP8/FP4/Hadamard simulations (bit-exact), RMSNorm, top-k with ties.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -880,8 +881,21 @@ struct AttnProblem {
 struct AttnShape {
     uint32_t n_head, D, n_rot, n_swa, top_k;
 };
-// The model's shape, and a small one with a partial group of heads (12 = 8 + 4) and D = 64.
-const AttnShape kAttnShapes[] = {{64, 512, 64, 128, 512}, {12, 64, 16, 16, 8}};
+// The model's shape (Flash: 64 heads of 512, window 128, 512 selected rows), and small ones
+// with partial head groups (the FP32 kernel takes 8 heads, the tensor-core kernel 16): 12
+// heads of D = 64, the synthetic tiny and small models' 4 × 64 and 8 × 128, 20 heads of
+// D = 256 (a full and a partial group of 16), and D = 96, which only the FP32 kernel takes.
+const AttnShape kAttnShapes[] = {{64, 512, 64, 128, 512}, {12, 64, 16, 16, 8},   {4, 64, 16, 16, 8},
+                                 {8, 128, 64, 128, 32},   {20, 256, 32, 32, 16}, {6, 96, 32, 16, 8}};
+
+// Selects the split kernel for a scope: 1 tensor cores (where the shape allows), 0 the FP32
+// CUDA-core kernel; the environment's choice again afterwards.
+struct AttnKernel {
+    explicit AttnKernel(int tc) { cuda::attn_tc_override(tc); }
+    ~AttnKernel() { cuda::attn_tc_override(-1); }
+    AttnKernel(const AttnKernel&) = delete;
+    AttnKernel& operator=(const AttnKernel&) = delete;
+};
 
 // Positions per layer kind: window only, partial window, ring wrap (raw_cap = n_swa + 24),
 // compressed rows below/at/above top_k (ratio 4), and long contexts (ratio 128: up to ~3000 keys).
@@ -898,28 +912,32 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // wrap-around), all visible or the selected compressed rows, sinks, inverse RoPE; key counts
 // from 1 to ~3000, so rows have one split up to the capped 32.
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (const AttnShape& sh : kAttnShapes) {
-        for (uint32_t ratio : {0u, 4u, 128u}) {
-            const auto pos = attn_positions(sh, ratio);
-            const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
-            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, sh.D + ratio);
-            std::vector<cuda::DevRow> rows;
-            std::vector<float> q;
-            std::vector<uint32_t> sel;
-            P.make_rows(pos, 5 + ratio, &rows, &q, &sel);
-            const auto got = P.run(rows, q, sel);
-            for (size_t i = 0; i < rows.size(); ++i) {
-                const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
-                for (uint32_t h = 0; h < sh.n_head; ++h) {
-                    double md = 0, mr = 0;
-                    for (uint32_t d = 0; d < sh.D; ++d) {
-                        const double a = got[(i * sh.n_head + h) * sh.D + d], b = ref[uint64_t(h) * sh.D + d];
-                        md = std::max(md, std::isnan(a) ? INFINITY : std::fabs(a - b));
-                        mr = std::max(mr, std::fabs(b));
+    for (int tc : {1, 0}) {
+        const AttnKernel kernel(tc);
+        for (const AttnShape& sh : kAttnShapes) {
+            for (uint32_t ratio : {0u, 4u, 128u}) {
+                const auto pos = attn_positions(sh, ratio);
+                const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
+                const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, sh.D + ratio);
+                std::vector<cuda::DevRow> rows;
+                std::vector<float> q;
+                std::vector<uint32_t> sel;
+                P.make_rows(pos, 5 + ratio, &rows, &q, &sel);
+                const auto got = P.run(rows, q, sel);
+                for (size_t i = 0; i < rows.size(); ++i) {
+                    const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
+                    for (uint32_t h = 0; h < sh.n_head; ++h) {
+                        double md = 0, mr = 0;
+                        for (uint32_t d = 0; d < sh.D; ++d) {
+                            const double a = got[(i * sh.n_head + h) * sh.D + d], b = ref[uint64_t(h) * sh.D + d];
+                            md = std::max(md, std::isnan(a) ? INFINITY : std::fabs(a - b));
+                            mr = std::max(mr, std::fabs(b));
+                        }
+                        // ~1e-6 expected (float scores over D = 512 and exps rounded once).
+                        ASSERT_LE(md, 1e-5 * mr + 1e-12) << "tc " << tc << " D " << sh.D << " ratio " << ratio
+                                                         << " pos " << rows[i].pos << " head " << h << " max|ref| "
+                                                         << mr;
                     }
-                    // ~1e-6 expected (float scores over D = 512 and exps rounded once).
-                    ASSERT_LE(md, 1e-5 * mr + 1e-12) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos
-                                                     << " head " << h << " max|ref| " << mr;
                 }
             }
         }
@@ -929,38 +947,42 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // A row's output is the same bits computed alone (decode), in a batch of many rows (several
 // slices of rows inside the launcher), or at another place in the batch.
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (const AttnShape& sh : kAttnShapes) {
-        for (uint32_t ratio : {0u, 4u, 128u}) {
-            auto base = attn_positions(sh, ratio);
-            std::vector<int64_t> pos;
-            const uint32_t R = ratio == 0 ? 40 : 80;
-            for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 7) % base.size()] + (i % 3));
-            const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
-            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 3 * sh.D + ratio);
-            std::vector<cuda::DevRow> rows;
-            std::vector<float> q;
-            std::vector<uint32_t> sel;
-            P.make_rows(pos, 17 + ratio, &rows, &q, &sel);
-            const size_t HD = size_t(sh.n_head) * sh.D;
-            const auto batch = P.run(rows, q, sel);
-            // The batch reversed.
-            std::vector<cuda::DevRow> rrows(rows.rbegin(), rows.rend());
-            std::vector<float> rq(q.size());
-            std::vector<uint32_t> rsel(sel.size());
-            for (uint32_t i = 0; i < R; ++i) {
-                std::copy_n(&q[i * HD], HD, &rq[(R - 1 - i) * HD]);
-                std::copy_n(&sel[i * sh.top_k], sh.top_k, &rsel[(R - 1 - i) * sh.top_k]);
-            }
-            const auto rev = P.run(rrows, rq, rsel);
-            for (uint32_t i = 0; i < R; ++i) {
-                const std::vector<cuda::DevRow> one = {rows[i]};
-                const std::vector<float> q1(q.begin() + i * HD, q.begin() + (i + 1) * HD);
-                const std::vector<uint32_t> s1(sel.begin() + i * sh.top_k, sel.begin() + (i + 1) * sh.top_k);
-                const auto alone = P.run(one, q1, s1);
-                ASSERT_EQ(std::memcmp(alone.data(), &batch[i * HD], HD * sizeof(float)), 0)
-                    << "D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos;
-                ASSERT_EQ(std::memcmp(alone.data(), &rev[(R - 1 - i) * HD], HD * sizeof(float)), 0)
-                    << "D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos << " (reversed)";
+    for (int tc : {1, 0}) {
+        const AttnKernel kernel(tc);
+        for (const AttnShape& sh : kAttnShapes) {
+            for (uint32_t ratio : {0u, 4u, 128u}) {
+                auto base = attn_positions(sh, ratio);
+                std::vector<int64_t> pos;
+                const uint32_t R = ratio == 0 ? 40 : 80;
+                for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 7) % base.size()] + (i % 3));
+                const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
+                const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 3 * sh.D + ratio);
+                std::vector<cuda::DevRow> rows;
+                std::vector<float> q;
+                std::vector<uint32_t> sel;
+                P.make_rows(pos, 17 + ratio, &rows, &q, &sel);
+                const size_t HD = size_t(sh.n_head) * sh.D;
+                const auto batch = P.run(rows, q, sel);
+                // The batch reversed.
+                std::vector<cuda::DevRow> rrows(rows.rbegin(), rows.rend());
+                std::vector<float> rq(q.size());
+                std::vector<uint32_t> rsel(sel.size());
+                for (uint32_t i = 0; i < R; ++i) {
+                    std::copy_n(&q[i * HD], HD, &rq[(R - 1 - i) * HD]);
+                    std::copy_n(&sel[i * sh.top_k], sh.top_k, &rsel[(R - 1 - i) * sh.top_k]);
+                }
+                const auto rev = P.run(rrows, rq, rsel);
+                for (uint32_t i = 0; i < R; ++i) {
+                    const std::vector<cuda::DevRow> one = {rows[i]};
+                    const std::vector<float> q1(q.begin() + i * HD, q.begin() + (i + 1) * HD);
+                    const std::vector<uint32_t> s1(sel.begin() + i * sh.top_k, sel.begin() + (i + 1) * sh.top_k);
+                    const auto alone = P.run(one, q1, s1);
+                    ASSERT_EQ(std::memcmp(alone.data(), &batch[i * HD], HD * sizeof(float)), 0)
+                        << "tc " << tc << " D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos;
+                    ASSERT_EQ(std::memcmp(alone.data(), &rev[(R - 1 - i) * HD], HD * sizeof(float)), 0)
+                        << "tc " << tc << " D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos
+                        << " (reversed)";
+                }
             }
         }
     }
@@ -971,64 +993,141 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
 TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
     // The merge can write the output projection's Q8_0 codes of o itself: the same bytes as
     // quantize_act from o, and o unchanged.
-    for (const AttnShape& sh : kAttnShapes) {
-        if (sh.D % 128) continue;
-        const std::vector<int64_t> pos = {3, 640, 2051};
-        const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 4096, 91);
-        std::vector<cuda::DevRow> rows;
-        std::vector<float> q;
-        std::vector<uint32_t> sel;
-        P.make_rows(pos, 92, &rows, &q, &sel);
-        const uint32_t R = uint32_t(rows.size());
-        const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
-        const auto plain = P.run(rows, q, sel, nullptr);
-        DevVec<cuda::DevRow> drows(rows);
-        DevVec<float> dq(q), dout(n);
-        DevVec<uint32_t> dsel(sel);
-        ActHolder fused(n), ref(n);
-        cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, 4, sh.top_k, dsel.get(),
-                        drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot, P.dinv->get(), dout.get(), nullptr,
-                        &fused.buf);
-        const auto o = dout.download();
-        ASSERT_EQ(0, std::memcmp(o.data(), plain.data(), n * 4)) << "o changed, D=" << sh.D;
-        const uint64_t K = uint64_t(sh.n_head) * sh.D;
-        cuda::quantize_act(uint32_t(Type::Q8_0), dout.get(), K, R, K, ref.buf, nullptr);
-        auto qa = fused.q.download(), qb = ref.q.download();
-        ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), n)) << "codes, D=" << sh.D;
-        auto da = fused.d.download(), db = ref.d.download();
-        ASSERT_EQ(0, std::memcmp(da.data(), db.data(), n / 32 * 4)) << "scales, D=" << sh.D;
+    for (int tc : {1, 0}) {
+        const AttnKernel kernel(tc);
+        for (const AttnShape& sh : kAttnShapes) {
+            if (sh.D % 128) continue;
+            const std::vector<int64_t> pos = {3, 640, 2051};
+            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 4096, 91);
+            std::vector<cuda::DevRow> rows;
+            std::vector<float> q;
+            std::vector<uint32_t> sel;
+            P.make_rows(pos, 92, &rows, &q, &sel);
+            const uint32_t R = uint32_t(rows.size());
+            const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
+            const auto plain = P.run(rows, q, sel, nullptr);
+            DevVec<cuda::DevRow> drows(rows);
+            DevVec<float> dq(q), dout(n);
+            DevVec<uint32_t> dsel(sel);
+            ActHolder fused(n), ref(n);
+            cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, 4, sh.top_k, dsel.get(),
+                            drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot, P.dinv->get(), dout.get(), nullptr,
+                            &fused.buf);
+            const auto o = dout.download();
+            ASSERT_EQ(0, std::memcmp(o.data(), plain.data(), n * 4)) << "o changed, D=" << sh.D;
+            const uint64_t K = uint64_t(sh.n_head) * sh.D;
+            cuda::quantize_act(uint32_t(Type::Q8_0), dout.get(), K, R, K, ref.buf, nullptr);
+            auto qa = fused.q.download(), qb = ref.q.download();
+            ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), n)) << "codes, D=" << sh.D;
+            auto da = fused.d.download(), db = ref.d.download();
+            ASSERT_EQ(0, std::memcmp(da.data(), db.data(), n / 32 * 4)) << "scales, D=" << sh.D;
+        }
     }
 }
 
 TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
-    const AttnShape sh = kAttnShapes[0];
-    const std::vector<int64_t> pos = {5, 700, 2051, 9000};
-    const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 9000, 77);
-    std::vector<cuda::DevRow> rows;
-    std::vector<float> q;
-    std::vector<uint32_t> sel;
-    P.make_rows(pos, 78, &rows, &q, &sel);
-    const uint32_t R = uint32_t(rows.size());
-    cudaStream_t s = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    const auto eager = P.run(rows, q, sel, s);
-    DevVec<cuda::DevRow> drows(rows);
-    DevVec<float> dq(q), dout(uint64_t(R) * sh.n_head * sh.D);
-    DevVec<uint32_t> dsel(sel);
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t e = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, 4, sh.top_k, dsel.get(), drows.get(),
-                    P.dlkv->get(), P.n_layer, P.il, sh.n_rot, P.dinv->get(), dout.get(), s);
-    ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
-    ASSERT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
-    for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(e, s), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-    const auto replay = dout.download();
-    cudaGraphExecDestroy(e);
-    cudaGraphDestroy(g);
-    cudaStreamDestroy(s);
-    ASSERT_EQ(std::memcmp(replay.data(), eager.data(), replay.size() * sizeof(float)), 0);
+    for (int tc : {1, 0}) {
+        const AttnKernel kernel(tc);
+        const AttnShape sh = kAttnShapes[0];
+        const std::vector<int64_t> pos = {5, 700, 2051, 9000};
+        const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 9000, 77);
+        std::vector<cuda::DevRow> rows;
+        std::vector<float> q;
+        std::vector<uint32_t> sel;
+        P.make_rows(pos, 78, &rows, &q, &sel);
+        const uint32_t R = uint32_t(rows.size());
+        cudaStream_t s = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        const auto eager = P.run(rows, q, sel, s);
+        DevVec<cuda::DevRow> drows(rows);
+        DevVec<float> dq(q), dout(uint64_t(R) * sh.n_head * sh.D);
+        DevVec<uint32_t> dsel(sel);
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t e = nullptr;
+        ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+        cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, 4, sh.top_k, dsel.get(), drows.get(),
+                        P.dlkv->get(), P.n_layer, P.il, sh.n_rot, P.dinv->get(), dout.get(), s);
+        ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+        ASSERT_EQ(cudaGraphInstantiate(&e, g, 0), cudaSuccess);
+        for (int i = 0; i < 2; ++i) ASSERT_EQ(cudaGraphLaunch(e, s), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+        const auto replay = dout.download();
+        cudaGraphExecDestroy(e);
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(s);
+        ASSERT_EQ(std::memcmp(replay.data(), eager.data(), replay.size() * sizeof(float)), 0) << "tc " << tc;
+    }
+}
+
+// The tensor-core split kernel (3xTF32) against the FP32 CUDA-core one, both measured
+// against the double-precision evaluation of §5.12, on every shape the tensor cores take,
+// every layer kind and key counts from 1 to ~3000 (one split up to the capped 32).
+// Why ~1e-6: an output is a weighted mean of value rows, so it moves by about the error of
+// the scores (an error δ in a score scales its weight by 1 + δ) plus the rounding of the
+// sums. FP32 scores over D = 512 with |q| <= 4, |k| <= 1 are sums of ~30 in magnitude, a
+// few 1e-6 off after 512 roundings of 2^-24 relative, times 1/sqrt(512): δ ≈ 1e-7; the
+// weighted sums and the merge add a few ulp. 3xTF32 represents each operand as hi + lo to
+// within 2^-22 (lo keeps 11 of the 13 bits below hi) and drops lo·lo: up to ~4 ulp of a
+// single product, far below the rounding accumulated over many keys, and its sums are no
+// longer than the FP32 kernel's (see attention_tc.cu), so both are ~1e-7 .. 1e-6 of max|ref|
+// per head. Asserted: the tensor-core error no worse than twice the FP32 kernel's, as the
+// root mean square over all outputs of a case and as the largest one, with floors of 2^-25
+// and 2^-22 (that representation error) for rows of a few keys, where the FP32 kernel is
+// within an ulp or two; and the two kernels within 4e-6 of max|ref| of each other per head.
+TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
+    for (const AttnShape& sh : kAttnShapes) {
+        if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
+        for (uint32_t ratio : {0u, 4u, 128u}) {
+            const auto pos = attn_positions(sh, ratio);
+            const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
+            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 7 * sh.D + ratio);
+            std::vector<cuda::DevRow> rows;
+            std::vector<float> q;
+            std::vector<uint32_t> sel;
+            P.make_rows(pos, 31 + ratio, &rows, &q, &sel);
+            std::vector<float> got_tc, got_old;
+            {
+                const AttnKernel kernel(1);
+                got_tc = P.run(rows, q, sel);
+            }
+            {
+                const AttnKernel kernel(0);
+                got_old = P.run(rows, q, sel);
+            }
+            double max_tc = 0, max_old = 0, sq_tc = 0, sq_old = 0, max_diff = 0;
+            uint64_t count = 0;
+            for (size_t i = 0; i < rows.size(); ++i) {
+                const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
+                for (uint32_t h = 0; h < sh.n_head; ++h) {
+                    double mr = 0;
+                    for (uint32_t d = 0; d < sh.D; ++d) mr = std::max(mr, std::fabs(ref[uint64_t(h) * sh.D + d]));
+                    mr = std::max(mr, 1e-30);
+                    double hd = 0;
+                    for (uint32_t d = 0; d < sh.D; ++d) {
+                        const uint64_t at = (i * sh.n_head + h) * sh.D + d;
+                        const double b = ref[uint64_t(h) * sh.D + d];
+                        const double et = std::fabs(got_tc[at] - b) / mr, eo = std::fabs(got_old[at] - b) / mr;
+                        ASSERT_FALSE(std::isnan(et)) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos;
+                        max_tc = std::max(max_tc, et);
+                        max_old = std::max(max_old, eo);
+                        sq_tc += et * et;
+                        sq_old += eo * eo;
+                        hd = std::max(hd, std::fabs(double(got_tc[at]) - double(got_old[at])) / mr);
+                        ++count;
+                    }
+                    ASSERT_LE(hd, 4e-6) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos << " head "
+                                        << h;
+                    max_diff = std::max(max_diff, hd);
+                }
+            }
+            const double rms_tc = std::sqrt(sq_tc / double(count)), rms_old = std::sqrt(sq_old / double(count));
+            std::printf("attention n_head %u D %u ratio %u: error / max|ref| tensor cores max %.3g rms %.3g, FP32 max "
+                        "%.3g rms %.3g; largest difference %.3g\n",
+                        sh.n_head, sh.D, ratio, max_tc, rms_tc, max_old, rms_old, max_diff);
+            EXPECT_LE(rms_tc, 2.0 * rms_old + std::ldexp(1.0, -25)) << "D " << sh.D << " ratio " << ratio;
+            EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22)) << "D " << sh.D << " ratio " << ratio;
+        }
+    }
 }
 
 TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {

@@ -1,0 +1,124 @@
+// Sink attention (§5.12): what the split kernels (model.cu: FP32 CUDA cores;
+// attention_tc.cu: tensor cores) and the merge share. The split of a row's keys and the
+// scratch layout of the partials are fixed here, so attn_merge_kernel combines either
+// kernel's partials.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common.cuh"
+
+namespace dsv4::cuda {
+
+constexpr uint32_t kAttnThreads = 256;
+constexpr uint32_t kAttnWarps = kAttnThreads / 32;
+constexpr uint32_t kAttnMaxD = 512;
+constexpr uint32_t kAttnHB = 8;         // heads per block; = kAttnWarps (softmax: one warp per head)
+constexpr uint32_t kAttnKT = 32;        // keys per staged tile; = warp width (softmax: a lane per key)
+constexpr uint32_t kAttnKS = 32;        // keys per split, at least (until the split count is capped)
+constexpr uint32_t kAttnMaxSplit = 32;  // = warp width (the merge reduces the splits in one warp)
+constexpr uint32_t kAttnPad = 4;        // floats after each staged query/key row: no bank conflicts across rows
+constexpr uint32_t kAttnMergeThreads = kAttnMaxD / 4;
+constexpr uint32_t kAttnMaxSliceRows = 64;   // rows per launch; = two warps (the split kernel's item list)
+static_assert(kAttnHB == kAttnWarps && kAttnHB == 8 && kAttnKT == 32 && kAttnMaxSplit == 32, "attention layout");
+static_assert(kAttnThreads == 2 * (kAttnMaxD / 4), "weighted sum: two key groups of one float4 column per thread");
+static_assert(kAttnThreads == 8 * kAttnKT, "staging: eight threads per key");
+static_assert(kAttnMaxSliceRows == 64 && kAttnThreads >= 64, "item list: one thread per row of a slice");
+
+// Number of splits of a row with NK keys; non-decreasing in NK (the launcher bounds it by the
+// largest NK a layer can have).
+__host__ __device__ constexpr uint32_t attn_nsplit(uint64_t NK) {
+    const uint64_t n = (NK + kAttnKS - 1) / kAttnKS;
+    return uint32_t(n < kAttnMaxSplit ? n : kAttnMaxSplit);
+}
+
+// A row's keys: raw window positions lo .. lo+n_raw-1, then n_comp compressed rows (the
+// selected ones when use_sel).
+struct AttnKeys {
+    int64_t lo;
+    uint64_t n_raw, NK;
+    bool use_sel;
+};
+__device__ __forceinline__ AttnKeys attn_keys(int64_t p, uint32_t n_swa, uint32_t ratio, uint32_t top_k) {
+    AttnKeys k;
+    k.lo = p + 1 >= int64_t(n_swa) ? p + 1 - n_swa : 0;
+    k.n_raw = uint64_t(p + 1 - k.lo);
+    const uint64_t n_vis = ratio ? uint64_t(p + 1) / ratio : 0;
+    k.use_sel = ratio == 4 && n_vis > top_k;
+    k.NK = k.n_raw + (k.use_sel ? top_k : n_vis);
+    return k;
+}
+
+// Key g (0 .. NK-1) of a row: a raw ring row, or a compressed row (with use_sel, the row's
+// selection sel_g = sel_r[g - n_raw], read by the caller).
+__device__ __forceinline__ const float* attn_key_row_sel(const AttnKeys& ks, const DevLayerKV& L, uint64_t g,
+                                                         uint32_t sel_g, uint32_t D) {
+    if (g < ks.n_raw) return L.raw + uint64_t((ks.lo + int64_t(g)) % L.raw_cap) * D;
+    const uint64_t c = ks.use_sel ? sel_g : g - ks.n_raw;
+    return L.comp + c * L.comp_stride;
+}
+// The same, reading the selection from sel_r (the row's top_k selections).
+__device__ __forceinline__ const float* attn_key_row(const AttnKeys& ks, const DevLayerKV& L, const uint32_t* sel_r,
+                                                     uint64_t g, uint32_t D) {
+    return attn_key_row_sel(ks, L, g, g >= ks.n_raw && ks.use_sel ? sel_r[g - ks.n_raw] : 0u, D);
+}
+
+// The split kernels' item list: incl_s[i] = splits of rows 0..i of the slice (rows past
+// n_rows count 0). Every thread of the block calls it (two warps scan, two barriers).
+__device__ __forceinline__ void attn_split_scan(uint32_t* incl_s, const DevRow* __restrict__ rows, uint32_t r0,
+                                                uint32_t n_rows, uint32_t n_swa, uint32_t ratio, uint32_t top_k) {
+    const uint32_t lane = threadIdx.x & 31;
+    if (threadIdx.x < kAttnMaxSliceRows) {   // two warps: split counts, inclusive scan per warp
+        const uint32_t i = threadIdx.x;
+        uint32_t v = i < n_rows ? attn_nsplit(attn_keys(rows[r0 + i].pos, n_swa, ratio, top_k).NK) : 0;
+        for (uint32_t o = 1; o < 32; o <<= 1) {
+            const uint32_t t = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += t;
+        }
+        incl_s[i] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x >= 32 && threadIdx.x < kAttnMaxSliceRows) incl_s[threadIdx.x] += incl_s[31];
+    __syncthreads();
+}
+
+// The slice row of (row, split) pair P: the first row whose inclusive count exceeds P.
+__device__ __forceinline__ uint32_t attn_pair_row(const uint32_t* incl_s, uint32_t P) {
+    uint32_t lo_i = 0, hi_i = kAttnMaxSliceRows - 1;
+    while (lo_i < hi_i) {
+        const uint32_t mid = (lo_i + hi_i) / 2;
+        if (incl_s[mid] > P) hi_i = mid;
+        else lo_i = mid + 1;
+    }
+    return lo_i;
+}
+
+// 16-byte global → shared copy, asynchronous where the architecture has cp.async (the
+// staged keys bypass L1: they are read from shared memory only).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const uint32_t s = uint32_t(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+    *reinterpret_cast<float4*>(smem) = *reinterpret_cast<const float4*>(gmem);
+#endif
+}
+// Commits the copies issued so far and waits for all of them.
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// ---- the tensor-core split kernel (attention_tc.cu) -------------------------------------
+// Shapes it takes: head widths D = 64, 128, 256 or 512 (the old kernel takes the rest).
+bool attn_tc_ok(uint32_t n_head, uint32_t D);
+// Whether attention() uses it: DSV4_ATTN_TC (read once, default 1) unless a test forced it
+// with attn_tc_override (kernels.h).
+bool attn_tc_on();
+// The partials of rows r0 .. r0+n_rows-1 (a slice), in attn_split_kernel's layout.
+void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
+                   const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
+                   uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, cudaStream_t s);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,476 @@
+// Sink attention's split kernel (§5.12) on the tensor cores, FP32-accurate: the partials
+// attn_split_kernel (model.cu) writes, for the same splits, into the same scratch, so the
+// merge is shared.
+//
+// Work item = 16 heads of one row over one split of its keys (the row's splits are
+// attn_split_kernel's). Per tile of up to 32 staged keys the block computes
+//   S = Q·Kᵀ  (16 heads × 32 keys, over D)       — the 8 warps take D/8 each; their parts are
+//                                                  added in warp order (fixed);
+//   the online softmax per head in FP32 with exp_cr (a warp per 2 heads, a lane per key);
+//   O = O·corr + P·V  (16 heads × D, over the keys) — the warps take D/8 columns each.
+// Both products are m16n8k8 TF32 MMAs made FP32-accurate by the 3xTF32 split: x = hi + lo,
+// hi = tf32(x), lo = tf32(x − hi) (both rounded to nearest), a·b ≈ hi·hi + hi·lo + lo·hi; the
+// dropped lo·lo and lo's rounding are below 2^-22 |a·b|, FP32 products' own size. The tensor
+// cores round their sums toward zero, so the large term hi·hi of each 8-wide k-step is made
+// in a fresh accumulator and added to the running sum by an FP32 add (rounded to nearest);
+// the two small terms accumulate in their own registers, where truncation costs ~2^-11 of an
+// ulp of the result. Every addition is in a fixed order that depends on the row's own split
+// only, and each MMA row (a head) is computed independently of the others, so a row's
+// partials are the same bits alone (decode) or in any batch (prefill).
+//
+// The keys are gathered rows (window ring and selected compressed rows), copied by cp.async
+// into two tile buffers: the next tile (of this item, or the block's next item) is copied
+// while the current one is computed; the next item's queries once the current scores are
+// made. One block of 8 warps per SM (192 KB of shared memory at D = 512).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "cuda/attention.cuh"
+#include "cuda/common.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr uint32_t kTcHeads = 16;                     // heads per item: the M of the MMAs
+constexpr uint32_t kTcKT = 32;                        // keys per tile: the softmax's lane per key
+constexpr uint32_t kTcThreads = 256;
+constexpr uint32_t kTcWarps = kTcThreads / 32;
+constexpr uint32_t kTcHPW = kTcHeads / kTcWarps;      // heads per warp in the softmax
+constexpr uint32_t kTcRS = kTcKT + 8;                 // score/weight row stride: ≡ 8 (mod 32), see below
+static_assert(kTcThreads == 8 * kTcKT, "key staging: eight threads per key row");
+static_assert(kTcKT == 32 && kTcHeads == 16 && kTcWarps == 8, "tile shapes");
+
+// Shared memory (floats) for head width D, rows padded to DP = D + 4:
+//   keys [2][kTcKT][DP] | queries [kTcHeads][DP] | score parts [kTcWarps][kTcHeads][kTcRS]
+//   | weights hi, lo [kTcHeads][kTcRS] each (TF32 bit patterns)
+// DP ≡ 4 (mod 32) for D a multiple of 32: the 8 rows an ldmatrix reads fall on 8 different
+// 16-byte bank groups; the weighted sum's key-row float4 loads (keys 2·tig, columns 4·gid)
+// fall on distinct banks per quarter warp. kTcRS ≡ 8 (mod 32): the float2 stores of score
+// parts and loads of weights (row gid, column 2·tig) are conflict-free per half warp.
+constexpr size_t tc_smem_floats(uint32_t D) {
+    return size_t(2 * kTcKT + kTcHeads) * (D + kAttnPad) + size_t(kTcWarps + 2) * kTcHeads * kTcRS;
+}
+
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+// x = hi + lo + r, |r| <= 2^-22 |x|; hi and lo TF32 values (low 13 bits zero).
+__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = tf32_rna(x);
+    lo = tf32_rna(__fsub_rn(x, __uint_as_float(hi)));
+}
+
+// d += a·b (m16n8k8, TF32 inputs, FP32 accumulate). Fragments (gid = lane / 4, tig = lane % 4):
+// a0 (row gid, k tig), a1 (gid+8, tig), a2 (gid, tig+4), a3 (gid+8, tig+4); b0 (k tig, n gid),
+// b1 (k tig+4, n gid); d0 (gid, 2tig), d1 (gid, 2tig+1), d2 (gid+8, 2tig), d3 (gid+8, 2tig+1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d = a·b (a fresh accumulator).
+__device__ __forceinline__ void mma_tf32_0(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+// Four 8×8 matrices of 32-bit words (8 rows × 16 bytes each; lanes 8i..8i+7 give matrix i's
+// row addresses): register i of lane l gets word l % 4 of row l / 4 of matrix i — a TF32
+// A fragment (matrices: rows 0-7 / 8-15 × columns 0-3 / 4-7) or two B fragments.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* p) {
+    const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
+// One work item, decoded from its number (every thread decodes it the same way, from the
+// slice's rows staged in shared memory).
+struct TcItem {
+    uint32_t rl, split, h0, nh;
+    uint64_t kb, ke;   // the split's keys kb .. ke-1
+    AttnKeys ks;
+};
+
+// Weighted-sum columns: warp w owns columns [8·NT·w, 8·NT·(w+1)) as NT MMA n-tiles. Column
+// n (0..7) of n-tile t is, for NT >= 4, base + 32·(t/4) + 4·n + t%4 (so a lane's B values
+// of four n-tiles are one float4 of a key row, and its results for 2tig, 2tig+1 two float4
+// of the output row), else base + 8·t + n.
+template <uint32_t NT>
+__global__ void __launch_bounds__(kTcThreads, 1)
+    attn_split_tc_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
+                         const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
+                         const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
+                         uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o,
+                         float2* __restrict__ part_ml) {
+    pdl_begin();
+    constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4;
+    extern __shared__ float4 sm4[];
+    float* k_s = reinterpret_cast<float*>(sm4);                // [2][kTcKT][DP]
+    float* q_s = k_s + 2 * kTcKT * DP;                          // [kTcHeads][DP]
+    float* red_s = q_s + kTcHeads * DP;                         // [kTcWarps][kTcHeads][kTcRS]
+    uint32_t* ph_s = reinterpret_cast<uint32_t*>(red_s + kTcWarps * kTcHeads * kTcRS);   // [kTcHeads][kTcRS]
+    uint32_t* pl_s = ph_s + kTcHeads * kTcRS;                   // [kTcHeads][kTcRS]
+    __shared__ float corr_s[kTcHeads];
+    __shared__ uint32_t incl_s[kAttnMaxSliceRows];
+    __shared__ int64_t pos_s[kAttnMaxSliceRows];      // the slice's rows: positions
+    __shared__ DevLayerKV L_s[kAttnMaxSliceRows];     // and their sessions' KV of this layer
+
+    if (threadIdx.x < n_rows) {   // n_rows <= kAttnMaxSliceRows
+        const DevRow row = rows[r0 + threadIdx.x];
+        pos_s[threadIdx.x] = row.pos;
+        L_s[threadIdx.x] = lkv[uint64_t(row.sess) * n_layer + il];
+    }
+    attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);   // (its barriers publish the rows too)
+    const uint32_t n_groups = (n_head + kTcHeads - 1) / kTcHeads;
+    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_groups;
+    if (blockIdx.x >= n_items) return;
+
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t li = lane >> 3, lr = lane & 7;   // ldmatrix: the matrix and row this lane addresses
+    const uint32_t kj = threadIdx.x >> 3, ksub = threadIdx.x & 7;   // key staging: row, first float4
+    const float scale = float(1.0 / sqrt(double(D)));
+
+    auto decode = [&](uint32_t item) {
+        TcItem it;
+        const uint32_t P = item / n_groups, grp = item % n_groups;
+        it.rl = attn_pair_row(incl_s, P);
+        it.split = P - (it.rl ? incl_s[it.rl - 1] : 0);
+        it.ks = attn_keys(pos_s[it.rl], n_swa, ratio, top_k);
+        const uint32_t ns = attn_nsplit(it.ks.NK);
+        it.kb = uint64_t(it.split) * it.ks.NK / ns;
+        it.ke = uint64_t(it.split + 1) * it.ks.NK / ns;
+        it.h0 = grp * kTcHeads;
+        it.nh = min(kTcHeads, n_head - it.h0);
+        return it;
+    };
+    // The tile after (item, t0): the split's next keys, or the first of the block's next item
+    // (n_items when there is none).
+    auto advance = [&](uint32_t& item, TcItem& it, uint64_t& t0) {
+        if (t0 + kTcKT < it.ke) {
+            t0 += kTcKT;
+            return;
+        }
+        item += gridDim.x;
+        if (item < n_items) {
+            it = decode(item);
+            t0 = it.kb;
+        }
+    };
+    // This thread's key of tile (it, t0): key g (~0: none, a zero row) and its selection,
+    // read a tile ahead of the copy so the read's latency hides behind a tile's work.
+    auto key_of = [&](const TcItem& it, uint64_t t0, uint64_t& g, uint32_t& sel_g) {
+        g = t0 + kj < it.ke ? t0 + kj : ~uint64_t(0);
+        sel_g = g != ~uint64_t(0) && g >= it.ks.n_raw && it.ks.use_sel
+                    ? sel[uint64_t(r0 + it.rl) * top_k + (g - it.ks.n_raw)]
+                    : 0u;
+    };
+    // This thread's part of the tile copy into dst: eight float4 columns of key row kj; rows
+    // past the tile's keys zero (their weights are 0, and 0 · a stale NaN would not be).
+    auto stage_keys = [&](const TcItem& it, uint64_t g, uint32_t sel_g, float* dst) {
+        float* row = dst + kj * DP;
+        if (g != ~uint64_t(0)) {
+            const float* kp = attn_key_row_sel(it.ks, L_s[it.rl], g, sel_g, D);
+            for (uint32_t u = ksub; u < D4; u += 8) cp_async16(row + 4 * u, kp + 4 * u);
+        } else {
+            for (uint32_t u = ksub; u < D4; u += 8) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
+        }
+    };
+    // The item's queries (absent heads of a partial group: zeros, never written out).
+    auto stage_q = [&](const TcItem& it) {
+        const float* qr = q + (uint64_t(r0 + it.rl) * n_head + it.h0) * D;
+        for (uint32_t i = threadIdx.x; i < kTcHeads * D4; i += kTcThreads) {
+            const uint32_t h = i / D4, u = i % D4;
+            if (h < it.nh) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
+            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
+        }
+    };
+
+    // Three tiles in flight: cur (computed now, in buffer buf), nx1 (copied into buf ^ 1 while
+    // cur is computed) and nx2 (its keys' selections read meanwhile).
+    uint32_t item = blockIdx.x;
+    TcItem cur = decode(item);
+    uint64_t t0 = cur.kb;
+    {
+        uint64_t g;
+        uint32_t sg;
+        key_of(cur, t0, g, sg);
+        stage_q(cur);
+        stage_keys(cur, g, sg, k_s);
+    }
+    uint32_t item1 = item;
+    TcItem nx1 = cur;
+    uint64_t t1 = t0;
+    advance(item1, nx1, t1);
+    uint64_t g1 = ~uint64_t(0);
+    uint32_t sg1 = 0;
+    if (item1 < n_items) key_of(nx1, t1, g1, sg1);
+    uint32_t buf = 0;
+
+    // Running output of heads gid, gid+8 over this warp's columns: the large terms (ob) and
+    // the small ones (os), kept apart (see the file comment). Softmax state of heads
+    // kTcHPW·w + i: running max and denominator.
+    float ob[NT][4], os[NT][4];
+#pragma unroll
+    for (uint32_t t = 0; t < NT; ++t)
+#pragma unroll
+        for (uint32_t i = 0; i < 4; ++i) ob[t][i] = os[t][i] = 0.0f;
+    float m_run[kTcHPW], l_run[kTcHPW];
+#pragma unroll
+    for (uint32_t i = 0; i < kTcHPW; ++i) {
+        m_run[i] = -INFINITY;
+        l_run[i] = 0.0f;
+    }
+    const uint32_t base = w * 8 * NT;   // this warp's D slice (scores) and columns (weighted sum)
+
+    while (true) {
+        cp_async_wait_all();
+        __syncthreads();   // the tile and queries are in; every warp is done with the previous tile
+        const float* kt = k_s + buf * kTcKT * DP;
+        const uint64_t left = cur.ke - t0;
+        const uint32_t nt = uint32_t(left < kTcKT ? left : kTcKT);
+        const bool more = item1 < n_items, new_item = item1 != item;   // new_item: cur ends its split
+
+        if (more) stage_keys(nx1, g1, sg1, k_s + (buf ^ 1) * kTcKT * DP);
+        uint32_t item2 = item1;
+        TcItem nx2 = nx1;
+        uint64_t t2 = t1, g2 = ~uint64_t(0);
+        uint32_t sg2 = 0;
+        if (more) {
+            advance(item2, nx2, t2);
+            if (item2 < n_items) key_of(nx2, t2, g2, sg2);
+        }
+
+        {   // Scores: warp w, dims base .. base + 8·NT - 1 of the 16 heads × 32 keys.
+            float sb[4][4], ss[4][4];
+#pragma unroll
+            for (uint32_t n = 0; n < 4; ++n)
+#pragma unroll
+                for (uint32_t i = 0; i < 4; ++i) sb[n][i] = ss[n][i] = 0.0f;
+#pragma unroll
+            for (uint32_t kk = 0; kk < NT; ++kk) {
+                const uint32_t d0 = base + 8 * kk;
+                uint32_t a[4], ah[4], al[4];
+                ldsm_x4(a, q_s + (lr + 8 * (li & 1)) * DP + d0 + 4 * (li >> 1));
+#pragma unroll
+                for (uint32_t i = 0; i < 4; ++i) tf32_split(__uint_as_float(a[i]), ah[i], al[i]);
+#pragma unroll
+                for (uint32_t pp = 0; pp < 2; ++pp) {   // key n-tiles 2pp, 2pp+1 (keys 16pp .. 16pp+15)
+                    if (16 * pp >= nt) continue;
+                    uint32_t b[4], bh[4], bl[4];
+                    ldsm_x4(b, kt + (16 * pp + 8 * (li >> 1) + lr) * DP + d0 + 4 * (li & 1));
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) tf32_split(__uint_as_float(b[i]), bh[i], bl[i]);
+#pragma unroll
+                    for (uint32_t e = 0; e < 2; ++e) {
+                        const uint32_t n = 2 * pp + e;
+                        float t[4];
+                        mma_tf32_0(t, ah, bh[2 * e], bh[2 * e + 1]);
+                        mma_tf32(ss[n], ah, bl[2 * e], bl[2 * e + 1]);
+                        mma_tf32(ss[n], al, bh[2 * e], bh[2 * e + 1]);
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; ++i) sb[n][i] = __fadd_rn(sb[n][i], t[i]);
+                    }
+                }
+            }
+            float* rw = red_s + w * kTcHeads * kTcRS;
+#pragma unroll
+            for (uint32_t n = 0; n < 4; ++n) {
+                *reinterpret_cast<float2*>(rw + gid * kTcRS + 8 * n + 2 * tig) =
+                    make_float2(__fadd_rn(sb[n][0], ss[n][0]), __fadd_rn(sb[n][1], ss[n][1]));
+                *reinterpret_cast<float2*>(rw + (gid + 8) * kTcRS + 8 * n + 2 * tig) =
+                    make_float2(__fadd_rn(sb[n][2], ss[n][2]), __fadd_rn(sb[n][3], ss[n][3]));
+            }
+        }
+        __syncthreads();   // score parts complete; the queries are no longer read
+        if (more && new_item) stage_q(nx1);
+
+        // Online softmax: warp w = heads kTcHPW·w + i, lane = key.
+#pragma unroll
+        for (uint32_t i = 0; i < kTcHPW; ++i) {
+            const uint32_t h = kTcHPW * w + i;
+            float sv = -INFINITY;
+            if (lane < nt) {
+                float a = red_s[h * kTcRS + lane];
+#pragma unroll
+                for (uint32_t v = 1; v < kTcWarps; ++v) a = __fadd_rn(a, red_s[(v * kTcHeads + h) * kTcRS + lane]);
+                sv = __fmul_rn(a, scale);
+            }
+            const float nm = fmaxf(m_run[i], warp_max(sv));
+            const float corr = exp_cr(m_run[i] - nm);   // 0 on a split's first tile (m_run = -inf)
+            const float e = lane < nt ? exp_cr(sv - nm) : 0.0f;
+            l_run[i] = __fadd_rn(__fmul_rn(l_run[i], corr), warp_sum(e));
+            m_run[i] = nm;
+            uint32_t eh, el;
+            tf32_split(e, eh, el);
+            ph_s[h * kTcRS + lane] = eh;
+            pl_s[h * kTcRS + lane] = el;
+            if (lane == 0) corr_s[h] = corr;
+        }
+        __syncthreads();   // weights and corrections complete
+
+        {   // Weighted sum: O = O·corr + P·V over this warp's columns; keys k0 + 2tig (k slot
+            // tig) and k0 + 2tig + 1 (slot tig + 4) of each 8-key step.
+            const float c0 = corr_s[gid], c1 = corr_s[gid + 8];
+#pragma unroll
+            for (uint32_t t = 0; t < NT; ++t) {
+                ob[t][0] = __fmul_rn(ob[t][0], c0);
+                ob[t][1] = __fmul_rn(ob[t][1], c0);
+                ob[t][2] = __fmul_rn(ob[t][2], c1);
+                ob[t][3] = __fmul_rn(ob[t][3], c1);
+                os[t][0] = __fmul_rn(os[t][0], c0);
+                os[t][1] = __fmul_rn(os[t][1], c0);
+                os[t][2] = __fmul_rn(os[t][2], c1);
+                os[t][3] = __fmul_rn(os[t][3], c1);
+            }
+#pragma unroll
+            for (uint32_t kk = 0; kk < kTcKT / 8; ++kk) {
+                if (8 * kk >= nt) continue;
+                const uint32_t k0 = 8 * kk;
+                const uint2 h0 = *reinterpret_cast<const uint2*>(ph_s + gid * kTcRS + k0 + 2 * tig);
+                const uint2 h1 = *reinterpret_cast<const uint2*>(ph_s + (gid + 8) * kTcRS + k0 + 2 * tig);
+                const uint2 l0 = *reinterpret_cast<const uint2*>(pl_s + gid * kTcRS + k0 + 2 * tig);
+                const uint2 l1 = *reinterpret_cast<const uint2*>(pl_s + (gid + 8) * kTcRS + k0 + 2 * tig);
+                const uint32_t ah[4] = {h0.x, h1.x, h0.y, h1.y}, al[4] = {l0.x, l1.x, l0.y, l1.y};
+                const float* v0 = kt + (k0 + 2 * tig) * DP + base;   // key of k slot tig
+                const float* v1 = v0 + DP;                            // key of k slot tig + 4
+                auto step = [&](uint32_t t, float x0, float x1) {
+                    uint32_t bh0, bl0, bh1, bl1;
+                    tf32_split(x0, bh0, bl0);
+                    tf32_split(x1, bh1, bl1);
+                    float u[4];
+                    mma_tf32_0(u, ah, bh0, bh1);
+                    mma_tf32(os[t], ah, bl0, bl1);
+                    mma_tf32(os[t], al, bh0, bh1);
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) ob[t][i] = __fadd_rn(ob[t][i], u[i]);
+                };
+                if constexpr (NT >= 4) {
+#pragma unroll
+                    for (uint32_t c = 0; c < NT / 4; ++c) {
+                        const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c + 4 * gid);
+                        const float4 x1 = *reinterpret_cast<const float4*>(v1 + 32 * c + 4 * gid);
+                        step(4 * c + 0, x0.x, x1.x);
+                        step(4 * c + 1, x0.y, x1.y);
+                        step(4 * c + 2, x0.z, x1.z);
+                        step(4 * c + 3, x0.w, x1.w);
+                    }
+                } else {
+#pragma unroll
+                    for (uint32_t t = 0; t < NT; ++t) step(t, v0[8 * t + gid], v1[8 * t + gid]);
+                }
+            }
+        }
+
+        if (new_item) {   // the split's partials: heads gid, gid + 8 of this warp's columns
+            const uint64_t hb = uint64_t(cur.rl) * n_head + cur.h0;   // scratch row of the item's first head
+#pragma unroll
+            for (uint32_t half = 0; half < 2; ++half) {
+                const uint32_t h = gid + 8 * half;
+                if (h >= cur.nh) continue;
+                float* dst = part_o + ((hb + h) * max_split + cur.split) * D + base;
+                if constexpr (NT >= 4) {
+#pragma unroll
+                    for (uint32_t c = 0; c < NT / 4; ++c)
+#pragma unroll
+                        for (uint32_t j = 0; j < 2; ++j) {
+                            const uint32_t x = 2 * half + j;
+                            *reinterpret_cast<float4*>(dst + 32 * c + 8 * tig + 4 * j) =
+                                make_float4(__fadd_rn(ob[4 * c + 0][x], os[4 * c + 0][x]),
+                                            __fadd_rn(ob[4 * c + 1][x], os[4 * c + 1][x]),
+                                            __fadd_rn(ob[4 * c + 2][x], os[4 * c + 2][x]),
+                                            __fadd_rn(ob[4 * c + 3][x], os[4 * c + 3][x]));
+                        }
+                } else {
+#pragma unroll
+                    for (uint32_t t = 0; t < NT; ++t)
+                        *reinterpret_cast<float2*>(dst + 8 * t + 2 * tig) =
+                            make_float2(__fadd_rn(ob[t][2 * half], os[t][2 * half]),
+                                        __fadd_rn(ob[t][2 * half + 1], os[t][2 * half + 1]));
+                }
+            }
+            if (lane == 0) {
+#pragma unroll
+                for (uint32_t i = 0; i < kTcHPW; ++i) {
+                    const uint32_t h = kTcHPW * w + i;
+                    if (h < cur.nh) part_ml[(hb + h) * max_split + cur.split] = make_float2(m_run[i], l_run[i]);
+                }
+            }
+#pragma unroll
+            for (uint32_t t = 0; t < NT; ++t)
+#pragma unroll
+                for (uint32_t i = 0; i < 4; ++i) ob[t][i] = os[t][i] = 0.0f;
+#pragma unroll
+            for (uint32_t i = 0; i < kTcHPW; ++i) {
+                m_run[i] = -INFINITY;
+                l_run[i] = 0.0f;
+            }
+        }
+        if (!more) break;
+        item = item1;
+        cur = nx1;
+        t0 = t1;
+        item1 = item2;
+        nx1 = nx2;
+        t1 = t2;
+        g1 = g2;
+        sg1 = sg2;
+        buf ^= 1;
+    }
+}
+
+int g_tc_override = -1;
+
+template <uint32_t NT>
+void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k, const uint32_t* sel,
+               const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t r0, uint32_t n_rows,
+               uint32_t max_split, float* part_o, float2* part_ml, cudaStream_t s) {
+    const size_t smem = tc_smem_floats(64 * NT) * sizeof(float);
+    // Once per width (the first call is an eager round, so a graph capture finds it done):
+    // the shared-memory limit, and the blocks the GPU holds at once (the persistent grid).
+    static const uint32_t resident = [smem] {
+        check(cudaFuncSetAttribute(attn_split_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+              "attention (tensor cores) shared memory");
+        int dev = 0, sms = 0, per_sm = 0;
+        check(cudaGetDevice(&dev), "attention (tensor cores)");
+        check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attention (tensor cores)");
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_tc_kernel<NT>, kTcThreads, smem),
+              "attention (tensor cores) occupancy");
+        return uint32_t(std::max(1, sms) * std::max(1, per_sm));
+    }();
+    const uint32_t n_groups = (n_head + kTcHeads - 1) / kTcHeads;
+    const uint32_t blocks = std::min(n_rows * n_groups * max_split, resident);
+    attn_split_tc_kernel<NT><<<blocks, kTcThreads, smem, s>>>(q, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer,
+                                                              il, r0, n_rows, max_split, part_o, part_ml);
+    check_launch("attention (tensor cores)");
+}
+
+}  // namespace
+
+void attn_tc_override(int on) { g_tc_override = on; }
+
+bool attn_tc_on() {
+    static const bool on = [] {
+        const char* e = std::getenv("DSV4_ATTN_TC");
+        return !e || e[0] != '0';
+    }();
+    return g_tc_override >= 0 ? g_tc_override != 0 : on;
+}
+
+bool attn_tc_ok(uint32_t n_head, uint32_t D) { return n_head > 0 && (D == 64 || D == 128 || D == 256 || D == 512); }
+
+void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
+                   const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
+                   uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, cudaStream_t s) {
+    if (!attn_tc_ok(n_head, D)) throw_mismatch("attention (tensor cores): head widths 64, 128, 256 or 512", 0, D, D);
+    auto* launch = D == 64 ? launch_tc<1> : D == 128 ? launch_tc<2> : D == 256 ? launch_tc<4> : launch_tc<8>;
+    launch(q, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n_rows, max_split, part_o, part_ml, s);
+}
+
+}  // namespace dsv4::cuda
