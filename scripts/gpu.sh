@@ -8,6 +8,7 @@
 #   scripts/gpu.sh                 everything
 #   scripts/gpu.sh --quick         tests only (no flash-width check, no benchmark)
 #   GTEST_FILTER=... scripts/gpu.sh  a subset of the tests
+#   GPU_AB="X=0;X=1" scripts/gpu.sh  + the Flash benchmark under each setting (A/B)
 # Environment: DSV4_BENCH_LAYERS (4; 43 = the whole Flash model, ~81 GB, synthesised into
 # /dev/shm in ~60 s), DSV4_BENCH_CONTEXT (4096), DSV4_BENCH_DECODE (64),
 # DSV4_GPU_LAYERS (library layers to build; default: what the CUDA tests need).
@@ -113,11 +114,23 @@ if [[ $QUICK == 0 && "$FILTER" == "*" ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || RC=1
 fi
 
+# GPU_AB="A=0 B=1;A=1 B=1" (not with --quick): the Flash benchmark again under each setting
+# (';'-separated environment assignments), for A/B measurements in the same call.
+if [[ $QUICK == 0 && -n "${GPU_AB:-}" ]]; then
+  IFS=';' read -ra SETTINGS <<< "$GPU_AB"
+  for setting in "${SETTINGS[@]}"; do
+    echo "== A/B: $setting" | tee -a "$LOG/ab.log"
+    env $setting "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.Flash*" 2>&1 |
+      grep -E "^(ctx 1M lazy|per layer|prefill per)" | tee -a "$LOG/ab.log"
+  done
+fi
+
 echo
 echo "================================ summary ================================"
 printf "%-60s %s\n" "tests passed / failed / skipped" \
   "$(grep -c '^\[       OK' "$LOG/tests.log") / $(grep -c '^\[  FAILED  \] [A-Za-z]' "$LOG/tests.log" | awk '{print int($1/2)}') / $(grep -c '^\[  SKIPPED \] [A-Za-z]' "$LOG/tests.log" | awk '{print int($1/2)}')"
 grep -E '^\[cuda-(vs-cpu|greedy|kv)\]' "$LOG/tests.log" | sed 's/^/  /'
 sed -n '/== CUDA benchmark/,/full 43-layer/p' "$LOG/tests.log"
+[[ -f "$LOG/ab.log" ]] && cat "$LOG/ab.log"
 echo "total $(( $(date +%s) - T0 )) s; logs in $LOG; exit $RC"
 exit $RC
