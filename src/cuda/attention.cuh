@@ -113,7 +113,7 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // ---- the tensor-core split kernel (attention_tc.cu) -------------------------------------
 // Shapes it takes: head widths D = 64, 128, 256 or 512 (the old kernel takes the rest).
 bool attn_tc_ok(uint32_t n_head, uint32_t D);
-// Whether attention() uses it: DSV4_ATTN_TC (read once, default 1) unless a test forced it
+// Whether attention() uses it: DSV4_ATTN_TC (read once, default 0: see attn_tc_on) unless a test forced it
 // with attn_tc_override (kernels.h).
 bool attn_tc_on();
 // The partials of rows r0 .. r0+n_rows-1 (a slice), in attn_split_kernel's layout.

@@ -982,7 +982,7 @@ __global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
 }
 
 
-// ---- Q8_0 products, staged and pipelined (DSV4_GEMM_Q8_V=1, the default; warp-per-row order,
+// ---- Q8_0 products, staged and pipelined (DSV4_GEMM_Q8_V=1 and 2 (default); warp-per-row order,
 // WT = 32) --------------------------------------------------------------------------------
 // Why the register-fed kernel runs at ~3 % of the int8 tensor peak: per MMA each thread
 // issues 3 four-byte global loads, 2 scale loads, and 4 int→float conversions (I2F: 16 a
@@ -1276,14 +1276,16 @@ bool q8_smem_ready(cudaStream_t s) {
     return smem_ready(reinterpret_cast<const void*>(gemm_q8_0_smem_kernel), q8_smem_bytes(kQ8MaxSlots), ready, s);
 }
 // DSV4_GEMM_Q8_V: which kernel takes the Q8_0 products of decode's warp-per-row order
-// (DSV4_GEMM_SMEM_Q8=1 wins): 1 (default) gemm_q8_0_pipe_kernel, 3 stages, one block an SM;
-// 2 the same kernel with 2 stages and registers capped for two blocks an SM; 0 the
-// register-fed gemm_q8_0_kernel. gemm_q8_0_version (tests, benchmarks) wins.
+// (DSV4_GEMM_SMEM_Q8=1 wins): 2 (default) gemm_q8_0_pipe_kernel with 2 stages and registers
+// capped for two blocks an SM (some spills); 1 the same kernel, 3 stages, one block an SM; 0
+// the register-fed gemm_q8_0_kernel. On the H200 (4 layers, runs 32-33, A/B in one call)
+// prefill took 11.37 / 11.32 µs a token and layer with 2, 11.79 / 11.66 with 1, 13.74 with 0.
+// gemm_q8_0_version (tests, benchmarks) wins.
 int g_q8_version_override = -1;
 int q8_version() {
     static const int v = [] {
         const char* e = std::getenv("DSV4_GEMM_Q8_V");
-        return e && e[0] ? std::atoi(e) : 1;
+        return e && e[0] ? std::atoi(e) : 2;
     }();
     return g_q8_version_override >= 0 ? g_q8_version_override : v;
 }

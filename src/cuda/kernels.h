@@ -328,8 +328,8 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
                const ActBuf* o_q8 = nullptr);
-// The key splits run on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the
-// head width allows, unless DSV4_ATTN_TC=0 (read once) keeps the FP32 CUDA-core kernel;
+// The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
+// on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.
 void attn_tc_override(int on);
 
