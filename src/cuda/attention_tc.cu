@@ -437,12 +437,7 @@ void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, 
     static const uint32_t resident = [smem] {
         check(cudaFuncSetAttribute(attn_split_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
               "attention (tensor cores) shared memory");
-        int dev = 0, sms = 0, per_sm = 0;
-        check(cudaGetDevice(&dev), "attention (tensor cores)");
-        check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attention (tensor cores)");
-        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_tc_kernel<NT>, kTcThreads, smem),
-              "attention (tensor cores) occupancy");
-        return uint32_t(std::max(1, sms) * std::max(1, per_sm));
+        return resident_blocks(reinterpret_cast<const void*>(attn_split_tc_kernel<NT>), kTcThreads, smem);
     }();
     const uint32_t n_groups = (n_head + kTcHeads - 1) / kTcHeads;
     const uint32_t blocks = std::min(n_rows * n_groups * max_split, resident);
@@ -456,7 +451,7 @@ void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, 
 void attn_tc_override(int on) { g_tc_override = on; }
 
 bool attn_tc_on() {
-    // Off by default: on the H200 (4 layers, run 33) the tensor-core splits gave 0.148 ms a
+    // Off by default: on the H200 (4 layers, run 34) the tensor-core splits gave 0.148 ms a
     // decode layer against 0.143 with the FP32 kernel, and prefill 11.61 against 11.51 µs a
     // token and layer: each of the four 16-head items of a split stages the same keys, so the
     // kernel is bound by those copies, not by the MMAs. Kept (tested, FP32-accurate) for the

@@ -32,30 +32,26 @@ namespace {
 using model::Tensor;
 
 StepTiming g_timing;
-bool env_on(const char* name, bool def) {
-    const char* e = std::getenv(name);
-    return e ? e[0] == '1' : def;
-}
-const bool g_timing_on = env_on("DSV4_CUDA_TIMING", false);
-bool g_profile_on = env_on("DSV4_CUDA_PROFILE", false);
-const bool g_graphs_on = env_on("DSV4_CUDA_GRAPHS", true);
+const bool g_timing_on = env_switch("DSV4_CUDA_TIMING", false);
+bool g_profile_on = env_switch("DSV4_CUDA_PROFILE", false);
+const bool g_graphs_on = env_switch("DSV4_CUDA_GRAPHS", true);
 // DSV4_IDX_FUSED=0 keeps the indexer's three-kernel query path (indexer_q_prep →
 // indexer_scores → topk_select) in ratio-4 layers instead of the one-launch indexer_fused
 // (bit-identical; used for batches of up to 16 rows and up to 16384 visible compressed rows).
 // With it on, the indexer queries (iq_b product and preparation) are also skipped while no
 // row has more visible compressed rows than the top-k (nothing reads them then).
-const bool g_idx_fused = env_on("DSV4_IDX_FUSED", true);
+const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
 
 // Decode graphs: every edge from one kernel node to another becomes a programmatic
 // dependency, so the dependent is launched while its predecessor runs and waits inside
 // (pdl_begin, the first statement of every kernel) instead of after it: each of the ~30
 // kernel boundaries on a layer's critical path stops paying a full launch latency.
 // DSV4_CUDA_PDL=0 keeps plain edges (read at each capture, so one process can compare).
-bool pdl_on() { return env_on("DSV4_CUDA_PDL", true); }
+bool pdl_on() { return env_switch("DSV4_CUDA_PDL", true); }
 // mHC pre in two launches spread over the GPU (hc_pre_mix + hc_pre_collapse) where the shape
 // allows; DSV4_HC_FUSED=0 keeps the three single-block-per-row launches (rms_norm, the mix
 // product, hc_pre_finish) for A/B measurement.
-const bool g_hc_spread_on = env_on("DSV4_HC_FUSED", true);
+const bool g_hc_spread_on = env_switch("DSV4_HC_FUSED", true);
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -997,7 +993,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
 
         profiling_ = g_profile_on;
         marks_ = 0;
-        branches_on_ = !profiling_ && env_on("DSV4_CUDA_BRANCHES", true);
+        branches_on_ = !profiling_ && env_switch("DSV4_CUDA_BRANCHES", true);
         ev_next_ = 0;
         if (profiling_) mark("start");
         const bool graphable = g_graphs_on && !profiling_ && R <= 64 && NW <= slice;

@@ -130,6 +130,22 @@ __device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_
     }
 }
 
+// A warp's 2 × 2 MMA tiles of results (element e of tile (mt, nt): weight row m0 + 16 mt + gid
+// + 8 (e >> 1), activation row r0 + 8 nt + 2 tig + (e & 1)) into y, rows past N or R skipped.
+__device__ __forceinline__ void store_tiles(const Gemm& p, uint64_t m0, uint32_t r0, uint32_t gid, uint32_t tig,
+                                            const float (&v)[2][2][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
+                const uint32_t r = r0 + nt * 8 + 2 * tig + (e & 1);
+                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = v[mt][nt][e];
+            }
+}
+
 // WT: the threads decode gives a row (32: a warp per row; 256 or 1024: matvec_kernel's wide
 // blocks, whose warps' butterfly sums are then added one after another from 0).
 template <int WT>
@@ -178,16 +194,7 @@ __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
         // one warp per row: its sum is the result; wide blocks: 0 + warp 0 + warp 1 + ...
         each2(total, cur, [](float& t, float& c) { t = WT == 32 ? c : t + c; });
     }
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
-                const uint32_t r = n0 + nt * 8 + 2 * tig + (e & 1);
-                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = total[mt][nt][e];
-            }
+    store_tiles(p, m0, n0, gid, tig, total);
 }
 
 // ---- the routed experts' 2-bit products (IQ2_XXS gate+up, Q2_K down), by pair group -------
@@ -1194,16 +1201,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
         }
         if (sti == NST - 1) {   // the tile's last leaf: cur is the root, the row's result
             const TileAt ta = tile_at(w);
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const uint64_t n = ta.m0 + 32 * wmi + mt * 16 + gid + 8 * (e >> 1);
-                        const uint32_t r = ta.r0 + 16 * wni + nt * 8 + 2 * tig + (e & 1);
-                        if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = cur[mt][nt][e];
-                    }
+            store_tiles(p, ta.m0 + 32 * wmi, ta.r0 + 16 * wni, gid, tig, cur);
         }
     }
     cp_async_wait_all();
@@ -1225,10 +1223,7 @@ int sm_count() {
 
 // DSV4_CUDA_TC=0 keeps every product on the decode kernels (measurements).
 bool tensor_cores_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_CUDA_TC");
-        return !e || e[0] != '0';
-    }();
+    static const bool on = env_switch("DSV4_CUDA_TC", true);
     return on;
 }
 
@@ -1237,20 +1232,14 @@ bool tensor_cores_on() {
 // of decode's warp-per-row order); gemm_smem_override (tests) wins.
 int g_smem_override = -1;
 bool smem_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_GEMM_SMEM");
-        return !e || e[0] != '0';
-    }();
+    static const bool on = env_switch("DSV4_GEMM_SMEM", true);
     return g_smem_override >= 0 ? g_smem_override != 0 : on;
 }
 // The staged Q8_0 kernel is opt-in (DSV4_GEMM_SMEM_Q8=1; tests force it with the override):
 // on the H200 it took twice the register-fed kernel's time for out_a, q_b and out_b (run 27:
 // 12.8 vs 5.8, 9.7 vs 4.6, 7.9 vs 5.5 us/token), while the staged expert kernels halved theirs.
 bool smem_q8_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_GEMM_SMEM_Q8");
-        return e && e[0] == '1';
-    }();
+    static const bool on = env_switch("DSV4_GEMM_SMEM_Q8", false);
     return g_smem_override >= 0 ? g_smem_override != 0 : on;
 }
 
@@ -1278,15 +1267,12 @@ bool q8_smem_ready(cudaStream_t s) {
 // DSV4_GEMM_Q8_V: which kernel takes the Q8_0 products of decode's warp-per-row order
 // (DSV4_GEMM_SMEM_Q8=1 wins): 2 (default) gemm_q8_0_pipe_kernel with 2 stages and registers
 // capped for two blocks an SM (some spills); 1 the same kernel, 3 stages, one block an SM; 0
-// the register-fed gemm_q8_0_kernel. On the H200 (4 layers, runs 32-33, A/B in one call)
+// the register-fed gemm_q8_0_kernel. On the H200 (4 layers, runs 33-34, A/B in one call)
 // prefill took 11.37 / 11.32 µs a token and layer with 2, 11.79 / 11.66 with 1, 13.74 with 0.
 // gemm_q8_0_version (tests, benchmarks) wins.
 int g_q8_version_override = -1;
 int q8_version() {
-    static const int v = [] {
-        const char* e = std::getenv("DSV4_GEMM_Q8_V");
-        return e && e[0] ? std::atoi(e) : 2;
-    }();
+    static const int v = env_int("DSV4_GEMM_Q8_V", 2);
     return g_q8_version_override >= 0 ? g_q8_version_override : v;
 }
 // Launches gemm_q8_0_pipe_kernel<CM, NS, MINB> as a persistent grid (blocks an SM by the
@@ -1294,15 +1280,10 @@ int q8_version() {
 template <int CM, int NS, int MINB>
 bool q8_pipe_launch(const Gemm& p, uint32_t tiles_r, uint32_t tiles, cudaStream_t s) {
     static bool ready = false;
-    static int per_sm = 0;
     const auto kernel = gemm_q8_0_pipe_kernel<CM, NS, MINB>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), q8_pipe_smem(NS), ready, s)) return false;
-    if (per_sm == 0) {
-        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, q8_pipe_smem(NS)),
-              "gemm: occupancy of the pipelined Q8_0 kernel");
-        if (per_sm < 1) per_sm = 1;
-    }
-    const uint32_t blocks = std::min<uint32_t>(tiles, uint32_t(sm_count() * per_sm));
+    const uint32_t blocks =
+        std::min<uint32_t>(tiles, resident_blocks(reinterpret_cast<const void*>(kernel), 256, q8_pipe_smem(NS)));
     kernel<<<blocks, 256, q8_pipe_smem(NS), s>>>(p, tiles_r, tiles);
     return true;
 }
@@ -1621,10 +1602,7 @@ __global__ void __launch_bounds__(256, TR == 2 ? 2 : 1) gemm_float_kernel(FGemm 
 
 // DSV4_GEMM_F16=0 keeps the float-weight products of prefill on matvec_kernel (A/B).
 bool gemm_float_on() {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_GEMM_F16");
-        return !e || e[0] != '0';
-    }();
+    static const bool on = env_switch("DSV4_GEMM_F16", true);
     return on;
 }
 

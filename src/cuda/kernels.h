@@ -18,10 +18,16 @@ void check_launch(const char* what);
 [[noreturn]] void throw_mismatch(const char* what, uint32_t type, uint64_t weight_k, uint64_t act_k);
 // An A/B switch read from the environment: unset or empty gives on_by_default, "0..." off.
 bool env_switch(const char* name, bool on_by_default);
+// A numbered variant read from the environment: unset or empty gives default_value.
+int env_int(const char* name, int default_value);
 // Kernels that stream weights issue those loads before waiting for the kernels they depend
 // on (pdl_launch / pdl_wait, common.cuh), so the loads overlap their tails in the decode
 // graphs. DSV4_PDL_EARLY=0 (read once) makes them wait first.
 bool pdl_early_weights();
+// Blocks of `kernel` (threads and dynamic shared memory per block as given) the GPU holds at
+// once: the grid of a persistent kernel. Asked once per shape; a kernel whose shared memory is
+// above 48 KB must have its attribute raised before the first call.
+uint32_t resident_blocks(const void* kernel, uint32_t threads, size_t smem);
 
 // ---- weights ---------------------------------------------------------------------------
 // A weight matrix on the device: `rows` rows of K values (a 3-D expert tensor is flattened:

@@ -5,9 +5,7 @@
 // weight row once per RB rows.
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <utility>
-#include <vector>
 
 #include "cuda/common.cuh"
 
@@ -581,14 +579,8 @@ int g_q8_rows_select = -1;   // q8_rows_select
 // are kept for the next round's measurements. DSV4_Q8_ROWS=0 turns the whole path off
 // (matvec_kernel).
 bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
-    static const bool on = [] {
-        const char* e = std::getenv("DSV4_Q8_ROWS");
-        return !e || e[0] != '0';
-    }();
-    static const int v_env = [] {
-        const char* e = std::getenv("DSV4_Q8_ROWS_V");
-        return e ? std::atoi(e) : 0;
-    }();
+    static const bool on = env_switch("DSV4_Q8_ROWS", true);
+    static const int v_env = env_int("DSV4_Q8_ROWS_V", 0);
     if (!on || p.R != 1 || p.expert || p.grp || p.K % 1024 != 0 || p.K > 8192 ||
         decode_row_threads(p.K, p.N, false) != 32)
         return false;
@@ -1011,22 +1003,6 @@ int g_q2k_select = -1;   // q2k_select
 // before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM).
 int g_kq_smem_select = -1;   // kq_smem_select
 
-// Blocks of `kernel` the GPU holds at once (blocks per SM at this shape × SMs), asked once
-// per kernel.
-uint32_t resident_blocks(const void* kernel, uint32_t threads, size_t smem) {
-    static std::mutex mu;
-    static std::vector<std::pair<const void*, uint32_t>> seen;
-    std::lock_guard<std::mutex> lock(mu);
-    for (const auto& [k, n] : seen)
-        if (k == kernel) return n;
-    int dev = 0, sms = 0, per_sm = 0;
-    check(cudaGetDevice(&dev), "matvec");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "matvec");
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), smem), "matvec occupancy");
-    seen.push_back({kernel, uint32_t(std::max(1, sms) * std::max(1, per_sm))});
-    return seen.back().second;
-}
-
 // The 2-bit decode kernels with the grid cut to what the GPU holds at once (kq_body's warps
 // then loop over their rows): no second wave of blocks each filling its shared tables and
 // ramping up again. DSV4_KQ_PERSIST=0 (read once) launches a block per RW * 8 rows.
@@ -1042,18 +1018,9 @@ void launch_kq_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStrea
 
 template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
-    static const int rw_env = [] {
-        const char* e = std::getenv("DSV4_KQ_RW");
-        return e ? std::atoi(e) : 0;
-    }();
-    static const int smem_env = [] {
-        const char* e = std::getenv("DSV4_KQ_SMEM");
-        return e ? std::atoi(e) : 1;
-    }();
-    static const int q2k_env = [] {
-        const char* e = std::getenv("DSV4_Q2K_V");
-        return e ? std::atoi(e) : 1;
-    }();
+    static const int rw_env = env_int("DSV4_KQ_RW", 0);
+    static const int smem_env = env_int("DSV4_KQ_SMEM", 1);
+    static const int q2k_env = env_int("DSV4_Q2K_V", 1);
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
     const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;

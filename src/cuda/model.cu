@@ -677,6 +677,29 @@ __global__ void kv_finalize_kernel(float* kvr, uint32_t D, uint32_t n_rot, float
     for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) dst[i] = x[i];
 }
 
+// The candidates' softmax-weighted value (§5.9's pooling): the max first, then the sums in
+// candidate order; compressor_state_kernel and compressor_pool_kernel both pool with it.
+template <typename Cand>
+__device__ __forceinline__ float compressor_pool_value(uint32_t nc, Cand cand) {
+    float mx = kNegInf;
+    for (uint32_t k = 0; k < nc; ++k) {
+        float v, sc;
+        cand(k, v, sc);
+        mx = fmaxf(mx, sc);
+    }
+    float den = 0, num = 0;
+    if (mx > kNegInf * 0.5f)
+        for (uint32_t k = 0; k < nc; ++k) {
+            float v, sc;
+            cand(k, v, sc);
+            if (sc <= kNegInf * 0.5f) continue;
+            const float ex = exp_cr(sc - mx);
+            den = __fadd_rn(den, ex);
+            num = __fadd_rn(num, __fmul_rn(ex, v));
+        }
+    return den > 0 ? num / den : 0.0f;
+}
+
 // One thread per pooled dimension d of one session: the per-token state machine over the
 // session's rows of this batch (columns d and, for ratio 4, D+d are this thread's alone).
 __global__ void compressor_state_kernel(const float* kvp, const float* scp, const float* ape, const DevRow* rows,
@@ -704,28 +727,11 @@ __global__ void compressor_state_kernel(const float* kvp, const float* scp, cons
         }
         if ((pos + 1) % ratio != 0) continue;
         const uint32_t nc = ratio == 4 ? 8 : ratio;
-        auto cand = [&](uint32_t k, float& v, float& sc) {
+        pooled[uint64_t(r) * D + d] = compressor_pool_value(nc, [&](uint32_t k, float& v, float& sc) {
             const uint64_t off = uint64_t(k) * width + (ratio == 4 && k >= 4 ? D + d : d);
             v = skv[off];
             sc = ssc[off];
-        };
-        float mx = kNegInf;
-        for (uint32_t k = 0; k < nc; ++k) {
-            float v, sc;
-            cand(k, v, sc);
-            mx = fmaxf(mx, sc);
-        }
-        float den = 0, num = 0;
-        if (mx > kNegInf * 0.5f)
-            for (uint32_t k = 0; k < nc; ++k) {
-                float v, sc;
-                cand(k, v, sc);
-                if (sc <= kNegInf * 0.5f) continue;
-                const float ex = exp_cr(sc - mx);
-                den = __fadd_rn(den, ex);
-                num = __fadd_rn(num, __fmul_rn(ex, v));
-            }
-        pooled[uint64_t(r) * D + d] = den > 0 ? num / den : 0.0f;
+        });
         if (ratio == 4)
             for (uint32_t k = 0; k < 4; ++k)
                 for (uint32_t h = 0; h < 2; ++h) {
@@ -750,28 +756,6 @@ __global__ void compressor_state_kernel(const float* kvp, const float* scp, cons
 // group's rows are in slots 0..3 when that group was emitted in an earlier call (pe - 4 < p0),
 // else still in slots 4..7 (its emission, in this batch, has not copied them yet when it reads
 // them; no row of this batch before pe - 4 shares their phase). Other ratios: slot q % ratio.
-
-// The candidates' softmax-weighted value, compressor_state_kernel's operations in its order.
-template <typename Cand>
-__device__ __forceinline__ float compressor_pool_value(uint32_t nc, Cand cand) {
-    float mx = kNegInf;
-    for (uint32_t k = 0; k < nc; ++k) {
-        float v, sc;
-        cand(k, v, sc);
-        mx = fmaxf(mx, sc);
-    }
-    float den = 0, num = 0;
-    if (mx > kNegInf * 0.5f)
-        for (uint32_t k = 0; k < nc; ++k) {
-            float v, sc;
-            cand(k, v, sc);
-            if (sc <= kNegInf * 0.5f) continue;
-            const float ex = exp_cr(sc - mx);
-            den = __fadd_rn(den, ex);
-            num = __fadd_rn(num, __fmul_rn(ex, v));
-        }
-    return den > 0 ? num / den : 0.0f;
-}
 
 // Block x: the x-th complete group of the batch, sessions in order (a session's rows are
 // consecutive positions, so its groups are the rows pe with (pe + 1) % ratio == 0); blocks past
@@ -1880,10 +1864,7 @@ void compressor_state(const float* kvp, const float* scp, const float* ape, cons
                       bool indexer, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, float* pooled,
                       cudaStream_t s) {
     if (!S || !R) return;
-    static const bool env_par = [] {
-        const char* e = std::getenv("DSV4_CMP_PAR");
-        return !e || e[0] != '0';
-    }();
+    static const bool env_par = env_switch("DSV4_CMP_PAR", true);
     const bool par = g_cmp_par_override >= 0 ? g_cmp_par_override != 0 : env_par && R > S;
     if (!par) {
         compressor_state_kernel<<<dim3((D + 127) / 128, S), 128, 0, s>>>(kvp, scp, ape, rows, sess_begin, sess_end,
@@ -2011,7 +1992,6 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
     // Shared-memory limit and residency (blocks the GPU holds at once: the persistent grid):
     // found by the first call of each width, an eager round, so graph capture finds them.
     static size_t raised = 0;
-    static std::vector<std::pair<size_t, uint32_t>> resident_by_smem;
     uint32_t resident = 0;
     if (!tc) {
         if (smem > 48 * 1024 && smem > raised) {
@@ -2019,18 +1999,7 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
                   "attention shared memory");
             raised = smem;
         }
-        auto it = std::find_if(resident_by_smem.begin(), resident_by_smem.end(),
-                               [&](const auto& e) { return e.first == smem; });
-        if (it == resident_by_smem.end()) {
-            int dev = 0, sms = 0, per_sm = 0;
-            check(cudaGetDevice(&dev), "attention");
-            check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attention");
-            check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_split_kernel, kAttnThreads, smem),
-                  "attention occupancy");
-            resident_by_smem.push_back({smem, uint32_t(std::max(1, sms) * std::max(1, per_sm))});
-            it = resident_by_smem.end() - 1;
-        }
-        resident = it->second;
+        resident = resident_blocks(reinterpret_cast<const void*>(attn_split_kernel), kAttnThreads, smem);
     }
     const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
     for (uint32_t r0 = 0; r0 < R; r0 += slice) {

@@ -1,6 +1,10 @@
 // Error checking and host-side helpers of the CUDA backend.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "dsv4/common.h"
@@ -31,9 +35,28 @@ bool env_switch(const char* name, bool on_by_default) {
     return e && e[0] ? e[0] != '0' : on_by_default;
 }
 
+int env_int(const char* name, int default_value) {
+    const char* e = std::getenv(name);
+    return e && e[0] ? std::atoi(e) : default_value;
+}
+
 bool pdl_early_weights() {
     static const bool on = env_switch("DSV4_PDL_EARLY", true);
     return on;
+}
+
+uint32_t resident_blocks(const void* kernel, uint32_t threads, size_t smem) {
+    static std::mutex mu;
+    static std::vector<std::tuple<const void*, uint32_t, size_t, uint32_t>> seen;
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [k, t, b, n] : seen)
+        if (k == kernel && t == threads && b == smem) return n;
+    int dev = 0, sms = 0, per_sm = 0;
+    check(cudaGetDevice(&dev), "residency");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "residency");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(threads), smem), "residency");
+    seen.emplace_back(kernel, threads, smem, uint32_t(std::max(1, sms) * std::max(1, per_sm)));
+    return std::get<3>(seen.back());
 }
 
 bool repack_shape(uint32_t type, RepackShape* s) {

@@ -48,6 +48,33 @@ double d2d_copy_gbs() {
     return 2.0 * n * 10 / (ms * 1e-3) / 1e9;   // bytes read + written
 }
 
+// A Q8_0 weight of N rows of K values in the backend's repacked form (codes, f16 scales),
+// from a hash: for timing products, not for their values. signed_scales: every other block's
+// scale negative.
+struct SynthQ8_0 {
+    DevVec<int8_t> q;
+    DevVec<uint16_t> d;
+    cuda::DevWeight w;
+    SynthQ8_0(uint64_t N, uint64_t K, bool signed_scales) : q(codes(N * K)), d(scales(N * K / 32, signed_scales)) {
+        w.type = uint32_t(quant::Type::Q8_0);
+        w.K = K;
+        w.rows = N;
+        w.row_bytes = K / 32 * 34;
+        w.qs = q.get();
+        w.d = d.get();
+    }
+    static std::vector<int8_t> codes(uint64_t n) {
+        std::vector<int8_t> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = int8_t((i * 2654435761u) >> 24);
+        return v;
+    }
+    static std::vector<uint16_t> scales(uint64_t n, bool signed_scales) {
+        std::vector<uint16_t> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = uint16_t((signed_scales && (i & 1) ? 0x8000 : 0) | (0x2000 + i % 512));
+        return v;
+    }
+};
+
 }  // namespace
 
 TEST(CudaBench, FlashDecodePrefillKv) {
@@ -208,19 +235,8 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
     const std::pair<uint64_t, uint64_t> shapes[] = {{32768, 1024}, {8192, 4096}, {4096, 8192}, {2048, 4096},
                                                     {32768, 4096}};
     for (auto [N, K] : shapes) {
-        std::vector<int8_t> q(N * K);
-        std::vector<uint16_t> d(N * K / 32);
-        for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t((i * 2654435761u) >> 24);
-        for (size_t i = 0; i < d.size(); ++i) d[i] = 0x2000 + uint16_t(i % 512);
-        DevVec<int8_t> dq(q);
-        DevVec<uint16_t> dd(d);
-        cuda::DevWeight w;
-        w.type = uint32_t(quant::Type::Q8_0);
-        w.K = K;
-        w.rows = N;
-        w.row_bytes = K / 32 * 34;
-        w.qs = dq.get();
-        w.d = dd.get();
+        const SynthQ8_0 sw(N, K, false);
+        const cuda::DevWeight& w = sw.w;
         DevVec<float> x(random_floats(K, 7));
         DevVec<int8_t> aq(K);
         DevVec<float> ad(K / 32 + 1);
@@ -277,19 +293,8 @@ TEST(CudaBench, Q8_0PrefillGemmOldNew) {
                            Shape{"shared down", 2048, 4096, 0}, Shape{"out_a", 4096, 8192, 1024},
                            Shape{"out_b", 8192, 4096, 0}}) {
         const uint64_t N = sh.N, K = sh.K, AK = sh.rpg ? N / sh.rpg * K : K;
-        std::vector<int8_t> q(N * K);
-        std::vector<uint16_t> d(N * K / 32);
-        for (size_t i = 0; i < q.size(); ++i) q[i] = int8_t((i * 2654435761u) >> 24);
-        for (size_t i = 0; i < d.size(); ++i) d[i] = uint16_t((i & 1 ? 0x8000 : 0) | (0x2000 + i % 512));
-        DevVec<int8_t> dq(q);
-        DevVec<uint16_t> dd(d);
-        cuda::DevWeight w;
-        w.type = uint32_t(quant::Type::Q8_0);
-        w.K = K;
-        w.rows = N;
-        w.row_bytes = K / 32 * 34;
-        w.qs = dq.get();
-        w.d = dd.get();
+        const SynthQ8_0 sw(N, K, true);
+        const cuda::DevWeight& w = sw.w;
         std::vector<int8_t> aq(uint64_t(R) * AK);
         std::vector<float> ad(uint64_t(R) * AK / 32);
         for (size_t i = 0; i < aq.size(); ++i) aq[i] = int8_t(int((i * 2246822519u) >> 24) % 255 - 127);

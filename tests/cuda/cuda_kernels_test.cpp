@@ -1320,6 +1320,21 @@ TEST_F(CudaKernels, Q8RowsVariantsEqual) {
     }
 }
 
+// Decode's result for each of R Q8_0 activation rows (of AK values) computed alone: the
+// reference the tensor-core products must equal bit for bit.
+std::vector<float> q8_0_rows_one_at_a_time(const cuda::DevWeight& w, const cuda::DevAct& a, uint32_t R, uint64_t AK,
+                                           uint64_t N, uint64_t rpg) {
+    DevVec<float> one(R * N);
+    for (uint32_t r = 0; r < R; ++r) {
+        cuda::DevAct ar = a;
+        ar.q = a.q + uint64_t(r) * AK;
+        ar.d = a.d + uint64_t(r) * (AK / 32);
+        if (rpg) cuda::matvec_grouped(w, ar, 1, one.get() + r * N, N, N, rpg, nullptr);
+        else cuda::matvec(w, ar, 1, one.get() + r * N, N, N, 0, nullptr);
+    }
+    return one.download();
+}
+
 TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     // Prefill's tensor-core Q8_0 product (R >= 16) must give each row exactly what decode
     // (one row at a time) gives: same integer block sums, same float steps, same tree of sums.
@@ -1344,20 +1359,13 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
         DevVec<float> dx(x);
         ActHolder ah(c.R * AK);
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
-        DevVec<float> tc(c.R * c.N), one(c.R * c.N), old_tc(c.R * c.N);
+        DevVec<float> tc(c.R * c.N), old_tc(c.R * c.N);
         cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
         cuda::gemm_q8_0_version(0);   // the register-fed kernel too
         cuda::gemm_q8_0(dw.w, a, c.R, old_tc.get(), c.N, c.N, 0, c.rpg, nullptr);
         cuda::gemm_q8_0_version(-1);
-        for (uint32_t r = 0; r < c.R; ++r) {
-            cuda::DevAct ar = a;
-            ar.q = a.q + uint64_t(r) * AK;
-            ar.d = a.d + uint64_t(r) * (AK / 32);
-            if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
-            else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
-        }
         auto got = tc.download();
-        auto ref = one.download();
+        const auto ref = q8_0_rows_one_at_a_time(dw.w, a, c.R, AK, c.N, c.rpg);
         ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4)) << "K " << c.K << " N " << c.N;
         const auto got_old = old_tc.download();
         ASSERT_EQ(0, std::memcmp(got_old.data(), ref.data(), got.size() * 4))
@@ -1402,15 +1410,7 @@ TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
         DevVec<float> dx(x);
         ActHolder ah(c.R * AK);
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
-        DevVec<float> one(c.R * c.N);
-        for (uint32_t r = 0; r < c.R; ++r) {
-            cuda::DevAct ar = a;
-            ar.q = a.q + uint64_t(r) * AK;
-            ar.d = a.d + uint64_t(r) * (AK / 32);
-            if (c.rpg) cuda::matvec_grouped(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, c.rpg, nullptr);
-            else cuda::matvec(dw.w, ar, 1, one.get() + r * c.N, c.N, c.N, 0, nullptr);
-        }
-        const auto ref = one.download();
+        const auto ref = q8_0_rows_one_at_a_time(dw.w, a, c.R, AK, c.N, c.rpg);
         for (const int v : {2, 1, 0}) {
             cuda::gemm_q8_0_version(v);
             // a poisoned output: a row or column the kernel skips shows
