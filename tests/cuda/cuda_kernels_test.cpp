@@ -1383,8 +1383,8 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
 }
 
 TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
-    // The pipelined Q8_0 kernel (gemm.cu, gemm_q8_0_pipe_kernel, DSV4_GEMM_Q8_V=1) and the
-    // register-fed one (0) give each row exactly what decode gives it alone. The model's
+    // The pipelined Q8_0 kernel (gemm.cu, gemm_q8_0_pipe_kernel: DSV4_GEMM_Q8_V=2, the default,
+    // and 1) and the register-fed one (0) give each row exactly what decode gives it alone. The model's
     // shapes (q_b: K 1,024 = one block a leaf; the shared expert's gate/up K 4,096 and down
     // K 2,048; out_a grouped in 8 groups of 1,024 rows; out_b K 8,192 = 8 blocks a leaf) with R
     // past a multiple of the 64-row tile, and so many tiles that every block walks several
