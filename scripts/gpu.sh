@@ -51,12 +51,14 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # so no launch gaps in the numbers), then a table of device time per token by kernel.
 # NCU_CACHE=none keeps the caches warm between kernels (as in a real decode step: small
 # activations stay in L2); the default flushes them before each kernel.
+# NCU_STEP=prefill (with --ncu): the kernels of one 2,048-token prefill chunk instead of 2
+# decode steps (per token = per call / 2,048 in the table).
 # NCU_DETAIL=REGEX (with --ncu): instead of the per-kernel table, Nsight Compute's sections
 # (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) decode kernels
 # whose names match REGEX: why a kernel takes the time it takes.
 if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  DSV4_CUDA_BENCH=1 DSV4_NCU=1 DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
+  DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
     -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
@@ -68,12 +70,13 @@ fi
 if [[ $NCU == 1 ]]; then
   NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "== ncu: $NCU_BIN"
-  DSV4_CUDA_BENCH=1 DSV4_NCU=1 DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
+  DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \
     --metrics gpu__time_duration.sum --csv --page raw \
     --log-file "$LOG/ncu.csv" "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.*" > "$LOG/ncu_app.log" 2>&1
   echo "ncu rc $?"; grep -E "^(run|ctx|per layer)" "$LOG/ncu_app.log"
-  python3 - "$LOG/ncu.csv" <<'PY'
+  NCU_TOKENS=2; [[ "${NCU_STEP:-1}" == prefill ]] && NCU_TOKENS=2048
+  python3 - "$LOG/ncu.csv" "$NCU_TOKENS" <<'PY'
 import csv, sys, re, collections
 rows = list(csv.reader(open(sys.argv[1])))
 h = next(i for i, r in enumerate(rows) if 'Kernel Name' in r)
@@ -88,10 +91,12 @@ for r in rows[h + 2:]:
     agg[name][0] += float(r[tc].replace(',', '')) * scale
     agg[name][1] += 1
 tot = sum(v[0] for v in agg.values())
-print(f"{'kernel (2 decode steps, per token)':70s} {'us/tok':>8s} {'calls/tok':>9s} {'us/call':>8s} {'share':>6s}")
+ntok = int(sys.argv[2])
+what = '2 decode steps' if ntok == 2 else f'a {ntok}-token prefill chunk'
+print(f"{'kernel (' + what + ', per token)':70s} {'us/tok':>8s} {'calls/tok':>9s} {'us/call':>8s} {'share':>6s}")
 for k, (t, c) in sorted(agg.items(), key=lambda kv: -kv[1][0])[:40]:
-    print(f"{k[:70]:70s} {t/2:8.1f} {c/2:9.1f} {t/c:8.2f} {100*t/tot:5.1f}%")
-print(f"total kernel time {tot/2:.1f} us/token, {sum(v[1] for v in agg.values())//2} kernels/token")
+    print(f"{k[:70]:70s} {t/ntok:8.2f} {c/ntok:9.3f} {t/c:8.2f} {100*t/tot:5.1f}%")
+print(f"total kernel time {tot/ntok:.2f} us/token, {sum(v[1] for v in agg.values())} kernels in all")
 PY
   exit 0
 fi

@@ -143,9 +143,10 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         const uint32_t chunk = std::min<uint32_t>(2048, ctx_tokens);
         const std::vector<int32_t> head(prompt.begin(), prompt.end() - (prefill ? chunk : 0));
         if (!head.empty()) g->forward_one(*kv, head, false, lg.data());
-        // Under Nsight Compute (DSV4_NCU=1, ncu --profile-from-start off): only these decode
-        // steps are profiled, kernel by kernel.
-        const bool ncu = !prefill && std::getenv("DSV4_NCU") != nullptr;
+        // Under Nsight Compute (ncu --profile-from-start off): only these decode steps
+        // (DSV4_NCU=1) or this prefill chunk (DSV4_NCU=prefill) are profiled, kernel by kernel.
+        const char* ncu_env = std::getenv("DSV4_NCU");
+        const bool ncu = ncu_env && prefill == (std::strcmp(ncu_env, "prefill") == 0);
         cuda::profile_enable(true);
         cuda::profile_reset();
         const uint32_t n = prefill ? chunk : ncu ? 2 : 16;   // tokens profiled
@@ -211,8 +212,9 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     const double pre_layer_us = 1e6 / (runs[0].prefill_tps * layers);
     std::printf("prefill per layer %.2f us/token -> projected 43-layer prefill %.0f tokens/s\n", pre_layer_us,
                 1e6 / (pre_layer_us * 43));
-    profile(false);
-    if (!std::getenv("DSV4_NCU")) profile(true);
+    const char* ncu_env = std::getenv("DSV4_NCU");
+    if (!ncu_env || std::strcmp(ncu_env, "prefill") != 0) profile(false);
+    if (!ncu_env || std::strcmp(ncu_env, "prefill") == 0) profile(true);
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
 }
