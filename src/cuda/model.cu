@@ -1317,11 +1317,17 @@ __device__ __forceinline__ void fma4(float a, const float4& k, float4& acc) {
 // lane per (two keys, four heads) and the warps over slices of D (a fixed-order sum of the
 // warps' parts), the online softmax with a warp per head, and the weighted sum with a thread per (float4
 // column, key parity); the two parities are added in a fixed order at the end.
+// loop_groups (many rows: prefill): an item is a (row, split) pair and takes its head groups
+// one after another; a split of one tile (up to kAttnKT keys, the common case) then stages its
+// keys once for all of them instead of once per group (8 times for 64 heads). Each (row,
+// split, group) is computed with the same operations either way, so the partials are the
+// same bits; decode keeps an item per group (its few rows need the items for parallelism).
 __global__ void __launch_bounds__(kAttnThreads, 2)
     attn_split_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
                       const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
-                      uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml) {
+                      uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml,
+                      bool loop_groups) {
     pdl_begin();
     extern __shared__ float4 sm4[];
     const uint32_t DP = D + kAttnPad, D4 = D / 4;
@@ -1334,149 +1340,155 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);
-    const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
-    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_groups;
+    const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB, per_item = loop_groups ? n_groups : 1;
+    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * (n_groups / per_item);
     const float scale = float(1.0 / sqrt(double(D)));
     const uint32_t col = threadIdx.x % (kAttnMaxD / 4), par = threadIdx.x / (kAttnMaxD / 4);
 
     for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
         // (row, split) pair P: the first row whose inclusive count exceeds P.
-        const uint32_t P = item / n_groups, grp = item % n_groups;
+        const uint32_t P = loop_groups ? item : item / n_groups, g0 = loop_groups ? 0 : item % n_groups;
         const uint32_t rl = attn_pair_row(incl_s, P), r = r0 + rl, split = P - (rl ? incl_s[rl - 1] : 0);
         const int64_t p = rows[r].pos;
         const AttnKeys ks = attn_keys(p, n_swa, ratio, top_k);
         const uint32_t ns = attn_nsplit(ks.NK);
         const uint64_t kb = uint64_t(split) * ks.NK / ns, ke = uint64_t(split + 1) * ks.NK / ns;
-        const uint32_t h0 = grp * kAttnHB, nh = min(kAttnHB, n_head - h0);
         const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+        const bool one_tile = ke - kb <= kAttnKT;   // its keys stay in k_s across the groups
+        bool staged = false;
+        for (uint32_t grp = g0; grp < g0 + per_item; ++grp) {
+            const uint32_t h0 = grp * kAttnHB, nh = min(kAttnHB, n_head - h0);
 
-        // The group's queries (absent heads of a partial group: zeros, never written out).
-        for (uint32_t i = threadIdx.x; i < kAttnHB * D4; i += kAttnThreads) {
-            const uint32_t h = i / D4, u = i % D4;
-            if (h < nh) cp_async16(q_s + h * DP + 4 * u, q + (uint64_t(r) * n_head + h0 + h) * D + 4 * u);
-            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
-        }
-
-        float m_run = -INFINITY, l_run = 0.0f;   // warp w: running max and sum of head w
-        float4 acc[kAttnHB];
-#pragma unroll
-        for (uint32_t h = 0; h < kAttnHB; ++h) acc[h] = make_float4(0, 0, 0, 0);
-
-        for (uint64_t t0 = kb; t0 < ke; t0 += kAttnKT) {
-            const uint32_t nt = uint32_t(ke - t0 < kAttnKT ? ke - t0 : kAttnKT);
-            {   // stage keys t0 .. t0+nt-1
-                const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
-                if (j < nt) {
-                    const float* kp = attn_key_row(ks, L, sel + uint64_t(r) * top_k, t0 + j, D);
-                    for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
-                }
+            // The group's queries (absent heads of a partial group: zeros, never written out).
+            for (uint32_t i = threadIdx.x; i < kAttnHB * D4; i += kAttnThreads) {
+                const uint32_t h = i / D4, u = i % D4;
+                if (h < nh) cp_async16(q_s + h * DP + 4 * u, q + (uint64_t(r) * n_head + h0 + h) * D + 4 * u);
+                else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
             }
-            cp_async_wait_all();
-            __syncthreads();
 
-            {   // scores: lane = (jp, hh) takes keys jp and jp+16 of heads 4hh..4hh+3, warp w the
-                // float4 columns w, w+8, ... Per column a warp reads 16 key float4 twice and 2
-                // query float4 four times (the padded rows put them in distinct banks): eight
-                // shared-memory wavefronts for 32 FMAs a lane, as fast as the FMAs go.
-                const uint32_t jp = lane & 15, hh = lane >> 4;
-                float sc[kAttnHB];   // [key jp, jp+16][head 4hh + i]
+            float m_run = -INFINITY, l_run = 0.0f;   // warp w: running max and sum of head w
+            float4 acc[kAttnHB];
 #pragma unroll
-                for (uint32_t i = 0; i < kAttnHB; ++i) sc[i] = 0.0f;
-                if (jp < nt) {   // key jp+16 may be past nt: computed from stale data, never used
-                    const float4* ka = reinterpret_cast<const float4*>(k_s + jp * DP);
-                    const float4* kb4 = reinterpret_cast<const float4*>(k_s + (jp + 16) * DP);
-                    const float* qh = q_s + hh * 4 * DP;
-                    // (not unrolled, and the weighted sum twice at most: 128 registers, no spills)
-#pragma unroll 1
-                    for (uint32_t u = w; u < D4; u += kAttnWarps) {
-                        const float4 a = ka[u], b = kb4[u];
-#pragma unroll
-                        for (uint32_t i = 0; i < 4; ++i) {
-                            const float4 qv = reinterpret_cast<const float4*>(qh + i * DP)[u];
-                            sc[i] = fmaf(qv.x, a.x, sc[i]);
-                            sc[i] = fmaf(qv.y, a.y, sc[i]);
-                            sc[i] = fmaf(qv.z, a.z, sc[i]);
-                            sc[i] = fmaf(qv.w, a.w, sc[i]);
-                            sc[4 + i] = fmaf(qv.x, b.x, sc[4 + i]);
-                            sc[4 + i] = fmaf(qv.y, b.y, sc[4 + i]);
-                            sc[4 + i] = fmaf(qv.z, b.z, sc[4 + i]);
-                            sc[4 + i] = fmaf(qv.w, b.w, sc[4 + i]);
-                        }
+            for (uint32_t h = 0; h < kAttnHB; ++h) acc[h] = make_float4(0, 0, 0, 0);
+
+            for (uint64_t t0 = kb; t0 < ke; t0 += kAttnKT) {
+                const uint32_t nt = uint32_t(ke - t0 < kAttnKT ? ke - t0 : kAttnKT);
+                if (!(one_tile && staged)) {   // stage keys t0 .. t0+nt-1
+                    const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
+                    if (j < nt) {
+                        const float* kp = attn_key_row(ks, L, sel + uint64_t(r) * top_k, t0 + j, D);
+                        for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
                     }
                 }
+                staged = true;
+                cp_async_wait_all();
+                __syncthreads();
+
+                {   // scores: lane = (jp, hh) takes keys jp and jp+16 of heads 4hh..4hh+3, warp w the
+                    // float4 columns w, w+8, ... Per column a warp reads 16 key float4 twice and 2
+                    // query float4 four times (the padded rows put them in distinct banks): eight
+                    // shared-memory wavefronts for 32 FMAs a lane, as fast as the FMAs go.
+                    const uint32_t jp = lane & 15, hh = lane >> 4;
+                    float sc[kAttnHB];   // [key jp, jp+16][head 4hh + i]
 #pragma unroll
-                for (uint32_t i = 0; i < 4; ++i) {
-                    float* rs = red_s + (w * kAttnHB + 4 * hh + i) * kAttnKT;
-                    rs[jp] = sc[i];
-                    rs[jp + 16] = sc[4 + i];
+                    for (uint32_t i = 0; i < kAttnHB; ++i) sc[i] = 0.0f;
+                    if (jp < nt) {   // key jp+16 may be past nt: computed from stale data, never used
+                        const float4* ka = reinterpret_cast<const float4*>(k_s + jp * DP);
+                        const float4* kb4 = reinterpret_cast<const float4*>(k_s + (jp + 16) * DP);
+                        const float* qh = q_s + hh * 4 * DP;
+                        // (not unrolled, and the weighted sum twice at most: 128 registers, no spills)
+#pragma unroll 1
+                        for (uint32_t u = w; u < D4; u += kAttnWarps) {
+                            const float4 a = ka[u], b = kb4[u];
+#pragma unroll
+                            for (uint32_t i = 0; i < 4; ++i) {
+                                const float4 qv = reinterpret_cast<const float4*>(qh + i * DP)[u];
+                                sc[i] = fmaf(qv.x, a.x, sc[i]);
+                                sc[i] = fmaf(qv.y, a.y, sc[i]);
+                                sc[i] = fmaf(qv.z, a.z, sc[i]);
+                                sc[i] = fmaf(qv.w, a.w, sc[i]);
+                                sc[4 + i] = fmaf(qv.x, b.x, sc[4 + i]);
+                                sc[4 + i] = fmaf(qv.y, b.y, sc[4 + i]);
+                                sc[4 + i] = fmaf(qv.z, b.z, sc[4 + i]);
+                                sc[4 + i] = fmaf(qv.w, b.w, sc[4 + i]);
+                            }
+                        }
+                    }
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) {
+                        float* rs = red_s + (w * kAttnHB + 4 * hh + i) * kAttnKT;
+                        rs[jp] = sc[i];
+                        rs[jp + 16] = sc[4 + i];
+                    }
                 }
+                __syncthreads();
+
+                {   // online softmax: warp w = head w, lane = key
+                    float sv = -INFINITY;
+                    if (lane < nt) {
+                        float a = 0.0f;
+                        for (uint32_t i = 0; i < kAttnWarps; ++i) a += red_s[(i * kAttnHB + w) * kAttnKT + lane];
+                        sv = a * scale;
+                    }
+                    const float nm = fmaxf(m_run, warp_max(sv));
+                    const float corr = exp_cr(m_run - nm);   // 0 on the first tile (m_run = -inf)
+                    const float e = lane < nt ? exp_cr(sv - nm) : 0.0f;
+                    l_run = l_run * corr + warp_sum(e);
+                    m_run = nm;
+                    p_s[lane * kAttnHB + w] = e;
+                    if (lane == 0) corr_s[w] = corr;
+                }
+                __syncthreads();
+
+                if (col < D4) {   // weighted sum: thread = (float4 column, keys of one parity)
+#pragma unroll
+                    for (uint32_t h = 0; h < kAttnHB; ++h) {
+                        const float c = corr_s[h];
+                        acc[h].x *= c;
+                        acc[h].y *= c;
+                        acc[h].z *= c;
+                        acc[h].w *= c;
+                    }
+#pragma unroll 2
+                    for (uint32_t j = par; j < nt; j += 2) {
+                        const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
+                        const float4 pa = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[0];
+                        const float4 pb = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[1];
+                        fma4(pa.x, kv, acc[0]);
+                        fma4(pa.y, kv, acc[1]);
+                        fma4(pa.z, kv, acc[2]);
+                        fma4(pa.w, kv, acc[3]);
+                        fma4(pb.x, kv, acc[4]);
+                        fma4(pb.y, kv, acc[5]);
+                        fma4(pb.z, kv, acc[6]);
+                        fma4(pb.w, kv, acc[7]);
+                    }
+                }
+                __syncthreads();   // the next tile overwrites k_s, red_s and p_s
+            }
+
+            // Odd keys' sums through shared memory (q_s is free now; k_s may still hold the keys of
+            // the next group), added to the even keys' sums.
+            float4* comb = reinterpret_cast<float4*>(q_s);   // kAttnHB * D4 float4 <= kAttnHB * DP floats
+            if (par == 1 && col < D4) {
+#pragma unroll
+                for (uint32_t h = 0; h < kAttnHB; ++h) comb[h * D4 + col] = acc[h];
             }
             __syncthreads();
-
-            {   // online softmax: warp w = head w, lane = key
-                float sv = -INFINITY;
-                if (lane < nt) {
-                    float a = 0.0f;
-                    for (uint32_t i = 0; i < kAttnWarps; ++i) a += red_s[(i * kAttnHB + w) * kAttnKT + lane];
-                    sv = a * scale;
-                }
-                const float nm = fmaxf(m_run, warp_max(sv));
-                const float corr = exp_cr(m_run - nm);   // 0 on the first tile (m_run = -inf)
-                const float e = lane < nt ? exp_cr(sv - nm) : 0.0f;
-                l_run = l_run * corr + warp_sum(e);
-                m_run = nm;
-                p_s[lane * kAttnHB + w] = e;
-                if (lane == 0) corr_s[w] = corr;
-            }
-            __syncthreads();
-
-            if (col < D4) {   // weighted sum: thread = (float4 column, keys of one parity)
+            const uint64_t base = (uint64_t(rl) * n_head + h0) * max_split + split;
+            if (par == 0 && col < D4) {
 #pragma unroll
                 for (uint32_t h = 0; h < kAttnHB; ++h) {
-                    const float c = corr_s[h];
-                    acc[h].x *= c;
-                    acc[h].y *= c;
-                    acc[h].z *= c;
-                    acc[h].w *= c;
-                }
-#pragma unroll 2
-                for (uint32_t j = par; j < nt; j += 2) {
-                    const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
-                    const float4 pa = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[0];
-                    const float4 pb = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[1];
-                    fma4(pa.x, kv, acc[0]);
-                    fma4(pa.y, kv, acc[1]);
-                    fma4(pa.z, kv, acc[2]);
-                    fma4(pa.w, kv, acc[3]);
-                    fma4(pb.x, kv, acc[4]);
-                    fma4(pb.y, kv, acc[5]);
-                    fma4(pb.z, kv, acc[6]);
-                    fma4(pb.w, kv, acc[7]);
+                    if (h < nh) {
+                        const float4 b = comb[h * D4 + col];
+                        const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
+                        reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
+                    }
                 }
             }
-            __syncthreads();   // the next tile overwrites k_s, red_s and p_s
+            if (lane == 0 && w < nh) part_ml[base + uint64_t(w) * max_split] = make_float2(m_run, l_run);
+            __syncthreads();   // the next group or item overwrites q_s (and k_s)
         }
-
-        // Odd keys' sums through shared memory (k_s is free now), added to the even keys' sums.
-        float4* comb = reinterpret_cast<float4*>(k_s);   // kAttnHB * D4 float4 <= kAttnKT * DP floats
-        if (par == 1 && col < D4) {
-#pragma unroll
-            for (uint32_t h = 0; h < kAttnHB; ++h) comb[h * D4 + col] = acc[h];
-        }
-        __syncthreads();
-        const uint64_t base = (uint64_t(rl) * n_head + h0) * max_split + split;
-        if (par == 0 && col < D4) {
-#pragma unroll
-            for (uint32_t h = 0; h < kAttnHB; ++h) {
-                if (h < nh) {
-                    const float4 b = comb[h * D4 + col];
-                    const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
-                    reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
-                }
-            }
-        }
-        if (lane == 0 && w < nh) part_ml[base + uint64_t(w) * max_split] = make_float2(m_run, l_run);
-        __syncthreads();   // the next item overwrites q_s and k_s
     }
 }
 
@@ -2008,9 +2020,15 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
             attn_split_tc(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n, max_split, part_o,
                           part_ml, s);
         } else {
-            const uint32_t blocks = std::min(n * n_groups * max_split, resident);
+            // DSV4_ATTN_LOOP=1: slices of many rows (prefill) take a row's head groups in one
+            // item, so a split's keys are staged once (the same bits: see attn_split_kernel).
+            // Opt-in until it has run on the GPU (written after this session's device time).
+            static const bool loop_on = env_switch("DSV4_ATTN_LOOP", false);
+            const bool loop = loop_on && n >= 32;
+            const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
-                                                                 n_layer, il, r0, n, max_split, part_o, part_ml);
+                                                                 n_layer, il, r0, n, max_split, part_o, part_ml,
+                                                                 loop);
             check_launch("attention");
         }
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,
