@@ -1467,9 +1467,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 __syncthreads();   // the next tile overwrites k_s, red_s and p_s
             }
 
-            // Odd keys' sums through shared memory (q_s is free now; k_s may still hold the keys of
-            // the next group), added to the even keys' sums.
-            float4* comb = reinterpret_cast<float4*>(q_s);   // kAttnHB * D4 float4 <= kAttnHB * DP floats
+            // Odd keys' sums through shared memory (free now: k_s, or with loop_groups q_s, as k_s
+            // may still hold the keys of the next group), added to the even keys' sums.
+            // (kAttnHB * D4 float4 fit in either: <= kAttnHB * DP and kAttnKT * DP floats)
+            float4* comb = reinterpret_cast<float4*>(loop_groups ? q_s : k_s);
             if (par == 1 && col < D4) {
 #pragma unroll
                 for (uint32_t h = 0; h < kAttnHB; ++h) comb[h * D4 + col] = acc[h];
