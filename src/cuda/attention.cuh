@@ -116,9 +116,13 @@ bool attn_tc_ok(uint32_t n_head, uint32_t D);
 // Whether attention() uses it: DSV4_ATTN_TC (read once, default 0: see attn_tc_on) unless a test forced it
 // with attn_tc_override (kernels.h).
 bool attn_tc_on();
-// The partials of rows r0 .. r0+n_rows-1 (a slice), in attn_split_kernel's layout.
+// The partials of rows r0 .. r0+n_rows-1 (a slice), in attn_split_kernel's layout. loop
+// (attention()'s DSV4_ATTN_LOOP, many rows): 0 an item per (row, split, 16 heads); 1 an item
+// per (row, split) over all its head groups, a one-tile split's keys copied once; 2 the same
+// with the groups per item chosen for the GPU's parallelism. The same bits in every mode.
 void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                    const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
-                   uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, cudaStream_t s);
+                   uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, uint32_t loop,
+                   cudaStream_t s);
 
 }  // namespace dsv4::cuda

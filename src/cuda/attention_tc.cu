@@ -22,6 +22,17 @@
 // into two tile buffers: the next tile (of this item, or the block's next item) is copied
 // while the current one is computed; the next item's queries once the current scores are
 // made. One block of 8 warps per SM (192 KB of shared memory at D = 512).
+//
+// LOOP (many rows: prefill; attention()'s DSV4_ATTN_LOOP): an item is a (row, split) pair, or
+// a run of gpi consecutive head groups of one, and takes its groups one after another; a split
+// of one tile (up to 32 keys, the common case) copies its keys once for all of them (the same
+// tile: the keys do not depend on the group) instead of once per 16 heads. The tiles then
+// form a stream of steps (tile, group), where a step whose keys are those of the step before
+// reads the same buffer and copies nothing: the next distinct tile, the next item's first
+// included, is copied into the other buffer during the last step that reads the current one.
+// Each (row, split, group) is computed with the same operations either way, so the partials
+// are the same bits; decode keeps an item per group (its few rows need the items for
+// parallelism).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -94,6 +105,7 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* p) {
 // slice's rows staged in shared memory).
 struct TcItem {
     uint32_t rl, split, h0, nh;
+    uint32_t h_end;    // LOOP: the item's heads are h0 .. h_end-1 (its last group ends there)
     uint64_t kb, ke;   // the split's keys kb .. ke-1
     AttnKeys ks;
 };
@@ -102,13 +114,15 @@ struct TcItem {
 // n (0..7) of n-tile t is, for NT >= 4, base + 32·(t/4) + 4·n + t%4 (so a lane's B values
 // of four n-tiles are one float4 of a key row, and its results for 2tig, 2tig+1 two float4
 // of the output row), else base + 8·t + n.
-template <uint32_t NT>
+// LOOP: items over several head groups (see the file comment); spread (LOOP only): gpi, the
+// groups of an item, chosen for the grid (below), else all of the pair's groups.
+template <uint32_t NT, bool LOOP>
 __global__ void __launch_bounds__(kTcThreads, 1)
     attn_split_tc_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                          const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
                          const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
                          uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o,
-                         float2* __restrict__ part_ml) {
+                         float2* __restrict__ part_ml, bool spread) {
     pdl_begin();
     constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4;
     extern __shared__ float4 sm4[];
@@ -129,7 +143,30 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
     attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);   // (its barriers publish the rows too)
     const uint32_t n_groups = (n_head + kTcHeads - 1) / kTcHeads;
-    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_groups;
+    // LOOP: groups per item (gpi, a divisor of n_groups) and items per pair (n_chunks). With
+    // spread, the gpi whose items take the fewest steps on the busiest block (a step = a tile
+    // of one group; one tile per split assumed), ties to the larger gpi (fewer key copies):
+    // e.g. 64 pairs of 4 groups on 132 blocks take 2 steps at gpi 1 (256 items) or 2 (128),
+    // 4 at gpi 4 (64), so gpi = 2. Every block finds the same gpi (the slice's pair count and
+    // the grid), and the partials do not depend on it.
+    uint32_t gpi = 1, n_chunks = n_groups;
+    if constexpr (LOOP) {
+        gpi = n_groups;
+        if (spread) {
+            const uint64_t pairs = incl_s[kAttnMaxSliceRows - 1];
+            uint64_t best = ~uint64_t(0);
+            for (uint32_t g = 1; g <= n_groups; ++g) {
+                if (n_groups % g) continue;
+                const uint64_t span = (pairs * (n_groups / g) + gridDim.x - 1) / gridDim.x * g;
+                if (span <= best) {
+                    best = span;
+                    gpi = g;
+                }
+            }
+        }
+        n_chunks = n_groups / gpi;
+    }
+    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1] * n_chunks;
     if (blockIdx.x >= n_items) return;
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
@@ -139,7 +176,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
     auto decode = [&](uint32_t item) {
         TcItem it;
-        const uint32_t P = item / n_groups, grp = item % n_groups;
+        const uint32_t P = item / n_chunks, grp = item % n_chunks * gpi;   // (LOOP: the item's first group)
         it.rl = attn_pair_row(incl_s, P);
         it.split = P - (it.rl ? incl_s[it.rl - 1] : 0);
         it.ks = attn_keys(pos_s[it.rl], n_swa, ratio, top_k);
@@ -148,14 +185,23 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         it.ke = uint64_t(it.split + 1) * it.ks.NK / ns;
         it.h0 = grp * kTcHeads;
         it.nh = min(kTcHeads, n_head - it.h0);
+        it.h_end = LOOP ? min(n_head, (grp + gpi) * kTcHeads) : 0u;
         return it;
     };
-    // The tile after (item, t0): the split's next keys, or the first of the block's next item
-    // (n_items when there is none).
+    // The tile after (item, t0): the split's next keys, (LOOP) the first keys of the item's
+    // next group, or the first of the block's next item (n_items when there is none).
     auto advance = [&](uint32_t& item, TcItem& it, uint64_t& t0) {
         if (t0 + kTcKT < it.ke) {
             t0 += kTcKT;
             return;
+        }
+        if constexpr (LOOP) {
+            if (it.h0 + kTcHeads < it.h_end) {
+                it.h0 += kTcHeads;
+                it.nh = min(kTcHeads, n_head - it.h0);
+                t0 = it.kb;
+                return;
+            }
         }
         item += gridDim.x;
         if (item < n_items) {
@@ -192,8 +238,15 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         }
     };
 
+    // Whether step (ib, b), the one after (ia, a), reads the keys of (ia, a) again: LOOP, the
+    // same item (so the next group: a one-tile split has no next tile) of a one-tile split.
+    // Those keys stay in their buffer, and nothing is copied for the step.
+    auto same_keys = [&](uint32_t ia, const TcItem& a, uint32_t ib) {
+        return LOOP && ib == ia && a.ke - a.kb <= kTcKT;
+    };
+
     // Three tiles in flight: cur (computed now, in buffer buf), nx1 (copied into buf ^ 1 while
-    // cur is computed) and nx2 (its keys' selections read meanwhile).
+    // cur is computed, unless it reads cur's keys) and nx2 (its keys' selections read meanwhile).
     uint32_t item = blockIdx.x;
     TcItem cur = decode(item);
     uint64_t t0 = cur.kb;
@@ -210,7 +263,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     advance(item1, nx1, t1);
     uint64_t g1 = ~uint64_t(0);
     uint32_t sg1 = 0;
-    if (item1 < n_items) key_of(nx1, t1, g1, sg1);
+    bool read1 = item1 < n_items;   // (not for a step that copies nothing)
+    if constexpr (LOOP) read1 = read1 && !same_keys(item, cur, item1);
+    if (read1) key_of(nx1, t1, g1, sg1);
     uint32_t buf = 0;
 
     // Running output of heads gid, gid+8 over this warp's columns: the large terms (ob) and
@@ -235,16 +290,23 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const float* kt = k_s + buf * kTcKT * DP;
         const uint64_t left = cur.ke - t0;
         const uint32_t nt = uint32_t(left < kTcKT ? left : kTcKT);
-        const bool more = item1 < n_items, new_item = item1 != item;   // new_item: cur ends its split
+        // new_item: cur ends its split (LOOP: its group's pass over the split); reuse: nx1 reads
+        // cur's keys, in buf.
+        const bool more = item1 < n_items;
+        bool new_item = item1 != item;
+        if constexpr (LOOP) new_item = new_item || nx1.h0 != cur.h0;
+        const bool reuse = more && same_keys(item, cur, item1);
 
-        if (more) stage_keys(nx1, g1, sg1, k_s + (buf ^ 1) * kTcKT * DP);
+        if (more && !reuse) stage_keys(nx1, g1, sg1, k_s + (buf ^ 1) * kTcKT * DP);
         uint32_t item2 = item1;
         TcItem nx2 = nx1;
         uint64_t t2 = t1, g2 = ~uint64_t(0);
         uint32_t sg2 = 0;
         if (more) {
             advance(item2, nx2, t2);
-            if (item2 < n_items) key_of(nx2, t2, g2, sg2);
+            bool read2 = item2 < n_items;
+            if constexpr (LOOP) read2 = read2 && !same_keys(item1, nx1, item2);
+            if (read2) key_of(nx2, t2, g2, sg2);
         }
 
         {   // Scores: warp w, dims base .. base + 8·NT - 1 of the 16 heads × 32 keys.
@@ -421,28 +483,31 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         t1 = t2;
         g1 = g2;
         sg1 = sg2;
-        buf ^= 1;
+        if (!reuse) buf ^= 1;
     }
 }
 
 int g_tc_override = -1;
 
-template <uint32_t NT>
+template <uint32_t NT, bool LOOP>
 void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k, const uint32_t* sel,
                const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t r0, uint32_t n_rows,
-               uint32_t max_split, float* part_o, float2* part_ml, cudaStream_t s) {
+               uint32_t max_split, float* part_o, float2* part_ml, bool spread, cudaStream_t s) {
     const size_t smem = tc_smem_floats(64 * NT) * sizeof(float);
-    // Once per width (the first call is an eager round, so a graph capture finds it done):
-    // the shared-memory limit, and the blocks the GPU holds at once (the persistent grid).
+    // Once per width and mode (the first call is an eager round, so a graph capture finds it
+    // done): the shared-memory limit, and the blocks the GPU holds at once (the persistent grid).
     static const uint32_t resident = [smem] {
-        check(cudaFuncSetAttribute(attn_split_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        check(cudaFuncSetAttribute(attn_split_tc_kernel<NT, LOOP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   int(smem)),
               "attention (tensor cores) shared memory");
-        return resident_blocks(reinterpret_cast<const void*>(attn_split_tc_kernel<NT>), kTcThreads, smem);
+        return resident_blocks(reinterpret_cast<const void*>(attn_split_tc_kernel<NT, LOOP>), kTcThreads, smem);
     }();
+    // Items at most: a pair per group (no loop, or a spread loop's gpi = 1), else one per pair.
     const uint32_t n_groups = (n_head + kTcHeads - 1) / kTcHeads;
-    const uint32_t blocks = std::min(n_rows * n_groups * max_split, resident);
-    attn_split_tc_kernel<NT><<<blocks, kTcThreads, smem, s>>>(q, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer,
-                                                              il, r0, n_rows, max_split, part_o, part_ml);
+    const uint32_t blocks = std::min(n_rows * (LOOP && !spread ? 1 : n_groups) * max_split, resident);
+    attn_split_tc_kernel<NT, LOOP><<<blocks, kTcThreads, smem, s>>>(q, n_head, n_swa, ratio, top_k, sel, rows, lkv,
+                                                                    n_layer, il, r0, n_rows, max_split, part_o,
+                                                                    part_ml, spread);
     check_launch("attention (tensor cores)");
 }
 
@@ -464,10 +529,19 @@ bool attn_tc_ok(uint32_t n_head, uint32_t D) { return n_head > 0 && (D == 64 || 
 
 void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                    const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
-                   uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, cudaStream_t s) {
+                   uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, uint32_t loop,
+                   cudaStream_t s) {
     if (!attn_tc_ok(n_head, D)) throw_mismatch("attention (tensor cores): head widths 64, 128, 256 or 512", 0, D, D);
-    auto* launch = D == 64 ? launch_tc<1> : D == 128 ? launch_tc<2> : D == 256 ? launch_tc<4> : launch_tc<8>;
-    launch(q, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n_rows, max_split, part_o, part_ml, s);
+    auto* launch = loop ? (D == 64    ? launch_tc<1, true>
+                           : D == 128 ? launch_tc<2, true>
+                           : D == 256 ? launch_tc<4, true>
+                                      : launch_tc<8, true>)
+                        : (D == 64    ? launch_tc<1, false>
+                           : D == 128 ? launch_tc<2, false>
+                           : D == 256 ? launch_tc<4, false>
+                                      : launch_tc<8, false>);
+    launch(q, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n_rows, max_split, part_o, part_ml,
+           loop == 2, s);
 }
 
 }  // namespace dsv4::cuda

@@ -338,6 +338,11 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.
 void attn_tc_override(int on);
+// Groups per item of the split kernels for slices of 32 rows or more (DSV4_ATTN_LOOP, read
+// once; the bits are the same in every mode): tests force 0 (an item per head group), 1 (an
+// item per (row, split) over all its groups), 2 (the tensor-core kernel chooses the groups per
+// item; the FP32 kernel takes it as 1), or -1 for the variable's.
+void attn_loop_override(int mode);
 
 // Router (§5.13): probs in place (sqrt(softplus)), selection (hash table or biased top-K,
 // ties to the lower id), weights. experts/weights: [R][K].

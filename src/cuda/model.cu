@@ -1976,6 +1976,12 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     check_launch("indexer_fused");
 }
 
+namespace {
+int g_attn_loop_override = -1;
+}  // namespace
+
+void attn_loop_override(int mode) { g_attn_loop_override = mode; }
+
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
@@ -2015,17 +2021,20 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
         resident = resident_blocks(reinterpret_cast<const void*>(attn_split_kernel), kAttnThreads, smem);
     }
     const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
+    // DSV4_ATTN_LOOP=1: slices of many rows (prefill) take a row's head groups in one item, so
+    // a split's keys are staged once (the same bits: see attn_split_kernel and attention_tc.cu).
+    // =2: the same, the tensor-core kernel choosing the groups per item for the GPU's
+    // parallelism (the FP32 kernel takes it as 1). Opt-in until it has run on the GPU (written
+    // after the device time was spent). Tests force a mode with attn_loop_override.
+    static const int loop_env = env_switch("DSV4_ATTN_LOOP", false) ? std::max(1, env_int("DSV4_ATTN_LOOP", 1)) : 0;
+    const int loop_mode = g_attn_loop_override >= 0 ? g_attn_loop_override : loop_env;
     for (uint32_t r0 = 0; r0 < R; r0 += slice) {
         const uint32_t n = std::min(slice, R - r0);
+        const bool loop = loop_mode != 0 && n >= 32;
         if (tc) {
             attn_split_tc(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n, max_split, part_o,
-                          part_ml, s);
+                          part_ml, loop ? (loop_mode == 2 ? 2u : 1u) : 0u, s);
         } else {
-            // DSV4_ATTN_LOOP=1: slices of many rows (prefill) take a row's head groups in one
-            // item, so a split's keys are staged once (the same bits: see attn_split_kernel).
-            // Opt-in until it has run on the GPU (written after this session's device time).
-            static const bool loop_on = env_switch("DSV4_ATTN_LOOP", false);
-            const bool loop = loop_on && n >= 32;
             const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
                                                                  n_layer, il, r0, n, max_split, part_o, part_ml,

@@ -896,6 +896,15 @@ struct AttnKernel {
     AttnKernel(const AttnKernel&) = delete;
     AttnKernel& operator=(const AttnKernel&) = delete;
 };
+// Forces the split kernels' groups per item for slices of 32 rows or more for a scope
+// (cuda::attn_loop_override: 0 an item per head group, 1 an item per (row, split) over all
+// its groups, 2 the tensor-core kernel's choice); the environment's choice again afterwards.
+struct AttnLoop {
+    explicit AttnLoop(int mode) { cuda::attn_loop_override(mode); }
+    ~AttnLoop() { cuda::attn_loop_override(-1); }
+    AttnLoop(const AttnLoop&) = delete;
+    AttnLoop& operator=(const AttnLoop&) = delete;
+};
 
 // Positions per layer kind: window only, partial window, ring wrap (raw_cap = n_swa + 24),
 // compressed rows below/at/above top_k (ratio 4), and long contexts (ratio 128: up to ~3000 keys).
@@ -945,7 +954,14 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 }
 
 // A row's output is the same bits computed alone (decode), in a batch of many rows (several
-// slices of rows inside the launcher), or at another place in the batch.
+// slices of rows inside the launcher), or at another place in the batch; the batches with
+// the head-group loop (DSV4_ATTN_LOOP) forced off and on, for both kernels: a row alone is
+// one item per head group, a slice of 32 rows or more with the loop an item per (row,
+// split) over the groups (the keys of a one-tile split copied once), or on the tensor cores
+// (mode 2) runs of groups whose length depends on the slice and the GPU. The loop needs two
+// head groups at least: the 64-, 20- and 12-head shapes for the FP32 kernel (8 heads a
+// group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
+// for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32).
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
     for (int tc : {1, 0}) {
         const AttnKernel kernel(tc);
@@ -953,7 +969,7 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
                 auto base = attn_positions(sh, ratio);
                 std::vector<int64_t> pos;
-                const uint32_t R = ratio == 0 ? 40 : 80;
+                const uint32_t R = ratio == 0 ? 40 : ratio == 4 ? 80 : 100;
                 for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 7) % base.size()] + (i % 3));
                 const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
                 const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 3 * sh.D + ratio);
@@ -962,7 +978,6 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                 std::vector<uint32_t> sel;
                 P.make_rows(pos, 17 + ratio, &rows, &q, &sel);
                 const size_t HD = size_t(sh.n_head) * sh.D;
-                const auto batch = P.run(rows, q, sel);
                 // The batch reversed.
                 std::vector<cuda::DevRow> rrows(rows.rbegin(), rows.rend());
                 std::vector<float> rq(q.size());
@@ -971,17 +986,26 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                     std::copy_n(&q[i * HD], HD, &rq[(R - 1 - i) * HD]);
                     std::copy_n(&sel[i * sh.top_k], sh.top_k, &rsel[(R - 1 - i) * sh.top_k]);
                 }
-                const auto rev = P.run(rrows, rq, rsel);
+                std::vector<std::vector<float>> alone(R);
                 for (uint32_t i = 0; i < R; ++i) {
                     const std::vector<cuda::DevRow> one = {rows[i]};
                     const std::vector<float> q1(q.begin() + i * HD, q.begin() + (i + 1) * HD);
                     const std::vector<uint32_t> s1(sel.begin() + i * sh.top_k, sel.begin() + (i + 1) * sh.top_k);
-                    const auto alone = P.run(one, q1, s1);
-                    ASSERT_EQ(std::memcmp(alone.data(), &batch[i * HD], HD * sizeof(float)), 0)
-                        << "tc " << tc << " D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos;
-                    ASSERT_EQ(std::memcmp(alone.data(), &rev[(R - 1 - i) * HD], HD * sizeof(float)), 0)
-                        << "tc " << tc << " D " << sh.D << " ratio " << ratio << " row " << i << " pos " << rows[i].pos
-                        << " (reversed)";
+                    alone[i] = P.run(one, q1, s1);
+                }
+                for (int loop : {0, 1, 2}) {
+                    if (loop == 2 && !tc) continue;   // (the FP32 kernel takes 2 as 1)
+                    const AttnLoop looped(loop);
+                    const auto batch = P.run(rows, q, sel);
+                    const auto rev = P.run(rrows, rq, rsel);
+                    for (uint32_t i = 0; i < R; ++i) {
+                        ASSERT_EQ(std::memcmp(alone[i].data(), &batch[i * HD], HD * sizeof(float)), 0)
+                            << "tc " << tc << " loop " << loop << " D " << sh.D << " ratio " << ratio << " row " << i
+                            << " pos " << rows[i].pos;
+                        ASSERT_EQ(std::memcmp(alone[i].data(), &rev[(R - 1 - i) * HD], HD * sizeof(float)), 0)
+                            << "tc " << tc << " loop " << loop << " D " << sh.D << " ratio " << ratio << " row " << i
+                            << " pos " << rows[i].pos << " (reversed)";
+                    }
                 }
             }
         }
