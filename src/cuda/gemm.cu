@@ -130,20 +130,24 @@ __device__ __forceinline__ void leaf_sums(const Gemm& p, uint64_t first, uint64_
     }
 }
 
-// A warp's 2 × 2 MMA tiles of results (element e of tile (mt, nt): weight row m0 + 16 mt + gid
-// + 8 (e >> 1), activation row r0 + 8 nt + 2 tig + (e & 1)) into y, rows past N or R skipped.
+// A warp's MMA tiles of results into y, rows past N or R skipped: one 16-row tile of weight
+// rows × 2 tiles of 8 activation rows (element e of tile nt: weight row m0 + gid + 8 (e >> 1),
+// activation row r0 + 8 nt + 2 tig + (e & 1)), or two such tiles 16 weight rows apart.
+__device__ __forceinline__ void store_tiles(const Gemm& p, uint64_t m0, uint32_t r0, uint32_t gid, uint32_t tig,
+                                            const float (&v)[2][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint64_t n = m0 + gid + 8 * (e >> 1);
+            const uint32_t r = r0 + nt * 8 + 2 * tig + (e & 1);
+            if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = v[nt][e];
+        }
+}
 __device__ __forceinline__ void store_tiles(const Gemm& p, uint64_t m0, uint32_t r0, uint32_t gid, uint32_t tig,
                                             const float (&v)[2][2][4]) {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
-                const uint32_t r = r0 + nt * 8 + 2 * tig + (e & 1);
-                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = v[mt][nt][e];
-            }
+    for (int mt = 0; mt < 2; ++mt) store_tiles(p, m0 + mt * 16, r0, gid, tig, v[mt]);
 }
 
 // WT: the threads decode gives a row (32: a warp per row; 256 or 1024: matvec_kernel's wide
@@ -978,14 +982,7 @@ __global__ void __launch_bounds__(256, 2) gemm_q8_0_smem_kernel(Gemm p) {
         tree_push(j, st, cur);
     }
     cp_async_wait_all();
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
-            const uint32_t r = n0 + wn + nt * 8 + 2 * tig + (e & 1);
-            if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = cur[nt][e];
-        }
+    store_tiles(p, m0 + wm, n0 + wn, gid, tig, cur);
 }
 
 

@@ -1359,30 +1359,50 @@ std::vector<float> q8_0_rows_one_at_a_time(const cuda::DevWeight& w, const cuda:
     return one.download();
 }
 
+// A Q8_0 product of the tensor-core tests: a random weight of N rows of K values, R random
+// activation rows (groups × K values for a grouped product: N / rpg groups) and their Q8_0
+// codes on the device.
+struct Q8_0Case {
+    uint64_t K, N, rpg;
+    uint32_t R;
+};
+struct Q8_0Problem {
+    uint64_t AK;   // values per activation row
+    HostWeight hw;
+    DevWeightHolder dw;
+    std::vector<float> x;
+    DevVec<float> dx;
+    ActHolder ah;
+    cuda::DevAct a;
+    Q8_0Problem(const Q8_0Case& c, uint64_t weight_seed, uint64_t act_seed)
+        : AK((c.rpg ? c.N / c.rpg : 1) * c.K),
+          hw(random_weight(Type::Q8_0, c.K, c.N, weight_seed)),
+          dw(hw),
+          x(random_floats(c.R * AK, act_seed, -2.0f, 2.0f)),
+          dx(x),
+          ah(c.R * AK),
+          a(cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr)) {}
+};
+
 TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     // Prefill's tensor-core Q8_0 product (R >= 16) must give each row exactly what decode
     // (one row at a time) gives: same integer block sums, same float steps, same tree of sums.
     // K below, at and above 32 blocks (a lane with no, one, several blocks), N with a tail,
     // R with a tail, and the grouped product of the attention output.
-    struct Case {
-        uint64_t K, N, rpg;
-        uint32_t R;
-    };
     // Decode gives rows of N <= 1024 with K >= 2048 a wide block (256 or 1024 threads): those
     // shapes follow that block's order (N 72 and 64 below).
-    for (const Case c : {Case{512, 100, 0, 16}, Case{1024, 256, 0, 37}, Case{4096, 1100, 0, 20},
-                         Case{8192, 1088, 0, 33}, Case{1024, 128, 64, 17}, Case{4096, 72, 0, 20},
-                         Case{8192, 64, 0, 18}, Case{2048, 1024, 0, 16}}) {
-        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+    for (const Q8_0Case c : {Q8_0Case{512, 100, 0, 16}, Q8_0Case{1024, 256, 0, 37}, Q8_0Case{4096, 1100, 0, 20},
+                             Q8_0Case{8192, 1088, 0, 33}, Q8_0Case{1024, 128, 64, 17}, Q8_0Case{4096, 72, 0, 20},
+                             Q8_0Case{8192, 64, 0, 18}, Q8_0Case{2048, 1024, 0, 16}}) {
         ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
                                              false))
             << "K " << c.K;
-        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 900 + c.K + c.N);
-        DevWeightHolder dw(hw);
-        auto x = random_floats(c.R * AK, 31 + c.R, -2.0f, 2.0f);
-        DevVec<float> dx(x);
-        ActHolder ah(c.R * AK);
-        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+        const Q8_0Problem pr(c, 900 + c.K + c.N, 31 + c.R);
+        const uint64_t AK = pr.AK;
+        const HostWeight& hw = pr.hw;
+        const DevWeightHolder& dw = pr.dw;
+        const std::vector<float>& x = pr.x;
+        const cuda::DevAct& a = pr.a;
         DevVec<float> tc(c.R * c.N), old_tc(c.R * c.N);
         cuda::gemm_q8_0(dw.w, a, c.R, tc.get(), c.N, c.N, 0, c.rpg, nullptr);
         cuda::gemm_q8_0_version(0);   // the register-fed kernel too
@@ -1416,24 +1436,18 @@ TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
     // block), 33 blocks (leaves of 2 and 1), 3 and 6 blocks a leaf (positions of the
     // power-of-two stage layout skipped), K 8,224 (9 blocks a leaf: the register-fed kernel
     // takes it), N with tails, small groups, R of exactly one tile and of 16.
-    struct Case {
-        uint64_t K, N, rpg;
-        uint32_t R;
-    };
-    for (const Case c : {Case{1024, 32768, 0, 130}, Case{4096, 2048, 0, 100}, Case{2048, 4096, 0, 67},
-                         Case{4096, 8192, 1024, 50}, Case{8192, 4096, 0, 45}, Case{512, 1100, 0, 16},
-                         Case{1056, 1100, 0, 37}, Case{3072, 1030, 0, 64}, Case{6144, 1500, 0, 33},
-                         Case{8224, 1040, 0, 17}, Case{2048, 2048, 128, 70}, Case{1024, 1090, 0, 200}}) {
-        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+    for (const Q8_0Case c :
+         {Q8_0Case{1024, 32768, 0, 130}, Q8_0Case{4096, 2048, 0, 100}, Q8_0Case{2048, 4096, 0, 67},
+          Q8_0Case{4096, 8192, 1024, 50}, Q8_0Case{8192, 4096, 0, 45}, Q8_0Case{512, 1100, 0, 16},
+          Q8_0Case{1056, 1100, 0, 37}, Q8_0Case{3072, 1030, 0, 64}, Q8_0Case{6144, 1500, 0, 33},
+          Q8_0Case{8224, 1040, 0, 17}, Q8_0Case{2048, 2048, 128, 70}, Q8_0Case{1024, 1090, 0, 200}}) {
         ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
                                              false));
         ASSERT_EQ(cuda::decode_row_threads(c.K, c.N, false), 32u) << "K " << c.K << " N " << c.N;
-        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 970 + c.K + c.N);
-        DevWeightHolder dw(hw);
-        auto x = random_floats(c.R * AK, 43 + c.R, -2.0f, 2.0f);
-        DevVec<float> dx(x);
-        ActHolder ah(c.R * AK);
-        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+        const Q8_0Problem pr(c, 970 + c.K + c.N, 43 + c.R);
+        const uint64_t AK = pr.AK;
+        const DevWeightHolder& dw = pr.dw;
+        const cuda::DevAct& a = pr.a;
         const auto ref = q8_0_rows_one_at_a_time(dw.w, a, c.R, AK, c.N, c.rpg);
         for (const int v : {2, 1, 0}) {
             cuda::gemm_q8_0_version(v);
