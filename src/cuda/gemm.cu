@@ -13,6 +13,7 @@
 #include <cstdlib>
 
 #include "cuda/common.cuh"
+#include "cuda/iq2.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -242,6 +243,7 @@ struct KqGemm {
     float clamp;
     const float* ew;
     const uint64_t *grid, *sign;
+    const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
 };
 
 // A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs, so each expanded weight
@@ -463,11 +465,19 @@ constexpr int kSmRows = 64;                 // weight rows a block
 // ldmatrix's 8 row addresses fall on different banks
 constexpr int kSmRowE = 256 + 16;
 
-template <int NW>
+// REP: the tables replicated (iq2.cuh: the grid in 16 copies, the sign selectors in 16), each
+// lane reading its own copy: a warp's 64-bit grid lookups take the minimum 2 shared-memory
+// passes and its selector lookups 2, where one copy of each (REP = false: the grid and the
+// byte masks as in global memory) takes ~7 passes for each, random indices colliding on
+// banks. The expansion was most of the kernel's shared-memory traffic (Nsight Compute, run
+// 37: L1/shared throughput 79 %, the kernel's limit). 40 KB more a block: 109 KB, still 2
+// blocks an SM.
+constexpr uint32_t kIq2GemmSelCopies = 16;
+template <int NW, bool REP>
 struct Iq2Smem {
-    static constexpr int grid = 0;                                  // 256 × u64
-    static constexpr int sign = grid + 256 * 8;                     // 128 × u64
-    static constexpr int exp = sign + 128 * 8;                      // [NW][64] rows of kSmRowE int8
+    static constexpr int grid = 0;                                                // 256 × u64
+    static constexpr int sign = grid + (REP ? int(kIq2GridRepBytes) : 256 * 8);   // 128 × u64
+    static constexpr int exp = sign + (REP ? 128 * int(kIq2GemmSelCopies) * 4 : 128 * 8);   // [NW][64] rows of kSmRowE int8
     static constexpr int ls = exp + NW * kSmRows * kSmRowE;         // [NW][64][8] group scales 2s + 1
     static constexpr int raw = ls + NW * kSmRows * 8;               // [2][NW][64][64] code bytes
     static constexpr int act = raw + 2 * NW * kSmRows * 64;         // [2][32] rows of kSmRowE int8
@@ -503,10 +513,10 @@ __device__ __forceinline__ int sb_at(int idx, int nsb) {
     return -1;
 }
 
-template <int NW>
+template <int NW, bool REP>
 __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     pdl_begin();
-    using L = Iq2Smem<NW>;
+    using L = Iq2Smem<NW, REP>;
     extern __shared__ __align__(16) uint8_t sm[];
     const uint32_t gi = blockIdx.y;
     if (gi >= uint32_t(*p.count)) return;
@@ -524,8 +534,27 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     // tables
     uint64_t* sgrid = reinterpret_cast<uint64_t*>(sm + L::grid);
     uint64_t* ssign = reinterpret_cast<uint64_t*>(sm + L::sign);
-    sgrid[t] = p.grid[t];
-    if (t < 128) ssign[t] = p.sign[t];
+    if constexpr (REP) {
+        // 16-byte stores of two copies each, consecutive per warp: grid row k / 8 (8 stores
+        // a row), selector k / 4 (4 stores an entry)
+        constexpr int NG = int(kIq2GridRepBytes) / 16 / 256, NS = 128 * int(kIq2GemmSelCopies) * 4 / 16 / 256;
+        uint64_t gv[NG];
+        uint32_t sv[NS];
+#pragma unroll
+        for (int j = 0; j < NG; ++j) gv[j] = __ldg(&p.grid[(t + 256 * j) >> 3]);
+#pragma unroll
+        for (int j = 0; j < NS; ++j) sv[j] = __ldg(&p.sel[(t + 256 * j) >> 2]);
+        uint4* g4 = reinterpret_cast<uint4*>(sm + L::grid);
+        uint4* s4 = reinterpret_cast<uint4*>(sm + L::sign);
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+            g4[t + 256 * j] = make_uint4(uint32_t(gv[j]), uint32_t(gv[j] >> 32), uint32_t(gv[j]), uint32_t(gv[j] >> 32));
+#pragma unroll
+        for (int j = 0; j < NS; ++j) s4[t + 256 * j] = make_uint4(sv[j], sv[j], sv[j], sv[j]);
+    } else {
+        sgrid[t] = p.grid[t];
+        if (t < 128) ssign[t] = p.sign[t];
+    }
     // this thread's copies: code bytes 16 t.. of each weight's 64 rows (row t / 4, part t % 4),
     // activation chunks t and t + 256 (pair slot q / 16, part q % 16)
     const uint64_t woff = (wbase + min(m0 + (t >> 2), p.N - 1)) * uint64_t(nsb) * 64 + (t & 3) * 16;
@@ -577,14 +606,19 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
                 const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
                 const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
                 uint32_t w[8];
+                if constexpr (REP) {
+                    iq2_expand_rep<kIq2GemmSelCopies>(q.x, q.y, sm + L::grid + (lane & 15) * 8,
+                                                      sm + L::sign + (lane & 15) * 4, w);
+                } else {
 #pragma unroll
-                for (int l = 0; l < 4; ++l) {
-                    const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
-                    const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
-                    const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
-                    const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
-                    w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
-                    w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
+                    for (int l = 0; l < 4; ++l) {
+                        const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
+                        const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
+                        const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
+                        const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
+                        w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
+                        w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
+                    }
                 }
                 // groups 4-7 store their second half first: 8 lanes' 16-byte stores then fall
                 // on 8 different bank quads
@@ -1226,12 +1260,14 @@ bool tensor_cores_on() {
 
 // DSV4_GEMM_SMEM=0 keeps the register-fed tensor-core kernels (gemm_kq_kernel,
 // gemm_q8_0_kernel) instead of the shared-memory staged ones (IQ2_XXS, Q2_K experts; Q8_0
-// of decode's warp-per-row order); gemm_smem_override (tests) wins.
+// of decode's warp-per-row order); =2 stages them with one copy of the IQ2_XXS tables
+// instead of the replicated ones (the same bits); gemm_smem_override (tests) wins.
 int g_smem_override = -1;
-bool smem_on() {
-    static const bool on = env_switch("DSV4_GEMM_SMEM", true);
-    return g_smem_override >= 0 ? g_smem_override != 0 : on;
+int smem_mode() {
+    static const int mode = env_switch("DSV4_GEMM_SMEM", true) ? std::max(1, env_int("DSV4_GEMM_SMEM", 1)) : 0;
+    return g_smem_override >= 0 ? g_smem_override : mode;
 }
+bool smem_on() { return smem_mode() != 0; }
 // The staged Q8_0 kernel is opt-in (DSV4_GEMM_SMEM_Q8=1; tests force it with the override):
 // on the H200 it took twice the register-fed kernel's time for out_a, q_b and out_b (run 27:
 // 12.8 vs 5.8, 9.7 vs 4.6, 7.9 vs 5.5 us/token), while the staged expert kernels halved theirs.
@@ -1252,10 +1288,25 @@ bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s) {
     ready = true;
     return true;
 }
-template <int NW>
+template <int NW, bool REP>
 bool iq2_smem_ready(cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW>), Iq2Smem<NW>::bytes, ready, s);
+    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW, REP>), Iq2Smem<NW, REP>::bytes, ready,
+                      s);
+}
+// The staged IQ2_XXS kernel for gate (NW = 1) or gate+up (NW = 2), replicated tables or not;
+// false when its shared memory cannot be raised yet (a capture first).
+template <int NW>
+bool launch_iq2_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+    const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap), block(256);
+    if (smem_mode() != 2) {
+        if (!iq2_smem_ready<NW, true>(s)) return false;
+        gemm_iq2_smem_kernel<NW, true><<<grid, block, Iq2Smem<NW, true>::bytes, s>>>(p);
+    } else {
+        if (!iq2_smem_ready<NW, false>(s)) return false;
+        gemm_iq2_smem_kernel<NW, false><<<grid, block, Iq2Smem<NW, false>::bytes, s>>>(p);
+    }
+    return true;
 }
 bool q8_smem_ready(cudaStream_t s) {
     static bool ready = false;
@@ -1376,15 +1427,13 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.y_stride = y_stride;
     p.clamp = clamp;
     p.ew = ew;
-    iq2_tables(&p.grid, &p.sign);
+    iq2_tables(&p.grid, &p.sign, &p.sel);
     const uint32_t bm = 64 * uint32_t(Wg.type == T_IQ2_XXS ? kq_mt<T_IQ2_XXS>() : kq_mt<T_Q2_K>());
     const dim3 grid(uint32_t((N + bm - 1) / bm), g.cap), block(128);
     if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
         reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&
-        (Wu ? iq2_smem_ready<2>(s) : iq2_smem_ready<1>(s))) {
-        const dim3 sgrid(uint32_t((N + kSmRows - 1) / kSmRows), g.cap), sblock(256);
-        if (Wu) gemm_iq2_smem_kernel<2><<<sgrid, sblock, Iq2Smem<2>::bytes, s>>>(p);
-        else gemm_iq2_smem_kernel<1><<<sgrid, sblock, Iq2Smem<1>::bytes, s>>>(p);
+        (Wu ? launch_iq2_smem<2>(p, N, g.cap, s) : launch_iq2_smem<1>(p, N, g.cap, s))) {
+        // (launched by launch_iq2_smem)
     } else if (Wg.type == T_Q2_K && !Wu && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 &&
                p.AL % 256 == 0 && reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.absum) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&

@@ -153,13 +153,15 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
                      uint64_t y_stride, uint64_t N, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups& g,
                      float clamp, const float* ew, cudaStream_t s);
 // The IQ2_XXS expert products stage their operands in shared memory (gemm.cu) unless
-// DSV4_GEMM_SMEM=0 (read once); tests force either path: 1 / 0, or -1 for the variable's.
+// DSV4_GEMM_SMEM=0 (read once; =2: with one copy of the IQ2_XXS tables instead of the
+// replicated ones); tests force a path: 1, 2, 0, or -1 for the variable's.
 void gemm_smem_override(int on);
 // The Q8_0 products of decode's warp-per-row order: 1 the pipelined tensor-core kernel (the
 // default), 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).
 void gemm_q8_0_version(int v);
-// Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them).
-void iq2_tables(const uint64_t** grid, const uint64_t** sign);
+// Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
+// of the sign selectors (iq2.cuh; constants).
+void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);
 
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda/common.cuh"
+#include "cuda/iq2.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -652,41 +653,16 @@ constexpr int kKqWarps = 8;   // warps per block of kq_kernel
 // DSV4_KQ_SMEM=0 selects the global-memory lookups of iq2_expand for A/B, see launch_kq).
 // Each lane does 16 table lookups per 16 bytes of weights at random indices: from global memory they go through L1 as scattered
 // requests, and even from one shared copy random indices collide on banks (a 64-bit lookup
-// of a half-warp into 16 bank pairs costs ~3 passes instead of 1). So each table is
-// replicated until a warp's lookups are conflict-free:
-// - grid: 16 copies of each 8-byte row side by side (row i, copy c at 8-byte slot 16 i + c):
-//   a 64-bit load is served per half-warp, and lane l reads copy l & 15, i.e. its own bank
-//   pair, so any 32 indices take the minimum 2 passes. 256 * 16 * 8 = 32 KB.
-// - signs: not byte masks but the prmt selectors that pick, per byte, the grid
-//   magnitude or its negation: byte t of the result is byte t of g (nibble t) or of
-//   0x01010100 - g (nibble t + 4; every grid byte is 8, 25 or 43, so this is the byte-wise
-//   negation without borrows), i.e. exactly the signed bytes of (g ^ m) + (m & 0x01010101).
-//   Low half-word: selector of the values 0..3, high: values 4..7. 32 copies of each 4-byte
-//   entry (entry i, copy c at word 32 i + c), lane l reads copy l: one pass.
-//   128 * 32 * 4 = 16 KB.
+// of a half-warp into 16 bank pairs costs ~3 passes instead of 1). So each lane reads its own
+// copy of replicated tables (iq2.cuh: the grid in 16 copies, the sign selectors in 32), and
+// a warp's lookups are conflict-free: 48 KB.
 // Per 8 values this is 2 loads (3 shared passes per warp) and 2 + 2 + 1 + 2 + 2 integer
 // operations (the two offsets, the high selector, two negations, two prmt) instead of 2
 // scattered global loads and about 4 + 4 + 6 (64-bit addresses, then xor / and / add per word).
 // The integers are the same, so are the sums and the results (bit for bit).
-constexpr uint32_t kIq2SmemGrid = 256 * 16 * 8;                  // bytes of the grid copies
+constexpr uint32_t kIq2SmemGrid = kIq2GridRepBytes;               // bytes of the grid copies
 constexpr uint32_t kIq2SmemBytes = kIq2SmemGrid + 128 * 32 * 4;  // + the selector copies
 
-// The 128 selectors (a constant: they depend on ksigns alone), built at compile time.
-struct Iq2Selectors {
-    uint32_t v[128];
-};
-constexpr Iq2Selectors iq2_selectors() {
-    Iq2Selectors r{};
-    for (uint32_t i = 0; i < 128; ++i) {
-        uint32_t v = i, par = 0;
-        for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
-        v |= par << 7;   // ksigns(i)
-        uint32_t s = 0;
-        for (int t = 0; t < 8; ++t) s |= (uint32_t(t & 3) + 4 * ((v >> t) & 1)) << (4 * (t & 3) + 16 * (t >> 2));
-        r.v[i] = s;
-    }
-    return r;
-}
 __device__ const Iq2Selectors g_iq2_sel = iq2_selectors();
 
 // Fills the shared tables (the block's 256 threads, then a barrier): every load first (L1 /
@@ -715,29 +691,10 @@ __device__ __forceinline__ void iq2_fill_smem(uint4* sm) {
     __syncthreads();
 }
 
-// prmt without __byte_perm's masking of the selector (an extra AND per call): the
-// selectors of iq2_selector never set a nibble's bit 3 (sign replication).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
-
 // iq2_expand from the shared tables: the same 8 words. smb: the tables; lane: threadIdx.x & 31.
 __device__ __forceinline__ void iq2_expand_smem(uint32_t a0, uint32_t a1, const uint8_t* smb, uint32_t lane,
                                                 uint32_t* w) {
-    const uint8_t* gb = smb + (lane & 15) * 8;             // this lane's grid copy
-    const uint8_t* sb = smb + kIq2SmemGrid + lane * 4;     // and selector copy
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        // 128 * index: grid index = byte l of a0, sign index = bits 7l..7l+6 of a1
-        const uint32_t go = (l == 0 ? a0 << 7 : a0 >> (8 * l - 7)) & 0x7F80u;
-        const uint32_t so = (l == 0 ? a1 << 7 : l == 1 ? a1 : a1 >> (7 * l - 7)) & 0x3F80u;
-        const uint2 g = *reinterpret_cast<const uint2*>(gb + go);
-        const uint32_t sel = *reinterpret_cast<const uint32_t*>(sb + so);
-        w[2 * l] = prmt(g.x, 0x01010100u - g.x, sel);
-        w[2 * l + 1] = prmt(g.y, 0x01010100u - g.y, sel >> 16);
-    }
+    iq2_expand_rep<32>(a0, a1, smb + (lane & 15) * 8, smb + kIq2SmemGrid + lane * 4, w);
 }
 
 // iq2_group with the shared tables: the same integer sum, the same order.
@@ -1203,17 +1160,25 @@ uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert) {
     return 32;
 }
 
-void iq2_tables(const uint64_t** grid, const uint64_t** sign) {
+void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel) {
     // looked up once: the symbols' addresses do not change within the process
-    static const std::pair<const uint64_t*, const uint64_t*> t = [] {
+    struct Tables {
+        const uint64_t *grid, *sign;
+        const uint32_t* sel;
+    };
+    static const Tables t = [] {
         void* g = nullptr;
         void* sg = nullptr;
+        void* se = nullptr;
         check(cudaGetSymbolAddress(&g, g_iq2_grid), "IQ2_XXS grid");
         check(cudaGetSymbolAddress(&sg, g_iq2_sign), "IQ2_XXS signs");
-        return std::make_pair(static_cast<const uint64_t*>(g), static_cast<const uint64_t*>(sg));
+        check(cudaGetSymbolAddress(&se, g_iq2_sel), "IQ2_XXS sign selectors");
+        return Tables{static_cast<const uint64_t*>(g), static_cast<const uint64_t*>(sg),
+                      static_cast<const uint32_t*>(se)};
     }();
-    *grid = t.first;
-    *sign = t.second;
+    *grid = t.grid;
+    *sign = t.sign;
+    *sel = t.sel;
 }
 
 void upload_iq2xxs_grid(const uint64_t* grid) {

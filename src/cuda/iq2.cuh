@@ -1,0 +1,74 @@
+// IQ2_XXS code expansion from tables replicated in shared memory, shared by the decode
+// kernel (matvec.cu: kq_kernel_smem) and the prefill expert GEMM (gemm.cu:
+// gemm_iq2_smem_kernel).
+//
+// A 32-value group of IQ2_XXS is 4 grid rows of 8 magnitudes (bytes 8, 25 or 43) chosen by
+// the 4 bytes of a0, with 4 × 7 sign bits in a1 (the eighth sign of each row is the parity of
+// the seven). Random indices from one shared copy of a table collide on banks, so the tables
+// are replicated and each lane reads its own copy:
+// - grid: row i, copy c at 8-byte slot 16 i + c (16 copies, 32 KB); lane l reads copy l & 15,
+//   so a half-warp's 64-bit loads fall on 16 different bank pairs: the minimum 2 passes a warp.
+// - signs: not byte masks but prmt selectors picking, per byte, the grid magnitude or its
+//   negation (byte t of the result is byte t of g, or of 0x01010100 - g, the byte-wise
+//   negation without borrows since no grid byte is 0), i.e. exactly the signed bytes of
+//   (g ^ m) + (m & 0x01010101) with the byte masks m. Low half-word: values 0..3, high:
+//   4..7. Entry i, copy c at word C i + c for C copies (32: one pass a warp; 16: two).
+#pragma once
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+constexpr uint32_t kIq2GridCopies = 16;
+constexpr uint32_t kIq2GridRepBytes = 256 * kIq2GridCopies * 8;   // 32 KB
+
+// The 128 selectors (a constant: they depend on ksigns alone), built at compile time.
+struct Iq2Selectors {
+    uint32_t v[128];
+};
+constexpr Iq2Selectors iq2_selectors() {
+    Iq2Selectors r{};
+    for (uint32_t i = 0; i < 128; ++i) {
+        uint32_t v = i, par = 0;
+        for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
+        v |= par << 7;   // ksigns(i)
+        uint32_t s = 0;
+        for (int t = 0; t < 8; ++t) s |= (uint32_t(t & 3) + 4 * ((v >> t) & 1)) << (4 * (t & 3) + 16 * (t >> 2));
+        r.v[i] = s;
+    }
+    return r;
+}
+
+// prmt without __byte_perm's masking of the selector (an extra AND per call): the
+// selectors never set a nibble's bit 3 (sign replication).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// x >> s for s >= 0, x << -s otherwise (s is a constant once the caller's loop is unrolled:
+// one shift).
+__device__ __forceinline__ uint32_t shift_right(uint32_t x, int s) { return s >= 0 ? x >> s : x << -s; }
+
+// The 8 signed code words of one group (a0: grid indices, a1: signs and scale). gb: this
+// lane's grid copy (tables + 8 (lane & 15)); sb: its selector copy (selectors + 4 copy);
+// SEL_COPIES: the selector table's copies (its entries are 4 SEL_COPIES bytes apart).
+template <uint32_t SEL_COPIES>
+__device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const uint8_t* gb, const uint8_t* sb,
+                                               uint32_t* w) {
+    static_assert(SEL_COPIES == 16 || SEL_COPIES == 32, "selector copies: 16 or 32");
+    constexpr int kSelShift = SEL_COPIES == 32 ? 7 : 6;   // log2 of the selector entry stride
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        // 128 × grid index (byte l of a0); 4 SEL_COPIES × sign index (bits 7l..7l+6 of a1)
+        const uint32_t go = shift_right(a0, 8 * l - 7) & 0x7F80u;
+        const uint32_t so = shift_right(a1, 7 * l - kSelShift) & (127u << kSelShift);
+        const uint2 g = *reinterpret_cast<const uint2*>(gb + go);
+        const uint32_t sel = *reinterpret_cast<const uint32_t*>(sb + so);
+        w[2 * l] = prmt(g.x, 0x01010100u - g.x, sel);
+        w[2 * l + 1] = prmt(g.y, 0x01010100u - g.y, sel >> 16);
+    }
+}
+
+}  // namespace dsv4::cuda
