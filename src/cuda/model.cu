@@ -958,6 +958,77 @@ __global__ void indexer_scores_kernel(const float* qi, const float* wi, uint32_t
     }
 }
 
+// indexer_scores for the model's shape (64 heads of 128: indexer_fused's constants, defined
+// below) with a tile of 64 compressed rows a block instead of 16, so the row's 32 KB of
+// queries are staged once per 64 keys, and register tiles instead of a scalar loop: warp w
+// takes keys 8w .. 8w+7, lane l heads l and l + 32, and keeps the 16 dot products in
+// registers, reading per four dimensions 2 query float4 (conflict-free at the row pitch of
+// 132) and 8 broadcast key float4 (16 shared-memory passes for 64 FMAs, where the scalar
+// loop took 2 loads an FMA). Each dot is the same fmaf chain in dimension order from 0, and
+// the lane then adds heads l and l + 32 in that order before the warp sum: the same
+// operations as indexer_scores_kernel and indexer_fused_kernel, so the same bits.
+constexpr uint32_t kScoreTileWide = 64;
+
+template <uint32_t NH, uint32_t DI, uint32_t P>
+__global__ void __launch_bounds__(256) indexer_scores_tiled_kernel(const float* qi, const float* wi,
+                                                                   const DevRow* rows, const DevLayerKV* lkv,
+                                                                   uint32_t n_layer, uint32_t il, uint32_t top_k,
+                                                                   float* score, uint64_t ld) {
+    static_assert(NH == 64 && DI % 4 == 0 && P % 4 == 0, "two heads a lane, float4 rows");
+    constexpr uint32_t D4 = DI / 4, KT = kScoreTileWide, KW = KT / 8;   // keys a warp
+    pdl_begin();
+    extern __shared__ __align__(16) float sm[];
+    const uint32_t r = blockIdx.y;
+    const uint64_t n_vis = uint64_t(rows[r].pos + 1) / 4;
+    if (n_vis <= top_k) return;
+    const uint64_t c0 = uint64_t(blockIdx.x) * KT;
+    if (c0 >= n_vis) return;
+    float* q_s = sm;             // [NH][P]
+    float* k_s = sm + NH * P;    // [KT][P]
+    const uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    const uint32_t nt = uint32_t(n_vis - c0 < KT ? n_vis - c0 : KT);
+    const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
+    for (uint32_t i = tid; i < NH * D4; i += 256) *reinterpret_cast<float4*>(q_s + (i / D4) * P + (i % D4) * 4) = q4[i];
+    for (uint32_t i = tid; i < nt * D4; i += 256) {
+        const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
+        *reinterpret_cast<float4*>(k_s + (i / D4) * P + (i % D4) * 4) = v;
+    }
+    const float w0 = wi[uint64_t(r) * NH + lane], w1 = wi[uint64_t(r) * NH + lane + 32];
+    __syncthreads();
+    const uint32_t j0 = w * KW;
+    if (j0 >= nt) return;   // (no barrier below)
+    float acc[2][KW];
+#pragma unroll
+    for (uint32_t t = 0; t < KW; ++t) acc[0][t] = acc[1][t] = 0.0f;
+    const float4* qa = reinterpret_cast<const float4*>(q_s + lane * P);
+    const float4* qb = reinterpret_cast<const float4*>(q_s + (lane + 32) * P);
+#pragma unroll 2
+    for (uint32_t d4 = 0; d4 < D4; ++d4) {
+        const float4 xa = qa[d4], xb = qb[d4];
+#pragma unroll
+        for (uint32_t t = 0; t < KW; ++t) {   // keys past nt: stale rows, never written out
+            const float4 kv = reinterpret_cast<const float4*>(k_s + (j0 + t) * P)[d4];
+            acc[0][t] = fmaf(xa.x, kv.x, acc[0][t]);
+            acc[0][t] = fmaf(xa.y, kv.y, acc[0][t]);
+            acc[0][t] = fmaf(xa.z, kv.z, acc[0][t]);
+            acc[0][t] = fmaf(xa.w, kv.w, acc[0][t]);
+            acc[1][t] = fmaf(xb.x, kv.x, acc[1][t]);
+            acc[1][t] = fmaf(xb.y, kv.y, acc[1][t]);
+            acc[1][t] = fmaf(xb.z, kv.z, acc[1][t]);
+            acc[1][t] = fmaf(xb.w, kv.w, acc[1][t]);
+        }
+    }
+#pragma unroll
+    for (uint32_t t = 0; t < KW; ++t) {
+        float sc = 0;
+        sc += fmaxf(0.0f, acc[0][t]) * w0;
+        sc += fmaxf(0.0f, acc[1][t]) * w1;
+        sc = warp_sum(sc);
+        if (lane == 0 && j0 + t < nt) score[uint64_t(r) * ld + c0 + j0 + t] = sc;
+    }
+}
+
 __device__ __forceinline__ uint32_t order_key(float f) {
     if (f == 0.0f) f = 0.0f;   // -0 ties with +0, as in the CPU's comparisons
     const uint32_t u = __float_as_uint(f);
@@ -1572,7 +1643,12 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
 // Grow-only, and a replaced buffer is kept rather than freed: a CUDA graph captured earlier
 // (by this or another backend) still holds its address. Its size depends on R, n_head, D and
 // the layer kind only, never on positions, so graph replays whose positions advance still fit.
-constexpr size_t kAttnScratchBudget = size_t(144) << 20;   // bytes per slice of rows
+// Bytes per slice of rows: DSV4_ATTN_SCRATCH_MB (144 by default; a smaller slice keeps the
+// partials in L2 between the split and the merge kernels, at the price of more launches).
+size_t attn_scratch_budget() {
+    static const size_t mb = size_t(std::clamp(env_int("DSV4_ATTN_SCRATCH_MB", 144), 4, 4096));
+    return mb << 20;
+}
 std::mutex g_attn_mu;
 void* g_attn_scratch = nullptr;
 size_t g_attn_scratch_bytes = 0;
@@ -1587,7 +1663,7 @@ void* attn_scratch(size_t need, cudaStream_t s) {
         throw_too_small("attention scratch (bytes; it cannot grow while a CUDA graph is captured, so this round "
                         "should have run eagerly first)",
                         need, g_attn_scratch_bytes);
-    const size_t bytes = std::max(need, std::min(2 * g_attn_scratch_bytes, kAttnScratchBudget));
+    const size_t bytes = std::max(need, std::min(2 * g_attn_scratch_bytes, attn_scratch_budget()));
     void* p = nullptr;
     check(cudaMalloc(&p, bytes), "attention scratch");
     if (g_attn_scratch) g_attn_retired.push_back(g_attn_scratch);
@@ -1921,6 +1997,18 @@ void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, 
     check_launch("indexer_q_prep");
 }
 
+namespace {
+// DSV4_IDX_TILED=0 keeps indexer_scores_kernel (16 rows a block, scalar loop) for the
+// model's shape too; indexer_tiled_override (tests) wins.
+int g_idx_tiled_override = -1;
+bool indexer_tiled_on() {
+    static const bool on = env_switch("DSV4_IDX_TILED", true);
+    return g_idx_tiled_override >= 0 ? g_idx_tiled_override != 0 : on;
+}
+}  // namespace
+
+void indexer_tiled_override(int on) { g_idx_tiled_override = on; }
+
 void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                     const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                     float* score, uint64_t ld, cudaStream_t s) {
@@ -1932,6 +2020,21 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
         check(cudaFuncSetAttribute(indexer_scores_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
               "indexer_scores shared memory");
         raised = smem;
+    }
+    if (indexer_tiled_on() && NH == kFusedNH && DI == kFusedDI) {
+        constexpr size_t tsmem = size_t(kFusedNH + kScoreTileWide) * kFusedP * sizeof(float);
+        static const bool traised = [] {
+            check(cudaFuncSetAttribute(indexer_scores_tiled_kernel<kFusedNH, kFusedDI, kFusedP>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(tsmem)),
+                  "indexer_scores shared memory");
+            return true;
+        }();
+        (void)traised;
+        const dim3 grid(uint32_t((max_vis + kScoreTileWide - 1) / kScoreTileWide), R);
+        indexer_scores_tiled_kernel<kFusedNH, kFusedDI, kFusedP>
+            <<<grid, 256, tsmem, s>>>(qi, wi, rows, lkv, n_layer, il, top_k, score, ld);
+        check_launch("indexer_scores");
+        return;
     }
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_scores_kernel<<<grid, 256, smem, s>>>(qi, wi, NH, DI, rows, lkv, n_layer, il, top_k, score, ld);
@@ -1997,7 +2100,7 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
         1u, ratio == 0 ? attn_nsplit(n_swa) : ratio == 4 ? attn_nsplit(uint64_t(n_swa) + top_k) : kAttnMaxSplit);
     const uint64_t row_bytes = uint64_t(n_head) * max_split * (uint64_t(D) * sizeof(float) + sizeof(float2));
     // Rows in slices, so the scratch stays bounded; slices of equal size (±1) balance the launches.
-    const uint32_t cap = uint32_t(std::clamp<uint64_t>(kAttnScratchBudget / row_bytes, 1, kAttnMaxSliceRows));
+    const uint32_t cap = uint32_t(std::clamp<uint64_t>(attn_scratch_budget() / row_bytes, 1, kAttnMaxSliceRows));
     const uint32_t n_slices = (R + cap - 1) / cap, slice = (R + n_slices - 1) / n_slices;
     const uint64_t o_floats = uint64_t(slice) * n_head * max_split * D;
     float* part_o = static_cast<float*>(attn_scratch(slice * row_bytes, s));

@@ -666,7 +666,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
 }
 
 // The fused indexer (queries prepared, scored and selected in one launch) against the
-// three kernels it replaces, bit for bit: scores and selections, decode (R = 1, also with
+// three kernels it replaces, bit for bit (the scores by the general and the tiled kernel): scores and selections, decode (R = 1, also with
 // the keys staged past the base shared memory) and small batches (a row at or below top_k
 // is left alone by both), official and plain numerics, index rows with many exact ties
 // (duplicated rows, all-zero rows). Run twice: the row counters must be left at 0.
@@ -719,8 +719,18 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             DevVec<uint32_t> count(std::vector<uint32_t>(R, 0u));
             cuda::indexer_q_prep(q_old.get(), w_old.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official, wscale,
                                  nullptr);
+            // the general scores kernel, then the tiled one (the default for this shape): same bits
+            cuda::indexer_tiled_override(0);
             cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, ld,
                                  s_old.get(), ld, nullptr);
+            const auto so_general = s_old.download();
+            cuda::indexer_tiled_override(1);
+            DevVec<float> s_tiled(score_init);
+            cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, ld,
+                                 s_tiled.get(), ld, nullptr);
+            cuda::indexer_tiled_override(-1);
+            ASSERT_EQ(0, std::memcmp(so_general.data(), s_tiled.download().data(), so_general.size() * sizeof(float)))
+                << "tiled scores, case " << ci << " official " << official;
             cuda::topk_select(s_old.get(), ld, R, drows.get(), 4, top_k, sel_old.get(), nullptr);
             const auto so = s_old.download();
             const auto lo = sel_old.download();
