@@ -711,7 +711,12 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
 // expansion multiplies each 2-bit code by its sub-block's 4-bit scale (q·s <= 45: still int8),
 // so the super-block's integer sum Σ_u s_u (q_u · a_u) — exactly the decode kernel's — comes
 // from 8 accumulating m16n8k32 MMAs instead of 16 m16n8k16 ones and 16 scalar products a
-// tile. The mins' sums Σ_u m_u bsum_u (bsum: 16 × int8 sums, not int8) stay scalar.
+// tile. The mins' sums Σ_u m_u bsum_u (bsum_u: the sum of sub-block u's 16 activation codes)
+// are Σ_t m_{u(t)} a_t: with MMA_MINS two more MMAs per 32 values against the same
+// activation fragments, the A operand the two sub-blocks' mins (4-bit) replicated into each
+// byte, built in registers from the scale bytes; the same integers as the scalar sums of the
+// staged bsums (MMA_MINS = false, DSV4_GEMM_SMEM=2), which took most of the kernel's
+// instructions (64 multiply-adds and 24 shared loads a thread per super-block).
 // 80 registers (ptxas spills 28 bytes), 50 KB of shared memory: 3 blocks = 24 warps an SM.
 struct Q2Smem {
     static constexpr int exp = 0;                                  // [64] rows of kSmRowE int8
@@ -731,6 +736,7 @@ __device__ __forceinline__ void mma_s8_acc(const uint32_t (&a)[4], uint32_t b0, 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+template <bool MMA_MINS>
 __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
     pdl_begin();
     using L = Q2Smem;
@@ -772,7 +778,7 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
         for (int i = 0; i < 2; ++i)
             cp_async16(sm + L::act + (s * int(kKqPairs) + int(t >> 4) + 16 * i) * kSmRowE + (t & 15) * 16,
                        p.aq + uint64_t(arow[i]) * p.AL + uint64_t(sb) * 256 + (t & 15) * 16);
-        if (t < 128)
+        if (!MMA_MINS && t < 128)
             cp_async16(sm + L::bs + (s * int(kKqPairs) + int(t >> 2)) * 80 + (t & 3) * 16,
                        p.absum + uint64_t(brow) * (p.AL / 16) + uint64_t(sb) * 16 + (t & 3) * 4);
     };
@@ -841,9 +847,19 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
                                    (lane >> 4) * 16);
                 mma_s8_acc(a, b[0], b[1], isum[0]);
                 mma_s8_acc(a, b[2], b[3], isum[1]);
+                if constexpr (MMA_MINS) {
+                    // sub-blocks 2c (k 0-15) and 2c + 1 (k 16-31) of rows gid, gid + 8: their
+                    // mins (high nibbles of scale bytes 2c, 2c + 1) in every byte
+                    const uint32_t s0 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid) * 80 + 2 * c);
+                    const uint32_t s1 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid + 8) * 80 + 2 * c);
+                    const uint32_t am[4] = {((s0 >> 4) & 0xF) * 0x01010101u, ((s1 >> 4) & 0xF) * 0x01010101u,
+                                            (s0 >> 12) * 0x01010101u, (s1 >> 12) * 0x01010101u};
+                    mma_s8_acc(am, b[0], b[1], mins[0]);
+                    mma_s8_acc(am, b[2], b[3], mins[1]);
+                }
             }
             // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
-            {
+            if constexpr (!MMA_MINS) {
                 const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * int(kKqPairs) * 20;
 #pragma unroll 1
                 for (int u4 = 0; u4 < 4; ++u4) {
@@ -1260,8 +1276,9 @@ bool tensor_cores_on() {
 
 // DSV4_GEMM_SMEM=0 keeps the register-fed tensor-core kernels (gemm_kq_kernel,
 // gemm_q8_0_kernel) instead of the shared-memory staged ones (IQ2_XXS, Q2_K experts; Q8_0
-// of decode's warp-per-row order); =2 stages them with one copy of the IQ2_XXS tables
-// instead of the replicated ones (the same bits); gemm_smem_override (tests) wins.
+// of decode's warp-per-row order); =2 stages them as before run 38 (one copy of the IQ2_XXS
+// tables instead of the replicated ones, the Q2_K mins by scalar sums of the staged bsums
+// instead of MMAs: the same bits); gemm_smem_override (tests) wins.
 int g_smem_override = -1;
 int smem_mode() {
     static const int mode = env_switch("DSV4_GEMM_SMEM", true) ? std::max(1, env_int("DSV4_GEMM_SMEM", 1)) : 0;
@@ -1344,9 +1361,23 @@ bool q8_pipe_launch_cm(int cm, const Gemm& p, uint32_t tiles_r, uint32_t tiles, 
         default: return q8_pipe_launch<8, NS, MINB>(p, tiles_r, tiles, s);
     }
 }
+template <bool MMA_MINS>
 bool q2k_smem_ready(cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel), Q2Smem::bytes, ready, s);
+    return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel<MMA_MINS>), Q2Smem::bytes, ready, s);
+}
+// The staged Q2_K kernel, the mins by MMA unless DSV4_GEMM_SMEM=2; false when its shared
+// memory cannot be raised yet (a capture first).
+bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+    const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap), block(256);
+    if (smem_mode() != 2) {
+        if (!q2k_smem_ready<true>(s)) return false;
+        gemm_q2k_smem_kernel<true><<<grid, block, Q2Smem::bytes, s>>>(p);
+    } else {
+        if (!q2k_smem_ready<false>(s)) return false;
+        gemm_q2k_smem_kernel<false><<<grid, block, Q2Smem::bytes, s>>>(p);
+    }
+    return true;
 }
 }  // namespace
 
@@ -1437,9 +1468,8 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     } else if (Wg.type == T_Q2_K && !Wu && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 &&
                p.AL % 256 == 0 && reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.absum) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
-               q2k_smem_ready(s)) {
-        const dim3 sgrid(uint32_t((N + kSmRows - 1) / kSmRows), g.cap), sblock(256);
-        gemm_q2k_smem_kernel<<<sgrid, sblock, Q2Smem::bytes, s>>>(p);
+               launch_q2k_smem(p, N, g.cap, s)) {
+        // (launched by launch_q2k_smem)
     } else if (Wg.type == T_IQ2_XXS) {
         if (Wu) gemm_kq_kernel<T_IQ2_XXS, 2><<<grid, block, 0, s>>>(p);
         else gemm_kq_kernel<T_IQ2_XXS, 1><<<grid, block, 0, s>>>(p);

@@ -154,7 +154,8 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
                      float clamp, const float* ew, cudaStream_t s);
 // The IQ2_XXS expert products stage their operands in shared memory (gemm.cu) unless
 // DSV4_GEMM_SMEM=0 (read once; =2: with one copy of the IQ2_XXS tables instead of the
-// replicated ones); tests force a path: 1, 2, 0, or -1 for the variable's.
+// replicated ones and the Q2_K mins by scalar sums instead of MMAs); tests force a path: 1,
+// 2, 0, or -1 for the variable's.
 void gemm_smem_override(int on);
 // The Q8_0 products of decode's warp-per-row order: 1 the pipelined tensor-core kernel (the
 // default), 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).

@@ -1588,7 +1588,7 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
                                         RPE, KU);
                 const auto ref = alone.download();
                 const auto sw_ref = sw_alone.download();
-                for (const int smem : {1, 2, 0}) {   // replicated IQ2_XXS tables, one copy, no staging
+                for (const int smem : {1, 2, 0}) {   // staged (newest), staged as before run 38, not staged
                     cuda::gemm_smem_override(smem);
                     DevVec<float> got(P * N), sw_got(P * N);
                     cuda::matvec(dg.w, a, P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &groups);
