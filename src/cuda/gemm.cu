@@ -1080,16 +1080,30 @@ __device__ __forceinline__ void cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// tree_push with the level (trailing zero bits of j + 1) given: a constant after unrolling
-// folds the branches; a run-time level takes uniform branches.
+// tree_push with the level (trailing zero bits of j + 1) given: merged with the LV finished
+// subtrees below it, then kept at height LV (LV = L: cur is the root). A constant level
+// (after unrolling) folds the switch; a run-time one is the same for the whole block, so the
+// switch takes one uniform branch to straight-line code for that level. (Unrolled over every
+// level with run-time conditions instead, each leaf paid for the predicated adds and moves
+// of all five levels: up to 160 instructions a thread, beside 16 to 32 FMAs an output per
+// leaf in the float GEMM, a stage's MMAs in the Q8_0 one.)
+template <int LV, int L, typename A>
+__device__ __forceinline__ void tree_merge(A (&st)[L], A& cur) {
+#pragma unroll
+    for (int h = 0; h < LV; ++h) each2(cur, st[h], [](float& a, float& b) { a = b + a; });
+    if constexpr (LV < L) each2(st[LV], cur, [](float& a, float& b) { a = b; });
+}
 template <int L, typename A>
 __device__ __forceinline__ void tree_push_level(int level, A (&st)[L], A& cur) {
-#pragma unroll
-    for (int h = 0; h < L; ++h)
-        if (h < level) each2(cur, st[h], [](float& a, float& b) { a = b + a; });
-#pragma unroll
-    for (int h = 0; h < L; ++h)
-        if (h == level) each2(st[h], cur, [](float& a, float& b) { a = b; });
+    static_assert(L == 5, "stacks of five subtrees (32 leaves)");
+    switch (level) {
+        case 0: tree_merge<0>(st, cur); break;
+        case 1: tree_merge<1>(st, cur); break;
+        case 2: tree_merge<2>(st, cur); break;
+        case 3: tree_merge<3>(st, cur); break;
+        case 4: tree_merge<4>(st, cur); break;
+        default: tree_merge<5>(st, cur); break;
+    }
 }
 
 __host__ __device__ constexpr int ctz_c(int x) { return (x & 1) ? 0 : 1 + ctz_c(x >> 1); }
@@ -1525,17 +1539,11 @@ __device__ __forceinline__ uint32_t chunk_at(const FGemm& p, uint32_t q) {
     return (leaf & ~31u) + bitrev5u(leaf & 31) + c * p.nt;
 }
 
-// Leaf number j (0..31) of a warp ended with sum cur: merge it as tree_push does. The level
-// (trailing zeros of j + 1) is the same for the whole block: uniform branches.
+// Leaf number j (0..31) of a warp ended with sum cur: merge it as tree_push does (the level,
+// trailing zeros of j + 1, is the same for the whole block: tree_push_level's uniform branch).
 template <int TR>
 __device__ __forceinline__ void tree_push_rt(uint32_t j, float (&st)[5][4][TR], float (&cur)[4][TR]) {
-    const int level = __ffs(int(j + 1)) - 1;
-#pragma unroll
-    for (int h = 0; h < 5; ++h)
-        if (h < level) each2(cur, st[h], [](float& a, float& b) { a = b + a; });
-#pragma unroll
-    for (int h = 0; h < 5; ++h)
-        if (h == level) each2(st[h], cur, [](float& a, float& b) { a = b; });
+    tree_push_level(__ffs(int(j + 1)) - 1, st, cur);
 }
 
 template <uint32_t T>

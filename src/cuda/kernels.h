@@ -248,6 +248,9 @@ bool hc_pre_spread_ok(uint32_t H, uint32_t E, const DevWeight& fn, const float* 
                       const float* norm_w);
 uint64_t hc_pre_partials(uint32_t R, uint32_t H, uint32_t E);
 uint32_t hc_pre_counters(uint32_t R);
+// Rows per block of hc_pre_mix's product (1, 2 or 4; the same bits): tests force one, -1 for
+// the default (1 for a single row, else DSV4_HC_ROWS, 4).
+void hc_mix_rows_override(int rows);
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
                 uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
                 uint32_t* count, cudaStream_t s);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -279,7 +280,7 @@ __global__ void __launch_bounds__(1024) hc_pre_finish_kernel(const float* mix, c
 // prefill, decode and batched rows agree bit for bit. All sums are in double.
 constexpr uint32_t kHcQuads = 16;   // column quads of a block
 constexpr uint32_t kHcGroups = 8;   // thread groups sharing out a block's products
-constexpr uint32_t kHcRows = 4;     // rows of a block: its fn slice is loaded once for them
+constexpr uint32_t kHcRows = 4;     // rows of a block at most: its fn slice is loaded once for them
 constexpr uint32_t kHcThreads = kHcQuads * kHcGroups;
 constexpr uint32_t kHcCollapseThreads = 64;
 
@@ -321,7 +322,8 @@ __device__ __forceinline__ double dot4_d(float4 a, float4 b, double acc) {
     return fma(double(a.w), double(b.w), acc);
 }
 
-template <uint32_t H, uint32_t WT>
+// RB: rows of a block (1, 2 or kHcRows; registers grow with it: x and the sums are per row).
+template <uint32_t H, uint32_t WT, uint32_t RB>
 __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
                                                             uint32_t R, uint32_t E, const float* scale,
                                                             const float* base, float hc_eps, float rms_eps, float* mix,
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
     constexpr uint32_t M = S::M, P = S::P;
     const uint32_t q = threadIdx.x % kHcQuads, g = threadIdx.x / kHcQuads;
     const uint32_t NB = gridDim.x, b = blockIdx.x;
-    const uint32_t r0 = blockIdx.y * kHcRows, nr = min(kHcRows, R - r0);
+    const uint32_t r0 = blockIdx.y * RB, nr = min(RB, R - r0);
     const uint32_t u = b * kHcQuads + q;  // this thread's quad: values 4u..4u+3 of every stream
     const bool have = u < E / 4;
     const uint64_t HD = uint64_t(H) * E;
@@ -349,17 +351,17 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
                                     : make_float4(0, 0, 0, 0);
     }
     if (early) pdl_wait();   // fn is a weight (loaded above meanwhile); X is the previous kernel's
-    float4 x[kHcRows][H];
+    float4 x[RB][H];
 #pragma unroll
-    for (uint32_t i = 0; i < kHcRows; ++i)
+    for (uint32_t i = 0; i < RB; ++i)
 #pragma unroll
         for (uint32_t h = 0; h < H; ++h)
             x[i][h] = have && i < nr ? reinterpret_cast<const float4*>(X + (r0 + i) * HD + uint64_t(h) * E)[u]
                                      : make_float4(0, 0, 0, 0);
 
-    double dm[kHcRows][S::MT], dg[kHcRows][S::GT];
+    double dm[RB][S::MT], dg[RB][S::GT];
 #pragma unroll
-    for (uint32_t i = 0; i < kHcRows; ++i) {
+    for (uint32_t i = 0; i < RB; ++i) {
         if (i >= nr) break;
 #pragma unroll
         for (uint32_t k = 0; k < S::MT; ++k) {
@@ -385,7 +387,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
     }
     // Sum over the block's quads (the 16 lanes of a half-warp), a fixed butterfly.
 #pragma unroll
-    for (uint32_t i = 0; i < kHcRows; ++i) {
+    for (uint32_t i = 0; i < RB; ++i) {
         if (i >= nr) break;   // nr is the same for the whole block: no lane leaves a shuffle
 #pragma unroll
         for (uint32_t k = 0; k < S::MT; ++k)
@@ -396,7 +398,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
     }
     if (q == 0) {
 #pragma unroll
-        for (uint32_t i = 0; i < kHcRows; ++i) {
+        for (uint32_t i = 0; i < RB; ++i) {
             if (i >= nr) break;
             double* pr = part + (uint64_t(r0 + i) * NB + b) * P;
 #pragma unroll
@@ -415,8 +417,8 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
     // issued together: the sum is bound by L2 latency), then the runs in order. The split
     // depends on (H, E) only.
     constexpr uint32_t NS = kHcThreads / P > 0 ? kHcThreads / P : 1;
-    __shared__ double sub[kHcRows][P][NS], tot[kHcRows][P];
-    __shared__ float rx[kHcRows], pre_s[kHcRows][H];
+    __shared__ double sub[RB][P][NS], tot[RB][P];
+    __shared__ float rx[RB], pre_s[RB][H];
     const uint32_t run = (NB + NS - 1) / NS;
     for (uint32_t t = threadIdx.x; t < nr * P * NS; t += blockDim.x) {
         const uint32_t i = t / (P * NS), p = t / NS % P, sr = t % NS;
@@ -1861,28 +1863,46 @@ uint64_t hc_pre_partials(uint32_t R, uint32_t H, uint32_t E) {
     return uint64_t(R) * NB * (2 * H + H * H + H * (H + 1) / 2);
 }
 
-uint32_t hc_pre_counters(uint32_t R) { return (R + kHcRows - 1) / kHcRows; }
+// A counter per row: enough for any rows-per-block choice of hc_pre_mix.
+uint32_t hc_pre_counters(uint32_t R) { return R; }
+
+namespace {
+// Rows per block of hc_mix_kernel: 1 for a single row (decode: no registers for rows it does
+// not have), else DSV4_HC_ROWS (1, 2 or 4; 4 by default); hc_mix_rows_override (tests) wins.
+// A row's arithmetic does not depend on it.
+int g_hc_rows_override = -1;
+uint32_t hc_mix_rows(uint32_t R) {
+    static const int env = env_int("DSV4_HC_ROWS", int(kHcRows));
+    const int v = g_hc_rows_override > 0 ? g_hc_rows_override : env;
+    if (R == 1 && g_hc_rows_override <= 0) return 1;
+    return v >= 4 ? 4 : v >= 2 ? 2 : 1;
+}
+}  // namespace
+
+void hc_mix_rows_override(int rows) { g_hc_rows_override = rows; }
 
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
                 uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
                 uint32_t* count, cudaStream_t s) {
     if (!R) return;
     if (H != 4) throw std::runtime_error("hc_pre_mix: n_hc != 4");
-    const dim3 grid((E / 4 + kHcQuads - 1) / kHcQuads, hc_pre_counters(R));
+    const uint32_t RB = hc_mix_rows(R);
+    const dim3 grid((E / 4 + kHcQuads - 1) / kHcQuads, (R + RB - 1) / RB);
     const bool early = pdl_early_weights();
+    auto go = [&](auto kernel) {
+        kernel<<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps, rms_eps, mix, post,
+                                           gate, part, count, early);
+    };
+    auto by_rows = [&](auto wt) {
+        constexpr uint32_t T = decltype(wt)::value;
+        if (RB == 1) go(hc_mix_kernel<4, T, 1>);
+        else if (RB == 2) go(hc_mix_kernel<4, T, 2>);
+        else go(hc_mix_kernel<4, T, kHcRows>);
+    };
     switch (fn.type) {
-        case T_F32:
-            hc_mix_kernel<4, T_F32><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
-                                                                rms_eps, mix, post, gate, part, count, early);
-            break;
-        case T_F16:
-            hc_mix_kernel<4, T_F16><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
-                                                                rms_eps, mix, post, gate, part, count, early);
-            break;
-        case T_BF16:
-            hc_mix_kernel<4, T_BF16><<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps,
-                                                                 rms_eps, mix, post, gate, part, count, early);
-            break;
+        case T_F32: by_rows(std::integral_constant<uint32_t, T_F32>{}); break;
+        case T_F16: by_rows(std::integral_constant<uint32_t, T_F16>{}); break;
+        case T_BF16: by_rows(std::integral_constant<uint32_t, T_BF16>{}); break;
         default: throw std::runtime_error("hc_pre_mix: fn type");
     }
     check_launch("hc_pre_mix");

@@ -415,12 +415,17 @@ TEST_F(CudaKernels, HcPreSpreadMatchesDoubleAndIsRowIndependent) {
                 }
             }
 
-            // Again: the same bits (the counters were reset by the first launch).
-            launch(dX.get(), R, mix.get(), post.get(), xn.get(), gate.get());
-            auto gm2 = mix.download(), gp2 = post.download(), gx2 = xn.download();
-            ASSERT_EQ(0, std::memcmp(gm.data(), gm2.data(), gm.size() * 4)) << what;
-            ASSERT_EQ(0, std::memcmp(gp.data(), gp2.data(), gp.size() * 4)) << what;
-            ASSERT_EQ(0, std::memcmp(gx.data(), gx2.data(), gx.size() * 4)) << what;
+            // Again, with every rows-per-block choice: the same bits (the counters were reset by
+            // the first launch).
+            for (const int rb : {4, 2, 1}) {
+                cuda::hc_mix_rows_override(rb);
+                launch(dX.get(), R, mix.get(), post.get(), xn.get(), gate.get());
+                cuda::hc_mix_rows_override(-1);
+                auto gm2 = mix.download(), gp2 = post.download(), gx2 = xn.download();
+                ASSERT_EQ(0, std::memcmp(gm.data(), gm2.data(), gm.size() * 4)) << what << " rows a block " << rb;
+                ASSERT_EQ(0, std::memcmp(gp.data(), gp2.data(), gp.size() * 4)) << what << " rows a block " << rb;
+                ASSERT_EQ(0, std::memcmp(gx.data(), gx2.data(), gx.size() * 4)) << what << " rows a block " << rb;
+            }
 
             // Each row alone (R = 1, its own place in a block) = the row in the batch.
             DevVec<float> m1(M), p1(H), x1(E), g1(H + 1);
