@@ -475,8 +475,8 @@ constexpr int kSmRowE = 256 + 16;
 constexpr uint32_t kIq2GemmSelCopies = 16;
 template <int NW, bool REP>
 struct Iq2Smem {
-    static constexpr int grid = 0;                                                // 256 × u64
-    static constexpr int sign = grid + (REP ? int(kIq2GridRepBytes) : 256 * 8);   // 128 × u64
+    static constexpr int grid = 0;                                                // 256 × u64 (REP: 16 copies)
+    static constexpr int sign = grid + (REP ? int(kIq2GridRepBytes) : 256 * 8);   // 128 × u64 masks (REP: selectors)
     static constexpr int exp = sign + (REP ? 128 * int(kIq2GemmSelCopies) * 4 : 128 * 8);   // [NW][64] rows of kSmRowE int8
     static constexpr int ls = exp + NW * kSmRows * kSmRowE;         // [NW][64][8] group scales 2s + 1
     static constexpr int raw = ls + NW * kSmRows * 8;               // [2][NW][64][64] code bytes
