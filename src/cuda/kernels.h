@@ -350,7 +350,9 @@ void attn_tc_override(int on);
 // Groups per item of the split kernels for slices of 32 rows or more (DSV4_ATTN_LOOP, read
 // once; the bits are the same in every mode): tests force 0 (an item per head group), 1 (an
 // item per (row, split) over all its groups), 2 (the tensor-core kernel chooses the groups per
-// item; the FP32 kernel takes it as 1), or -1 for the variable's.
+// item; the FP32 kernel takes it as 1), 3 (the FP32 kernel's attn_split_wide_kernel: an item
+// per (row, split) for all heads, where every split is one tile; the tensor cores take it as
+// 1), or -1 for the variable's.
 void attn_loop_override(int mode);
 
 // Router (§5.13): probs in place (sqrt(softplus)), selection (hash table or biased top-K,

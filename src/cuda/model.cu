@@ -1566,6 +1566,183 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     }
 }
 
+// attn_split_wide_kernel (DSV4_ATTN_LOOP=3, prefill slices of ratio-0 and ratio-4 layers,
+// whose splits are one tile: at most n_swa + top_k <= 1,024 keys, so <= 32 a split): an item
+// is a (row, split) pair for all the row's heads (a multiple of 8, at most 64), the split's
+// keys and all the queries staged once. Every partial is made by attn_split_kernel's
+// operations in its order, only by other threads:
+// - scores: warp w takes heads 8w..8w+7 and does the eight column classes itself (in
+//   attn_split_kernel, warp c made class c's sums and the softmax warp added them from
+//   red_s in class order): lane = (keys kq, kq+8, kq+16, kq+24; heads 2hp, 2hp+1 of the
+//   warp's eight) with kq = lane & 7, hp = lane >> 3; per class c the fmaf chain over the
+//   float4 columns u = c, c + 8, ... from 0, then tot += part in class order from 0. Per
+//   column a warp reads 4 key and 2 query float4 (6 shared-memory passes for 32 FMAs: 8
+//   before), and red_s and its barrier are gone.
+// - softmax per head: the max is exact in any order; warp_sum over the 32 keys (xor 16, 8, 4,
+//   2, 1 over key lanes) is here xor 16 = t ^ 2 and xor 8 = t ^ 1 inside the thread (key j =
+//   kq + 8t), then shuffles xor 4, 2, 1 over kq: the same tree (additions commute exactly).
+// - weighted sum: thread = (float4 column, key parity) as before, the heads in 8 passes of 8;
+//   the odd keys' sums go through q_s (free once the scores are made), a region per pass.
+constexpr uint32_t kAttnWideMaxHeads = 64;
+
+__global__ void __launch_bounds__(kAttnThreads, 1)
+    attn_split_wide_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
+                           uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
+                           const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
+                           uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o,
+                           float2* __restrict__ part_ml) {
+    pdl_begin();
+    extern __shared__ float4 sm4[];
+    const uint32_t DP = D + kAttnPad, D4 = D / 4, NH = n_head;
+    float* q_s = reinterpret_cast<float*>(sm4);   // NH * DP; then the odd keys' sums
+    float* k_s = q_s + NH * DP;                   // kAttnKT * DP
+    float* p_s = k_s + kAttnKT * DP;              // kAttnKT * NH: weights [key][head]
+    __shared__ float corr_s[kAttnWideMaxHeads];
+    __shared__ uint32_t incl_s[kAttnMaxSliceRows];
+
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const uint32_t kq = lane & 7, hp = lane >> 3, hA = 8 * w + 2 * hp;   // this lane's keys and heads
+    const bool scoring = 8 * w < NH;
+    attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);
+    const uint32_t n_items = incl_s[kAttnMaxSliceRows - 1];
+    const float scale = float(1.0 / sqrt(double(D)));
+    const uint32_t col = threadIdx.x % (kAttnMaxD / 4), par = threadIdx.x / (kAttnMaxD / 4);
+
+    for (uint32_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+        const uint32_t rl = attn_pair_row(incl_s, item), r = r0 + rl, split = item - (rl ? incl_s[rl - 1] : 0);
+        const int64_t p = rows[r].pos;
+        const AttnKeys ks = attn_keys(p, n_swa, ratio, top_k);
+        const uint32_t ns = attn_nsplit(ks.NK);
+        const uint64_t kb = uint64_t(split) * ks.NK / ns, ke = uint64_t(split + 1) * ks.NK / ns;
+        const uint32_t nt = uint32_t(ke - kb);   // <= kAttnKT (the launcher's condition)
+        const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+        for (uint32_t i = threadIdx.x; i < NH * D4; i += kAttnThreads) {
+            const uint32_t h = i / D4, u = i % D4;
+            cp_async16(q_s + h * DP + 4 * u, q + (uint64_t(r) * NH + h) * D + 4 * u);
+        }
+        {
+            const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
+            if (j < nt) {
+                const float* kp = attn_key_row(ks, L, sel + uint64_t(r) * top_k, kb + j, D);
+                for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
+            }
+        }
+        cp_async_wait_all();
+        __syncthreads();
+
+        if (scoring) {
+            float tot[4][2];
+#pragma unroll
+            for (uint32_t t = 0; t < 4; ++t) tot[t][0] = tot[t][1] = 0.0f;
+            const float4* qa = reinterpret_cast<const float4*>(q_s + hA * DP);
+            const float4* qb = reinterpret_cast<const float4*>(q_s + (hA + 1) * DP);
+            const float4* kr = reinterpret_cast<const float4*>(k_s + kq * DP);   // key kq + 8t: kr + 8t * DP / 4
+#pragma unroll 1
+            for (uint32_t c = 0; c < kAttnWarps; ++c) {
+                float part[4][2];
+#pragma unroll
+                for (uint32_t t = 0; t < 4; ++t) part[t][0] = part[t][1] = 0.0f;
+#pragma unroll 2
+                for (uint32_t u = c; u < D4; u += kAttnWarps) {
+                    const float4 xa = qa[u], xb = qb[u];
+#pragma unroll
+                    for (uint32_t t = 0; t < 4; ++t) {   // keys past nt: stale rows, never used
+                        const float4 kv = kr[t * 2 * DP + u];
+                        part[t][0] = fmaf(xa.x, kv.x, part[t][0]);
+                        part[t][0] = fmaf(xa.y, kv.y, part[t][0]);
+                        part[t][0] = fmaf(xa.z, kv.z, part[t][0]);
+                        part[t][0] = fmaf(xa.w, kv.w, part[t][0]);
+                        part[t][1] = fmaf(xb.x, kv.x, part[t][1]);
+                        part[t][1] = fmaf(xb.y, kv.y, part[t][1]);
+                        part[t][1] = fmaf(xb.z, kv.z, part[t][1]);
+                        part[t][1] = fmaf(xb.w, kv.w, part[t][1]);
+                    }
+                }
+#pragma unroll
+                for (uint32_t t = 0; t < 4; ++t) {
+                    tot[t][0] += part[t][0];
+                    tot[t][1] += part[t][1];
+                }
+            }
+            // one tile per split: the running max and sum start at (-inf, 0) for every item
+#pragma unroll
+            for (uint32_t i = 0; i < 2; ++i) {
+                const float m_run = -INFINITY, l_run = 0.0f;
+                float sv[4], mx = -INFINITY;
+#pragma unroll
+                for (uint32_t t = 0; t < 4; ++t) {
+                    sv[t] = kq + 8 * t < nt ? tot[t][i] * scale : -INFINITY;
+                    mx = fmaxf(mx, sv[t]);
+                }
+                for (uint32_t o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+                const float nm = fmaxf(m_run, mx);
+                const float corr = exp_cr(m_run - nm);
+                float e[4];
+#pragma unroll
+                for (uint32_t t = 0; t < 4; ++t) e[t] = kq + 8 * t < nt ? exp_cr(sv[t] - nm) : 0.0f;
+                float sum = (e[0] + e[2]) + (e[1] + e[3]);
+                for (uint32_t o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+                const float l_new = l_run * corr + sum;
+                const uint32_t h = hA + i;
+#pragma unroll
+                for (uint32_t t = 0; t < 4; ++t) p_s[(kq + 8 * t) * NH + h] = e[t];
+                if (kq == 0) {
+                    corr_s[h] = corr;
+                    part_ml[(uint64_t(rl) * NH + h) * max_split + split] = make_float2(nm, l_new);
+                }
+            }
+        }
+        __syncthreads();   // weights and corrections visible; q_s free
+
+        float4* comb = reinterpret_cast<float4*>(q_s);   // pass g: comb[(g * 8 + h) * D4 + col]
+        for (uint32_t h0 = 0; h0 < NH; h0 += 8) {
+            float4 acc[8];
+#pragma unroll
+            for (uint32_t h = 0; h < 8; ++h) acc[h] = make_float4(0, 0, 0, 0);
+            if (col < D4) {
+#pragma unroll
+                for (uint32_t h = 0; h < 8; ++h) {
+                    const float c = corr_s[h0 + h];
+                    acc[h].x *= c;
+                    acc[h].y *= c;
+                    acc[h].z *= c;
+                    acc[h].w *= c;
+                }
+#pragma unroll 2
+                for (uint32_t j = par; j < nt; j += 2) {
+                    const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
+                    const float4 pa = reinterpret_cast<const float4*>(p_s + j * NH + h0)[0];
+                    const float4 pb = reinterpret_cast<const float4*>(p_s + j * NH + h0)[1];
+                    fma4(pa.x, kv, acc[0]);
+                    fma4(pa.y, kv, acc[1]);
+                    fma4(pa.z, kv, acc[2]);
+                    fma4(pa.w, kv, acc[3]);
+                    fma4(pb.x, kv, acc[4]);
+                    fma4(pb.y, kv, acc[5]);
+                    fma4(pb.z, kv, acc[6]);
+                    fma4(pb.w, kv, acc[7]);
+                }
+            }
+            float4* cg = comb + h0 * D4;   // this pass's region: no reader of another pass
+            if (par == 1 && col < D4) {
+#pragma unroll
+                for (uint32_t h = 0; h < 8; ++h) cg[h * D4 + col] = acc[h];
+            }
+            __syncthreads();
+            if (par == 0 && col < D4) {
+                const uint64_t base = (uint64_t(rl) * NH + h0) * max_split + split;
+#pragma unroll
+                for (uint32_t h = 0; h < 8; ++h) {
+                    const float4 b = cg[h * D4 + col];
+                    const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
+                    reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
+                }
+            }
+        }
+        __syncthreads();   // the next item overwrites q_s, k_s and p_s
+    }
+}
+
 // Block = (row r0 + rl, head h): merges the row's splits in split order with the sink,
 // normalises, rotates the RoPE tail back by -pos and writes o[r][h].
 __global__ void __launch_bounds__(kAttnMergeThreads)
@@ -2144,19 +2321,45 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
         resident = resident_blocks(reinterpret_cast<const void*>(attn_split_kernel), kAttnThreads, smem);
     }
     const uint32_t n_groups = (n_head + kAttnHB - 1) / kAttnHB;
-    // DSV4_ATTN_LOOP=1: slices of many rows (prefill) take a row's head groups in one item, so
-    // a split's keys are staged once (the same bits: see attn_split_kernel and attention_tc.cu).
-    // =2: the same, the tensor-core kernel choosing the groups per item for the GPU's
-    // parallelism (the FP32 kernel takes it as 1). Opt-in until it has run on the GPU (written
-    // after the device time was spent). Tests force a mode with attn_loop_override.
-    static const int loop_env = env_switch("DSV4_ATTN_LOOP", false) ? std::max(1, env_int("DSV4_ATTN_LOOP", 1)) : 0;
+    // DSV4_ATTN_LOOP (slices of 32 rows or more: prefill; the same bits in every mode, see
+    // attn_split_kernel, attn_split_wide_kernel and attention_tc.cu; tests force a mode with
+    // attn_loop_override): 0 an item per head group; 1 a row's head groups in one item, a
+    // split's keys staged once; 2 the same, the tensor-core kernel choosing the groups per item
+    // (the FP32 kernel takes it as 1); 3 (default) below. On the H200 (runs 36, 42, 4 layers)
+    // 1 and 2 gained nothing; 3 took 10.30 and 10.54 us a token and layer against 10.71 for 0.
+    static const int loop_env = env_switch("DSV4_ATTN_LOOP", true) ? std::max(1, env_int("DSV4_ATTN_LOOP", 3)) : 0;
     const int loop_mode = g_attn_loop_override >= 0 ? g_attn_loop_override : loop_env;
+    // =3: the FP32 kernel's items take all of a row's heads (attn_split_wide_kernel) where every
+    // split is one tile (ratio 0 and 4 with n_swa + top_k <= 1,024 keys) and the heads are a
+    // multiple of 8 up to 64; elsewhere as 1. Its shared memory is raised once, outside a capture
+    // (a captured round before that takes attn_split_kernel: the same bits).
+    const uint64_t max_keys = ratio == 0 ? n_swa : ratio == 4 ? uint64_t(n_swa) + top_k : UINT64_MAX;
+    const bool wide_shape = !tc && loop_mode == 3 && n_head % 8 == 0 && n_head <= kAttnWideMaxHeads &&
+                            max_keys <= uint64_t(kAttnKS) * kAttnMaxSplit;
+    const size_t wide_smem = (size_t(n_head + kAttnKT) * (D + kAttnPad) + size_t(kAttnKT) * n_head) * sizeof(float);
+    static uint32_t wide_resident = 0;   // blocks the GPU holds at once; 0: shared memory not yet raised
+    if (wide_shape && wide_resident == 0) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(s, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone) {
+            constexpr size_t most = (size_t(kAttnWideMaxHeads + kAttnKT) * (kAttnMaxD + kAttnPad) +
+                                     size_t(kAttnKT) * kAttnWideMaxHeads) * sizeof(float);
+            check(cudaFuncSetAttribute(attn_split_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)),
+                  "attention (wide) shared memory");
+            wide_resident = resident_blocks(reinterpret_cast<const void*>(attn_split_wide_kernel), kAttnThreads, most);
+        }
+    }
     for (uint32_t r0 = 0; r0 < R; r0 += slice) {
         const uint32_t n = std::min(slice, R - r0);
         const bool loop = loop_mode != 0 && n >= 32;
-        if (tc) {
+        if (loop && wide_shape && wide_resident) {
+            const uint32_t blocks = std::min(n * max_split, wide_resident);
+            attn_split_wide_kernel<<<blocks, kAttnThreads, wide_smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows,
+                                                                           lkv, n_layer, il, r0, n, max_split, part_o,
+                                                                           part_ml);
+            check_launch("attention (wide)");
+        } else if (tc) {
             attn_split_tc(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, r0, n, max_split, part_o,
-                          part_ml, loop ? (loop_mode == 2 ? 2u : 1u) : 0u, s);
+                          part_ml, loop ? (loop_mode == 2 ? 2u : 1u) : 0u, s);   // (3 as 1)
         } else {
             const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,

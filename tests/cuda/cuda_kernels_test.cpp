@@ -913,7 +913,8 @@ struct AttnKernel {
 };
 // Forces the split kernels' groups per item for slices of 32 rows or more for a scope
 // (cuda::attn_loop_override: 0 an item per head group, 1 an item per (row, split) over all
-// its groups, 2 the tensor-core kernel's choice); the environment's choice again afterwards.
+// its groups, 2 the tensor-core kernel's choice, 3 the FP32 kernel's items of all heads where
+// the splits are one tile); the environment's choice again afterwards.
 struct AttnLoop {
     explicit AttnLoop(int mode) { cuda::attn_loop_override(mode); }
     ~AttnLoop() { cuda::attn_loop_override(-1); }
@@ -973,7 +974,8 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // the head-group loop (DSV4_ATTN_LOOP) forced off and on, for both kernels: a row alone is
 // one item per head group, a slice of 32 rows or more with the loop an item per (row,
 // split) over the groups (the keys of a one-tile split copied once), or on the tensor cores
-// (mode 2) runs of groups whose length depends on the slice and the GPU. The loop needs two
+// (mode 2) runs of groups whose length depends on the slice and the GPU, or (mode 3, FP32)
+// an item per (row, split) for all heads (the 64- and 8-head shapes, ratio 0 and 4). The loop needs two
 // head groups at least: the 64-, 20- and 12-head shapes for the FP32 kernel (8 heads a
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32).
@@ -1008,8 +1010,9 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                     const std::vector<uint32_t> s1(sel.begin() + i * sh.top_k, sel.begin() + (i + 1) * sh.top_k);
                     alone[i] = P.run(one, q1, s1);
                 }
-                for (int loop : {0, 1, 2}) {
+                for (int loop : {0, 1, 2, 3}) {
                     if (loop == 2 && !tc) continue;   // (the FP32 kernel takes 2 as 1)
+                    if (loop == 3 && tc) continue;    // (the tensor cores take 3 as 1)
                     const AttnLoop looped(loop);
                     const auto batch = P.run(rows, q, sel);
                     const auto rev = P.run(rrows, rq, rsel);
