@@ -1378,6 +1378,37 @@ __device__ __forceinline__ void fma4(float a, const float4& k, float4& acc) {
     acc.w = fmaf(a, k.w, acc.w);
 }
 
+// One tile's weighted sum for 8 heads (thread = float4 column col, keys of parity par): each
+// head's sum scaled by its correction (corr[h]), then acc[h] += p[j][h]·k[j] for the keys
+// j = par, par + 2, ... < nt, the 8 weights of key j at p + j * p_stride. Shared by both
+// FP32 split kernels: the same operations in the same order.
+__device__ __forceinline__ void attn_weighted_tile(float4 (&acc)[kAttnHB], const float* corr, const float* k_s,
+                                                   uint32_t DP, const float* p, uint32_t p_stride, uint32_t col,
+                                                   uint32_t par, uint32_t nt) {
+#pragma unroll
+    for (uint32_t h = 0; h < kAttnHB; ++h) {
+        const float c = corr[h];
+        acc[h].x *= c;
+        acc[h].y *= c;
+        acc[h].z *= c;
+        acc[h].w *= c;
+    }
+#pragma unroll 2
+    for (uint32_t j = par; j < nt; j += 2) {
+        const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
+        const float4 pa = reinterpret_cast<const float4*>(p + j * p_stride)[0];
+        const float4 pb = reinterpret_cast<const float4*>(p + j * p_stride)[1];
+        fma4(pa.x, kv, acc[0]);
+        fma4(pa.y, kv, acc[1]);
+        fma4(pa.z, kv, acc[2]);
+        fma4(pa.w, kv, acc[3]);
+        fma4(pb.x, kv, acc[4]);
+        fma4(pb.y, kv, acc[5]);
+        fma4(pb.z, kv, acc[6]);
+        fma4(pb.w, kv, acc[7]);
+    }
+}
+
 // Work item = (row r0 + rl, split, head group). Scratch rows are slice-relative (rl): partial
 // (head h, split s) at part_o[((rl * n_head + h) * max_split + s) * D], its (max, sum) at
 // part_ml[(rl * n_head + h) * max_split + s].
@@ -1513,30 +1544,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 }
                 __syncthreads();
 
-                if (col < D4) {   // weighted sum: thread = (float4 column, keys of one parity)
-#pragma unroll
-                    for (uint32_t h = 0; h < kAttnHB; ++h) {
-                        const float c = corr_s[h];
-                        acc[h].x *= c;
-                        acc[h].y *= c;
-                        acc[h].z *= c;
-                        acc[h].w *= c;
-                    }
-#pragma unroll 2
-                    for (uint32_t j = par; j < nt; j += 2) {
-                        const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
-                        const float4 pa = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[0];
-                        const float4 pb = reinterpret_cast<const float4*>(p_s + j * kAttnHB)[1];
-                        fma4(pa.x, kv, acc[0]);
-                        fma4(pa.y, kv, acc[1]);
-                        fma4(pa.z, kv, acc[2]);
-                        fma4(pa.w, kv, acc[3]);
-                        fma4(pb.x, kv, acc[4]);
-                        fma4(pb.y, kv, acc[5]);
-                        fma4(pb.z, kv, acc[6]);
-                        fma4(pb.w, kv, acc[7]);
-                    }
-                }
+                // weighted sum: thread = (float4 column, keys of one parity)
+                if (col < D4) attn_weighted_tile(acc, corr_s, k_s, DP, p_s, kAttnHB, col, par, nt);
                 __syncthreads();   // the next tile overwrites k_s, red_s and p_s
             }
 
@@ -1696,33 +1705,10 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
 
         float4* comb = reinterpret_cast<float4*>(q_s);   // pass g: comb[(g * 8 + h) * D4 + col]
         for (uint32_t h0 = 0; h0 < NH; h0 += 8) {
-            float4 acc[8];
+            float4 acc[kAttnHB];
 #pragma unroll
-            for (uint32_t h = 0; h < 8; ++h) acc[h] = make_float4(0, 0, 0, 0);
-            if (col < D4) {
-#pragma unroll
-                for (uint32_t h = 0; h < 8; ++h) {
-                    const float c = corr_s[h0 + h];
-                    acc[h].x *= c;
-                    acc[h].y *= c;
-                    acc[h].z *= c;
-                    acc[h].w *= c;
-                }
-#pragma unroll 2
-                for (uint32_t j = par; j < nt; j += 2) {
-                    const float4 kv = reinterpret_cast<const float4*>(k_s + j * DP)[col];
-                    const float4 pa = reinterpret_cast<const float4*>(p_s + j * NH + h0)[0];
-                    const float4 pb = reinterpret_cast<const float4*>(p_s + j * NH + h0)[1];
-                    fma4(pa.x, kv, acc[0]);
-                    fma4(pa.y, kv, acc[1]);
-                    fma4(pa.z, kv, acc[2]);
-                    fma4(pa.w, kv, acc[3]);
-                    fma4(pb.x, kv, acc[4]);
-                    fma4(pb.y, kv, acc[5]);
-                    fma4(pb.z, kv, acc[6]);
-                    fma4(pb.w, kv, acc[7]);
-                }
-            }
+            for (uint32_t h = 0; h < kAttnHB; ++h) acc[h] = make_float4(0, 0, 0, 0);
+            if (col < D4) attn_weighted_tile(acc, corr_s + h0, k_s, DP, p_s + h0, NH, col, par, nt);
             float4* cg = comb + h0 * D4;   // this pass's region: no reader of another pass
             if (par == 1 && col < D4) {
 #pragma unroll
