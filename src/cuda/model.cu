@@ -1409,6 +1409,41 @@ __device__ __forceinline__ void attn_weighted_tile(float4 (&acc)[kAttnHB], const
     }
 }
 
+// Stages keys t0 .. t0+nt-1 of a row (nt <= kAttnKT) into k_s rows of DP floats: eight threads
+// a key. sel_r: the row's selections.
+__device__ __forceinline__ void attn_stage_keys(float* k_s, uint32_t DP, const AttnKeys& ks, const DevLayerKV& L,
+                                                const uint32_t* sel_r, uint64_t t0, uint32_t nt, uint32_t D) {
+    const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
+    if (j < nt) {
+        const float* kp = attn_key_row(ks, L, sel_r, t0 + j, D);
+        for (uint32_t u = sub; u < D / 4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
+    }
+}
+
+// A split's partial outputs of 8 heads: the odd keys' sums (par 1) pass through comb
+// (kAttnHB * D4 float4) and are added to the even keys' (par 0), which store heads h < nh at
+// part_o[(base + h * max_split) * D]. Every thread of the block calls it (one barrier).
+__device__ __forceinline__ void attn_store_partials(const float4 (&acc)[kAttnHB], float4* comb, uint32_t D,
+                                                    uint32_t col, uint32_t par, uint32_t nh, float* part_o,
+                                                    uint64_t base, uint32_t max_split) {
+    const uint32_t D4 = D / 4;
+    if (par == 1 && col < D4) {
+#pragma unroll
+        for (uint32_t h = 0; h < kAttnHB; ++h) comb[h * D4 + col] = acc[h];
+    }
+    __syncthreads();
+    if (par == 0 && col < D4) {
+#pragma unroll
+        for (uint32_t h = 0; h < kAttnHB; ++h) {
+            if (h < nh) {
+                const float4 b = comb[h * D4 + col];
+                const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
+                reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
+            }
+        }
+    }
+}
+
 // Work item = (row r0 + rl, split, head group). Scratch rows are slice-relative (rl): partial
 // (head h, split s) at part_o[((rl * n_head + h) * max_split + s) * D], its (max, sum) at
 // part_ml[(rl * n_head + h) * max_split + s].
@@ -1477,13 +1512,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
 
             for (uint64_t t0 = kb; t0 < ke; t0 += kAttnKT) {
                 const uint32_t nt = uint32_t(ke - t0 < kAttnKT ? ke - t0 : kAttnKT);
-                if (!(one_tile && staged)) {   // stage keys t0 .. t0+nt-1
-                    const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
-                    if (j < nt) {
-                        const float* kp = attn_key_row(ks, L, sel + uint64_t(r) * top_k, t0 + j, D);
-                        for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
-                    }
-                }
+                if (!(one_tile && staged)) attn_stage_keys(k_s, DP, ks, L, sel + uint64_t(r) * top_k, t0, nt, D);
                 staged = true;
                 cp_async_wait_all();
                 __syncthreads();
@@ -1553,22 +1582,8 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
             // may still hold the keys of the next group), added to the even keys' sums.
             // (kAttnHB * D4 float4 fit in either: <= kAttnHB * DP and kAttnKT * DP floats)
             float4* comb = reinterpret_cast<float4*>(loop_groups ? q_s : k_s);
-            if (par == 1 && col < D4) {
-#pragma unroll
-                for (uint32_t h = 0; h < kAttnHB; ++h) comb[h * D4 + col] = acc[h];
-            }
-            __syncthreads();
             const uint64_t base = (uint64_t(rl) * n_head + h0) * max_split + split;
-            if (par == 0 && col < D4) {
-#pragma unroll
-                for (uint32_t h = 0; h < kAttnHB; ++h) {
-                    if (h < nh) {
-                        const float4 b = comb[h * D4 + col];
-                        const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
-                        reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
-                    }
-                }
-            }
+            attn_store_partials(acc, comb, D, col, par, nh, part_o, base, max_split);
             if (lane == 0 && w < nh) part_ml[base + uint64_t(w) * max_split] = make_float2(m_run, l_run);
             __syncthreads();   // the next group or item overwrites q_s (and k_s)
         }
@@ -1629,13 +1644,7 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
             const uint32_t h = i / D4, u = i % D4;
             cp_async16(q_s + h * DP + 4 * u, q + (uint64_t(r) * NH + h) * D + 4 * u);
         }
-        {
-            const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
-            if (j < nt) {
-                const float* kp = attn_key_row(ks, L, sel + uint64_t(r) * top_k, kb + j, D);
-                for (uint32_t u = sub; u < D4; u += 8) cp_async16(k_s + j * DP + 4 * u, kp + 4 * u);
-            }
-        }
+        attn_stage_keys(k_s, DP, ks, L, sel + uint64_t(r) * top_k, kb, nt, D);
         cp_async_wait_all();
         __syncthreads();
 
@@ -1709,21 +1718,9 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
 #pragma unroll
             for (uint32_t h = 0; h < kAttnHB; ++h) acc[h] = make_float4(0, 0, 0, 0);
             if (col < D4) attn_weighted_tile(acc, corr_s + h0, k_s, DP, p_s + h0, NH, col, par, nt);
-            float4* cg = comb + h0 * D4;   // this pass's region: no reader of another pass
-            if (par == 1 && col < D4) {
-#pragma unroll
-                for (uint32_t h = 0; h < 8; ++h) cg[h * D4 + col] = acc[h];
-            }
-            __syncthreads();
-            if (par == 0 && col < D4) {
-                const uint64_t base = (uint64_t(rl) * NH + h0) * max_split + split;
-#pragma unroll
-                for (uint32_t h = 0; h < 8; ++h) {
-                    const float4 b = cg[h * D4 + col];
-                    const float4 v = make_float4(acc[h].x + b.x, acc[h].y + b.y, acc[h].z + b.z, acc[h].w + b.w);
-                    reinterpret_cast<float4*>(part_o + (base + uint64_t(h) * max_split) * D)[col] = v;
-                }
-            }
+            // this pass's region of comb: no reader of another pass
+            attn_store_partials(acc, comb + h0 * D4, D, col, par, kAttnHB, part_o,
+                                (uint64_t(rl) * NH + h0) * max_split + split, max_split);
         }
         __syncthreads();   // the next item overwrites q_s, k_s and p_s
     }
