@@ -535,22 +535,8 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     uint64_t* sgrid = reinterpret_cast<uint64_t*>(sm + L::grid);
     uint64_t* ssign = reinterpret_cast<uint64_t*>(sm + L::sign);
     if constexpr (REP) {
-        // 16-byte stores of two copies each, consecutive per warp: grid row k / 8 (8 stores
-        // a row), selector k / 4 (4 stores an entry)
-        constexpr int NG = int(kIq2GridRepBytes) / 16 / 256, NS = 128 * int(kIq2GemmSelCopies) * 4 / 16 / 256;
-        uint64_t gv[NG];
-        uint32_t sv[NS];
-#pragma unroll
-        for (int j = 0; j < NG; ++j) gv[j] = __ldg(&p.grid[(t + 256 * j) >> 3]);
-#pragma unroll
-        for (int j = 0; j < NS; ++j) sv[j] = __ldg(&p.sel[(t + 256 * j) >> 2]);
-        uint4* g4 = reinterpret_cast<uint4*>(sm + L::grid);
-        uint4* s4 = reinterpret_cast<uint4*>(sm + L::sign);
-#pragma unroll
-        for (int j = 0; j < NG; ++j)
-            g4[t + 256 * j] = make_uint4(uint32_t(gv[j]), uint32_t(gv[j] >> 32), uint32_t(gv[j]), uint32_t(gv[j] >> 32));
-#pragma unroll
-        for (int j = 0; j < NS; ++j) s4[t + 256 * j] = make_uint4(sv[j], sv[j], sv[j], sv[j]);
+        iq2_fill_rep<256, kIq2GemmSelCopies>(reinterpret_cast<uint4*>(sm + L::grid),
+                                             reinterpret_cast<uint4*>(sm + L::sign), p.grid, p.sel, t);
     } else {
         sgrid[t] = p.grid[t];
         if (t < 128) ssign[t] = p.sign[t];

@@ -15,6 +15,8 @@
 //   4..7. Entry i, copy c at word C i + c for C copies (32: one pass a warp; 16: two).
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 namespace dsv4::cuda {
@@ -37,6 +39,35 @@ constexpr Iq2Selectors iq2_selectors() {
         r.v[i] = s;
     }
     return r;
+}
+
+// Fills the replicated tables in shared memory with the block's NT threads: grid_s gets
+// kIq2GridRepBytes (row i, copy c at 8-byte slot 16 i + c), sel_s the selectors in SEL_COPIES
+// copies (entry i, copy c at word SEL_COPIES i + c), from grid (256 rows) and sel (128
+// selectors) in global memory. The selectors' loads first, then the grid's in rounds of 4 (few
+// registers beside loads the caller has in flight); 16-byte stores to consecutive addresses
+// per warp (conflict-free). No barrier: the caller's next one makes the tables visible.
+template <uint32_t NT, uint32_t SEL_COPIES>
+__device__ __forceinline__ void iq2_fill_rep(uint4* grid_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
+                                             uint32_t tid) {
+    constexpr uint32_t NG = kIq2GridRepBytes / 16 / NT, NS = 128 * SEL_COPIES * 4 / 16 / NT;
+    static_assert(NG % 4 == 0 && NG * NT * 16 == kIq2GridRepBytes && NS * NT * 16 == 128 * SEL_COPIES * 4,
+                  "fill shape");
+    uint32_t sv[NS];
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) sv[j] = __ldg(&sel[(tid + NT * j) / (SEL_COPIES / 4)]);
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) sel_s[tid + NT * j] = make_uint4(sv[j], sv[j], sv[j], sv[j]);
+#pragma unroll
+    for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
+        uint64_t g[4];
+#pragma unroll
+        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&grid[(tid + NT * (j0 + j)) >> 3]);
+#pragma unroll
+        for (uint32_t j = 0; j < 4; ++j)
+            grid_s[tid + NT * (j0 + j)] =
+                make_uint4(uint32_t(g[j]), uint32_t(g[j] >> 32), uint32_t(g[j]), uint32_t(g[j] >> 32));
+    }
 }
 
 // prmt without __byte_perm's masking of the selector (an extra AND per call): the

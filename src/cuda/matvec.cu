@@ -665,29 +665,11 @@ constexpr uint32_t kIq2SmemBytes = kIq2SmemGrid + 128 * 32 * 4;  // + the select
 
 __device__ const Iq2Selectors g_iq2_sel = iq2_selectors();
 
-// Fills the shared tables (the block's 256 threads, then a barrier): every load first (L1 /
-// L2 hits, beside the weight loads already in flight), then 16-byte stores to consecutive
-// addresses per warp (conflict-free), 8 + 4 per thread.
+// Fills the shared tables (the block's 256 threads, then a barrier): iq2_fill_rep's loads are
+// L1 / L2 hits mostly (every block of the SM reads the same 2.5 KB), beside the weight loads
+// already in flight.
 __device__ __forceinline__ void iq2_fill_smem(uint4* sm) {
-    constexpr uint32_t NT = 32 * kKqWarps, NG = kIq2SmemGrid / 16 / NT, NS = (kIq2SmemBytes - kIq2SmemGrid) / 16 / NT;
-    static_assert(NG % 4 == 0 && NG * NT * 16 == kIq2SmemGrid && NS * NT * 16 == kIq2SmemBytes - kIq2SmemGrid, "fill shape");
-    const uint32_t tid = threadIdx.x;
-    // in rounds of 4 loads: few registers beside the weights in flight (L1 hits mostly: every
-    // block of the SM reads the same 2.5 KB)
-    uint32_t sel[NS];
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) sel[j] = __ldg(&g_iq2_sel.v[(tid + NT * j) >> 3]);
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) sm[kIq2SmemGrid / 16 + tid + NT * j] = make_uint4(sel[j], sel[j], sel[j], sel[j]);
-#pragma unroll
-    for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
-        uint64_t g[4];
-#pragma unroll
-        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&g_iq2_grid[(tid + NT * (j0 + j)) >> 3]);
-#pragma unroll
-        for (uint32_t j = 0; j < 4; ++j)
-            sm[tid + NT * (j0 + j)] = make_uint4(uint32_t(g[j]), uint32_t(g[j] >> 32), uint32_t(g[j]), uint32_t(g[j] >> 32));
-    }
+    iq2_fill_rep<32 * kKqWarps, 32>(sm, sm + kIq2SmemGrid / 16, g_iq2_grid, g_iq2_sel.v, threadIdx.x);
     __syncthreads();
 }
 
