@@ -903,6 +903,22 @@ struct AttnShape {
 const AttnShape kAttnShapes[] = {{64, 512, 64, 128, 512}, {12, 64, 16, 16, 8},   {4, 64, 16, 16, 8},
                                  {8, 128, 64, 128, 32},   {20, 256, 32, 32, 16}, {6, 96, 32, 16, 8}};
 
+// A problem of shape sh and layer kind ratio (its compressed rows enough for position max_pos,
+// by default the last of pos; seed: its caches) with rows at the positions pos and their
+// queries and selections (row_seed).
+struct AttnCase {
+    AttnProblem P;
+    std::vector<cuda::DevRow> rows;
+    std::vector<float> q;
+    std::vector<uint32_t> sel;
+    AttnCase(const AttnShape& sh, uint32_t ratio, const std::vector<int64_t>& pos, uint64_t seed, uint64_t row_seed,
+             int64_t max_pos = -1)
+        : P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio,
+            max_pos >= 0 ? max_pos : *std::max_element(pos.begin(), pos.end()), seed) {
+        P.make_rows(pos, row_seed, &rows, &q, &sel);
+    }
+};
+
 // Selects the split kernel for a scope: 1 tensor cores (where the shape allows), 0 the FP32
 // CUDA-core kernel; the environment's choice again afterwards.
 struct AttnKernel {
@@ -941,13 +957,8 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
-                const auto pos = attn_positions(sh, ratio);
-                const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
-                const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, sh.D + ratio);
-                std::vector<cuda::DevRow> rows;
-                std::vector<float> q;
-                std::vector<uint32_t> sel;
-                P.make_rows(pos, 5 + ratio, &rows, &q, &sel);
+                const AttnCase c(sh, ratio, attn_positions(sh, ratio), sh.D + ratio, 5 + ratio);
+                const auto& [P, rows, q, sel] = c;
                 const auto got = P.run(rows, q, sel);
                 for (size_t i = 0; i < rows.size(); ++i) {
                     const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
@@ -988,12 +999,8 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                 std::vector<int64_t> pos;
                 const uint32_t R = ratio == 0 ? 40 : ratio == 4 ? 80 : 100;
                 for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 7) % base.size()] + (i % 3));
-                const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
-                const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 3 * sh.D + ratio);
-                std::vector<cuda::DevRow> rows;
-                std::vector<float> q;
-                std::vector<uint32_t> sel;
-                P.make_rows(pos, 17 + ratio, &rows, &q, &sel);
+                const AttnCase c(sh, ratio, pos, 3 * sh.D + ratio, 17 + ratio);
+                const auto& [P, rows, q, sel] = c;
                 const size_t HD = size_t(sh.n_head) * sh.D;
                 // The batch reversed.
                 std::vector<cuda::DevRow> rrows(rows.rbegin(), rows.rend());
@@ -1039,12 +1046,8 @@ TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
-            const std::vector<int64_t> pos = {3, 640, 2051};
-            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 4096, 91);
-            std::vector<cuda::DevRow> rows;
-            std::vector<float> q;
-            std::vector<uint32_t> sel;
-            P.make_rows(pos, 92, &rows, &q, &sel);
+            const AttnCase c(sh, 4, {3, 640, 2051}, 91, 92, 4096);
+            const auto& [P, rows, q, sel] = c;
             const uint32_t R = uint32_t(rows.size());
             const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
             const auto plain = P.run(rows, q, sel, nullptr);
@@ -1071,12 +1074,8 @@ TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
     for (int tc : {1, 0}) {
         const AttnKernel kernel(tc);
         const AttnShape sh = kAttnShapes[0];
-        const std::vector<int64_t> pos = {5, 700, 2051, 9000};
-        const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, 4, 9000, 77);
-        std::vector<cuda::DevRow> rows;
-        std::vector<float> q;
-        std::vector<uint32_t> sel;
-        P.make_rows(pos, 78, &rows, &q, &sel);
+        const AttnCase c(sh, 4, {5, 700, 2051, 9000}, 77, 78);
+        const auto& [P, rows, q, sel] = c;
         const uint32_t R = uint32_t(rows.size());
         cudaStream_t s = nullptr;
         ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
@@ -1120,13 +1119,8 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
     for (const AttnShape& sh : kAttnShapes) {
         if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
         for (uint32_t ratio : {0u, 4u, 128u}) {
-            const auto pos = attn_positions(sh, ratio);
-            const int64_t max_pos = *std::max_element(pos.begin(), pos.end());
-            const AttnProblem P(sh.n_head, sh.D, sh.n_rot, sh.n_swa, sh.top_k, ratio, max_pos, 7 * sh.D + ratio);
-            std::vector<cuda::DevRow> rows;
-            std::vector<float> q;
-            std::vector<uint32_t> sel;
-            P.make_rows(pos, 31 + ratio, &rows, &q, &sel);
+            const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 31 + ratio);
+            const auto& [P, rows, q, sel] = c;
             std::vector<float> got_tc, got_old;
             {
                 const AttnKernel kernel(1);
