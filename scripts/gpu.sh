@@ -54,10 +54,11 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # NCU_STEP=prefill (with --ncu): the kernels of one 2,048-token prefill chunk instead of 2
 # decode steps (per token = per call / 2,048 in the table).
 # NCU_DETAIL=REGEX (with --ncu): instead of the per-kernel table, Nsight Compute's sections
-# (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) decode kernels
-# whose names match REGEX: why a kernel takes the time it takes.
+# (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) kernels (of the
+# decode steps, or of the prefill chunk) whose names match REGEX: why a kernel takes the time
+# it takes.
+[[ $NCU == 1 ]] && NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
-  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
     -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" --section SpeedOfLight --section Occupancy \
@@ -68,7 +69,6 @@ if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
   exit 0
 fi
 if [[ $NCU == 1 ]]; then
-  NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "== ncu: $NCU_BIN"
   DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-all}" \

@@ -157,8 +157,9 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
 // replicated ones and the Q2_K mins by scalar sums instead of MMAs); tests force a path: 1,
 // 2, 0, or -1 for the variable's.
 void gemm_smem_override(int on);
-// The Q8_0 products of decode's warp-per-row order: 1 the pipelined tensor-core kernel (the
-// default), 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).
+// The Q8_0 products of decode's warp-per-row order: 2 the pipelined tensor-core kernel with
+// 2 stages and two blocks an SM (the default), 1 the same with 3 stages and one block an SM,
+// 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).
 void gemm_q8_0_version(int v);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
