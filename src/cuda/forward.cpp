@@ -41,6 +41,13 @@ const bool g_graphs_on = env_switch("DSV4_CUDA_GRAPHS", true);
 // With it on, the indexer queries (iq_b product and preparation) are also skipped while no
 // row has more visible compressed rows than the top-k (nothing reads them then).
 const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
+// The attention sublayer's branches (attention_layer). DSV4_CUDA_SPLIT: 0 the indexer's
+// compressor, head weights and queries on one side stream (its queries after everything
+// else there); 1 its queries (iq_b, then the scores and top-k once the compressor has
+// emitted) on a branch of their own, so the query path's wait for qr and the compressor run
+// side by side (default); 2 also each compressor's kv and gate products on two branches.
+// The same kernels on the same data in every case, so the same bits.
+const int g_branch_split = env_int("DSV4_CUDA_SPLIT", 1);
 
 // Decode graphs: every edge from one kernel node to another becomes a programmatic
 // dependency, so the dependent is launched while its predecessor runs and waits inside
@@ -52,6 +59,11 @@ bool pdl_on() { return env_switch("DSV4_CUDA_PDL", true); }
 // allows; DSV4_HC_FUSED=0 keeps the three single-block-per-row launches (rms_norm, the mix
 // product, hc_pre_finish) for A/B measurement.
 const bool g_hc_spread_on = env_switch("DSV4_HC_FUSED", true);
+// A sublayer's hc_post folded into the next sublayer's hc_pre_mix (HcPostIn) where that takes
+// the spread path: one launch and one pass over the 16,384-wide state fewer per sublayer on
+// decode's critical path. The same operations, so the same bits; DSV4_HC_POST_FUSED=0 keeps
+// the separate hc_post launch.
+const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -358,6 +370,23 @@ private:
     }
     // Side stream i waits for the main stream's work so far (a mid-branch dependency).
     void wait_main(uint32_t i) { fork(i); }
+    // Side stream i waits for what side stream j issued so far.
+    void wait_side(uint32_t i, uint32_t j) {
+        if (!branches_on_ || i == j) return;
+        cudaEvent_t e = next_event();
+        check(cudaEventRecord(e, side_[j]), "join");
+        check(cudaStreamWaitEvent(side_[i], e, 0), "join");
+    }
+    // A compressor's kv and gate products (both read xn): the gate on side stream `gate_side`
+    // beside the kv product on `kv_side` when the branches split them, which then waits for it.
+    void compressor_proj(const DevWeight& kv, const DevWeight& gate, uint32_t R, float* ykv, float* ygate, uint64_t N,
+                         const char* what, uint32_t kv_side, uint32_t gate_side) {
+        const bool two = g_branch_split >= 2;
+        if (two) fork(gate_side);
+        mv_xn(kv, R, ykv, N, what, side(kv_side));
+        mv_xn(gate, R, ygate, N, what, side(two ? gate_side : kv_side));
+        if (two) wait_side(kv_side, gate_side);
+    }
 
     cudaEvent_t next_event() {
         if (ev_next_ == branch_ev_.size()) {
@@ -384,6 +413,24 @@ private:
     // activation codes may come out of the same kernel).
     void hc_pre(const DevWeight& fn, const float* scale, const float* base, const float* norm_w, uint32_t R,
                 std::initializer_list<const DevWeight*> users);
+    // The sublayer's end: X += its output through mHC post (§5.5), now or folded into the
+    // next hc_pre (post_pending_); flush_post applies a pending one (before the head).
+    // Folded for decode-sized rounds only: in a prefill chunk the mix kernel's eight thread
+    // groups would each form the post of their quads (measured slower on the H200, run 47);
+    // either way the same bits.
+    void sublayer_post(uint32_t R, const float* moe_down, uint32_t K, bool y_init) {
+        post_pending_ = HcPostIn{true, y_.get(), post_.get(), comb_.get(), moe_down, K, y_init};
+        if (!g_post_fused || R > kPostFoldRows) flush_post(R);
+    }
+    static constexpr uint32_t kPostFoldRows = 16;
+    void flush_post(uint32_t R) {
+        if (!post_pending_.active) return;
+        const HcPostIn& p = post_pending_;
+        hc_post(X_.get(), p.y, p.post, p.comb, R, c_.n_hc, c_.n_embd, stream_, p.moe_down, p.K, p.y_init);
+        mark("hc_post");
+        post_pending_ = {};
+    }
+    HcPostIn post_pending_;
     void attention_layer(uint32_t il, uint32_t R, uint32_t S);
     void ffn_layer(uint32_t il, uint32_t R);
     void run_layers(uint32_t R, uint32_t S);
@@ -436,7 +483,10 @@ private:
     bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
     // Branches: side streams and a pool of events reused every round (ev_next_ restarts).
-    static constexpr uint32_t kSides = 4, kSinkhorn = 3;
+    // side streams: 0 the KV row / the shared expert, 1 the attention compressor, 2 the
+    // indexer's compressor, 3 Sinkhorn, 4 the indexer's queries, 5 and 6 the compressors'
+    // gate products (g_branch_split)
+    static constexpr uint32_t kSides = 7, kSinkhorn = 3, kIdxQuery = 4, kCompGate = 5, kIdxCompGate = 6;
     cudaStream_t side_[kSides] = {};
     std::vector<cudaEvent_t> branch_ev_;
     size_t ev_next_ = 0;
@@ -652,7 +702,8 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     // The choice depends on the model alone (never on R): prefill and decode rows must agree.
     if (g_hc_spread_on && hc_pre_spread_ok(H, E, fn, X_.get(), xn_.get(), norm_w)) {
         hc_pre_mix(fn, X_.get(), scale, base, R, H, E, c_.hc_eps, c_.rms_eps, mix_.get(), post_.get(),
-                   hc_gate_.get(), hc_part_.get(), hc_count_.get(), stream_);
+                   hc_gate_.get(), hc_part_.get(), hc_count_.get(), stream_, post_pending_);
+        post_pending_ = {};
         const cudaStream_t ss = side_sinkhorn ? side_[kSinkhorn] : stream_;
         if (side_sinkhorn) fork(kSinkhorn);
         hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
@@ -674,6 +725,7 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
         mark("hc_pre", double(M) * fn.row_bytes);
         return;
     }
+    flush_post(R);
     rms_norm(X_.get(), HD, flat_.get(), HD, R, HD, c_.rms_eps, nullptr, stream_);
     mm(fn, flat_.get(), HD, R, mix_.get(), M, M);
     if (side_sinkhorn) {
@@ -697,7 +749,7 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
 // then its queries once the query path has made qr_). They meet before the attention.
 void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevLayer& L = layers_[il];
-    const uint32_t E = c_.n_embd, H = c_.n_hc, D = c_.head_dim, QL = c_.q_lora_rank, NL = c_.n_layer;
+    const uint32_t E = c_.n_embd, D = c_.head_dim, QL = c_.q_lora_rank, NL = c_.n_layer;
     const uint32_t ratio = c_.ratio(il);
     const double* invf = ratio ? inv_freq_comp_.get() : inv_freq_plain_.get();
     const bool official = opt_.numerics == Numerics::Official;
@@ -719,24 +771,27 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         fork(1);
         const cudaStream_t sc = side(1);
         const uint32_t W = c_.coff(il) * D;
-        mv_xn(L.comp_kv, R, ckv_.get(), W, "compressor proj", sc);
-        mv_xn(L.comp_gate, R, csc_.get(), W, "compressor proj", sc);
+        compressor_proj(L.comp_kv, L.comp_gate, R, ckv_.get(), csc_.get(), W, "compressor proj", 1, kCompGate);
         compressor_state(ckv_.get(), csc_.get(), L.comp_ape, rows, R, sess_begin_.get(), sess_end_.get(), S, ratio, D,
                          false, lkv, NL, il, pooled_.get(), sc);
         compressor_emit(pooled_.get(), R, rows, ratio, D, c_.n_rot, c_.n_nope(), c_.rms_eps, L.comp_norm, invf, false,
                         official, lkv, NL, il, sc);
         mark("compressor");
     }
-    const cudaStream_t si = side(2);
+    // the indexer: its compressor on side 2; its queries on side iq (their own branch unless
+    // g_branch_split is 0), which waits for qr and then for the compressor's emitted rows
+    const uint32_t iq = g_branch_split >= 1 ? kIdxQuery : 2;
+    const cudaStream_t si = side(iq);
     if (ratio == 4) {
         fork(2);
+        if (iq != 2) fork(iq);
+        const cudaStream_t sic = side(2);
         const uint32_t DI = c_.indexer_head_dim, Wi = 2 * DI;
-        mv_xn(L.icomp_kv, R, ikv_.get(), Wi, "indexer proj", si);
-        mv_xn(L.icomp_gate, R, isc_.get(), Wi, "indexer proj", si);
+        compressor_proj(L.icomp_kv, L.icomp_gate, R, ikv_.get(), isc_.get(), Wi, "indexer proj", 2, kIdxCompGate);
         compressor_state(ikv_.get(), isc_.get(), L.icomp_ape, rows, R, sess_begin_.get(), sess_end_.get(), S, ratio, DI,
-                         true, lkv, NL, il, ipooled_.get(), si);
+                         true, lkv, NL, il, ipooled_.get(), sic);
         compressor_emit(ipooled_.get(), R, rows, ratio, DI, c_.n_rot, c_.n_nope(), c_.rms_eps, L.icomp_norm, invf,
-                        true, official, lkv, NL, il, si);
+                        true, official, lkv, NL, il, sic);
         mark("compressor");
         // the indexer's head weights need only xn: made before the branch waits for qr
         mv_xn(L.iproj, R, wi_.get(), c_.n_indexer_head, "indexer proj", si);
@@ -750,7 +805,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
                           : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
                              quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
     if (ratio == 4) {
-        wait_main(2);
+        wait_main(iq);
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
         // Fused: iq_b → indexer_fused (queries prepared, scored and selected in one launch),
@@ -762,6 +817,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
                                     : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
             matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
             mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
+            wait_side(iq, 2);   // the scores read the rows the compressor emits this step
             if (fused) {
                 indexer_fused(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, lkv, NL, il,
                               c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
@@ -783,6 +839,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     join(0);
     if (ratio != 0) join(1);
     if (ratio == 4) join(2);
+    if (ratio == 4 && iq != 2) join(iq);
     // grouped low-rank output projection: one quantisation of the whole output (for Q8_0 by
     // the attention's merge itself), one product
     const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
@@ -797,14 +854,13 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);
     mark("out_b", double(E) * L.out_b.row_bytes);
     join(kSinkhorn);
-    hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_);
-    mark("hc_post");
+    sublayer_post(R, nullptr, 0, true);
 }
 
 // The MoE sublayer: the shared expert (side 0) beside the router and the routed experts.
 void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const DevLayer& L = layers_[il];
-    const uint32_t E = c_.n_embd, H = c_.n_hc, F = c_.n_ff_exp, K = c_.n_expert_used, NE = c_.n_expert;
+    const uint32_t E = c_.n_embd, F = c_.n_ff_exp, K = c_.n_expert_used, NE = c_.n_expert;
     const auto users = {&L.gate_inp, &L.gate_exps, &L.up_exps, &L.gate_sh, &L.up_sh};
     hc_pre(L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, L.ffn_norm, R, users);
     xn_acts_for(users, R);
@@ -862,17 +918,18 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // moe + shared summed in a fixed order
     if (FS) join(0);
     join(kSinkhorn);
-    hc_post(X_.get(), y_.get(), post_.get(), comb_.get(), R, H, E, stream_, down_.get(), K, FS != 0);
-    mark("hc_post");
+    sublayer_post(R, down_.get(), K, FS != 0);
 }
 
 void CudaBackend::run_layers(uint32_t R, uint32_t S) {
+    post_pending_ = {};
     embed(token_embd_, rows_dev_.get(), R, c_.n_embd, c_.n_hc, X_.get(), stream_);
     mark("embed");
     for (uint32_t il = 0; il < c_.n_layer; ++il) {
         attention_layer(il, R, S);
         ffn_layer(il, R);
     }
+    flush_post(R);
 }
 
 // §5.14 up to the vocabulary projection, for the rows want_[0, NW): xn_ rows.

@@ -252,9 +252,26 @@ uint32_t hc_pre_counters(uint32_t R);
 // Rows per block of hc_pre_mix's product (1, 2 or 4; the same bits): tests force one, -1 for
 // the default (1 for a single row, else DSV4_HC_ROWS, 4).
 void hc_mix_rows_override(int rows);
+// The query path's norms (rms_norm_q8_0, head_norm_rope) with the row in registers (1) or
+// walking it in memory (0; the same bits): tests force one, -1 for the default (DSV4_NORM_REG).
+void norm_reg_override(int on);
+// The previous sublayer's hc_post folded into hc_pre_mix (one launch and one pass over X
+// fewer between sublayers): with active set, the mix kernel first forms X' = hc_post(X) for
+// its columns exactly as hc_post does (the same operations, so the same bits), writes X' over
+// X, and mixes X'. post may be the buffer hc_pre_mix writes its new post gates to: every
+// block reads the old ones before the last block writes.
+struct HcPostIn {
+    bool active = false;
+    const float* y = nullptr;
+    const float* post = nullptr;
+    const float* comb = nullptr;
+    const float* moe_down = nullptr;
+    uint32_t K = 0;
+    bool y_init = true;
+};
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
                 uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
-                uint32_t* count, cudaStream_t s);
+                uint32_t* count, cudaStream_t s, const HcPostIn& post_in = {});
 // HcQuant: where hc_pre_collapse also writes xn's activation codes (null: not wanted), the
 // same bytes quantize_act would make: Q8_0 (q0, d0; E % 32 == 0) and Q8_K (qk, dk, bk;
 // E % 256 == 0), laid out as ActBuf holds them.

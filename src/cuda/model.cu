@@ -108,6 +108,38 @@ __global__ void rms_norm_q8_0_kernel(float* x, uint64_t xs, uint32_t n, float ep
     }
 }
 
+// rms_norm_q8_0_kernel for rows of VPT * blockDim.x values with the row in registers: every
+// load issued at once (the kernel above walks the row three times, each a chain of dependent
+// L2 round trips on the query path's critical path). Thread t holds values t + j*blockDim.x,
+// the terms rms_norm_block's loop gives it, summed in the same order; a warp's value j is
+// element `lane` of Q8_0 block (t - lane + j*blockDim.x) / 32, as in the loop above. Same bits.
+template <uint32_t VPT>
+__global__ void rms_norm_q8_0_reg_kernel(float* x, uint64_t xs, uint32_t n, float eps, const float* w, int8_t* q,
+                                         float* d) {
+    pdl_begin();
+    float* xr = x + blockIdx.x * xs;
+    const uint32_t bd = blockDim.x, lane = threadIdx.x & 31;
+    float v[VPT];
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) v[j] = xr[threadIdx.x + j * bd];
+    double ss = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) ss += double(v[j]) * double(v[j]);
+    ss = block_sum_d(ss);
+    const float r = float(1.0 / sqrt(ss / n + double(eps)));
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) {
+        const uint32_t i = threadIdx.x + j * bd;
+        v[j] = __fmul_rn(__fmul_rn(v[j], r), w ? w[i] : 1.0f);
+        xr[i] = v[j];
+        const float amax = warp_max(fabsf(v[j]));
+        const float dd = amax / 127.0f;
+        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        q[uint64_t(blockIdx.x) * n + i] = q_clamp(v[j] * id);
+        if (lane == 0) d[uint64_t(blockIdx.x) * (n / 32) + i / 32] = f16_round(dd);
+    }
+}
+
 // Long rows (the 16,384-wide mHC state): 1024 threads and float4 loads, so a single row is
 // not a long chain of dependent loads.
 __global__ void __launch_bounds__(1024) rms_norm_vec_kernel(const float* x, uint64_t xs, float* y, uint64_t ys,
@@ -328,7 +360,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
                                                             uint32_t R, uint32_t E, const float* scale,
                                                             const float* base, float hc_eps, float rms_eps, float* mix,
                                                             float* post, float* gate, double* part, uint32_t* count,
-                                                            bool early) {
+                                                            bool early, HcPostIn pp) {
     pdl_launch();
     if (!early) pdl_wait();
     using S = HcShape<H>;
@@ -358,6 +390,48 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
         for (uint32_t h = 0; h < H; ++h)
             x[i][h] = have && i < nr ? reinterpret_cast<const float4*>(X + (r0 + i) * HD + uint64_t(h) * E)[u]
                                      : make_float4(0, 0, 0, 0);
+    if (pp.active && have) {
+        // the previous sublayer's hc_post on these quads (hc_post_kernel's operations, per
+        // component); every group forms it, group 0 writes it
+#pragma unroll
+        for (uint32_t i = 0; i < RB; ++i) {
+            if (i >= nr) break;
+            const uint64_t r = r0 + i;
+            float yv[4] = {0, 0, 0, 0};
+            if (pp.y) {
+                const float4 v = reinterpret_cast<const float4*>(pp.y + r * E)[u];
+                yv[0] = v.x, yv[1] = v.y, yv[2] = v.z, yv[3] = v.w;
+            }
+            if (pp.moe_down) {
+                float acc[4] = {0, 0, 0, 0};
+                for (uint32_t k = 0; k < pp.K; ++k) {
+                    const float4 v = reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u];
+                    acc[0] = __fadd_rn(acc[0], v.x), acc[1] = __fadd_rn(acc[1], v.y);
+                    acc[2] = __fadd_rn(acc[2], v.z), acc[3] = __fadd_rn(acc[3], v.w);
+                }
+#pragma unroll
+                for (uint32_t c = 0; c < 4; ++c) yv[c] = pp.y_init ? __fadd_rn(yv[c], acc[c]) : acc[c];
+            }
+            const float* po = pp.post + r * H;
+            const float* C = pp.comb + r * H * H;
+            float in[H][4];
+#pragma unroll
+            for (uint32_t h = 0; h < H; ++h) in[h][0] = x[i][h].x, in[h][1] = x[i][h].y, in[h][2] = x[i][h].z, in[h][3] = x[i][h].w;
+#pragma unroll
+            for (uint32_t j = 0; j < H; ++j) {
+                float o[4];
+#pragma unroll
+                for (uint32_t c = 0; c < 4; ++c) {
+                    float acc = __fmul_rn(po[j], yv[c]);
+#pragma unroll
+                    for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(C[h * H + j], in[h][c]));
+                    o[c] = acc;
+                }
+                x[i][j] = make_float4(o[0], o[1], o[2], o[3]);
+                if (g == 0) reinterpret_cast<float4*>(const_cast<float*>(X) + r * HD + uint64_t(j) * E)[u] = x[i][j];
+            }
+        }
+    }
 
     double dm[RB][S::MT], dg[RB][S::GT];
 #pragma unroll
@@ -659,6 +733,48 @@ __global__ void head_norm_rope_kernel(float* q, uint32_t n_head, uint32_t D, uin
         t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
         t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
     }
+}
+
+// head_norm_rope_kernel with the head in registers (VPT values a thread, D = VPT *
+// blockDim.x, the RoPE tail within the last VPT slot: n_rot <= blockDim.x): one round of loads
+// instead of the norm's two walks and the rotation's reads of what the norm just wrote. The
+// sum of squares takes each thread's terms in rms_norm_block's order, and the rotation is
+// rope_block's on the pair (t, t ^ 1) exchanged by a shuffle. Same bits.
+template <uint32_t VPT>
+__global__ void head_norm_rope_reg_kernel(float* q, uint32_t D, uint32_t n_rot, float eps, bool norm, bool inverse,
+                                          const double* inv_freq, const DevRow* rows, uint32_t n_head) {
+    pdl_begin();
+    const uint32_t r = blockIdx.x / n_head, bd = blockDim.x, t = threadIdx.x;
+    float* qh = q + uint64_t(blockIdx.x) * D;
+    float v[VPT];
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) v[j] = qh[t + j * bd];
+    // this thread's tail value: pair i, even (x0) or odd (x1) member
+    const uint32_t e = t + (VPT - 1) * bd, tail0 = D - n_rot;
+    const bool in_tail = e >= tail0;
+    float c = 0.0f, sn = 0.0f;
+    if (in_tail) {
+        const double th = double(rows[r].pos) * inv_freq[(e - tail0) / 2];
+        c = float(cos(th));
+        sn = inverse ? -float(sin(th)) : float(sin(th));
+    }
+    if (norm) {
+        double ss = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < VPT; ++j) ss += double(v[j]) * double(v[j]);
+        ss = block_sum_d(ss);
+        const float rr = float(1.0 / sqrt(ss / D + double(eps)));
+#pragma unroll
+        for (uint32_t j = 0; j < VPT; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], rr), 1.0f);
+    }
+    const float other = __shfl_xor_sync(0xffffffffu, v[VPT - 1], 1);
+    if (in_tail) {
+        const bool odd = (e - tail0) & 1;
+        const float x0 = odd ? other : v[VPT - 1], x1 = odd ? v[VPT - 1] : other;
+        v[VPT - 1] = odd ? __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) qh[t + j * bd] = v[j];
 }
 
 __global__ void kv_finalize_kernel(float* kvr, uint32_t D, uint32_t n_rot, float eps, const float* norm_w,
@@ -1971,6 +2087,15 @@ __global__ void round_kernel(const float* x, float* y, uint64_t n, bool fp8) {
 
 uint32_t threads_for(uint32_t n) { return n >= 256 ? 256 : n > 64 ? 128 : 64; }
 
+// The query path's norms with their rows in registers (rms_norm_q8_0_reg_kernel,
+// head_norm_rope_reg_kernel); DSV4_NORM_REG=0 (read once) keeps the kernels that walk the row
+// in memory, for A/B; norm_reg_override (tests) wins. The same bits either way.
+int g_norm_reg_override = -1;
+bool norm_reg_on() {
+    static const bool env = env_switch("DSV4_NORM_REG", true);
+    return g_norm_reg_override >= 0 ? g_norm_reg_override != 0 : env;
+}
+
 }  // namespace
 
 void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, uint32_t R, uint32_t n, float eps,
@@ -1990,7 +2115,13 @@ DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float 
     if (uint64_t(R) * n > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * n, buf.cap_values);
     const DevAct a = codes_in(ActKind::Q8_0, n, buf);
     if (!R) return a;
-    rms_norm_q8_0_kernel<<<R, threads_for(n), 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    const bool reg = norm_reg_on();
+    const uint32_t bd = threads_for(n), vpt = n % bd == 0 ? n / bd : 0;
+    if (reg && vpt == 4) rms_norm_q8_0_reg_kernel<4><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else if (reg && vpt == 8) rms_norm_q8_0_reg_kernel<8><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else if (reg && vpt == 2) rms_norm_q8_0_reg_kernel<2><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else if (reg && vpt == 1) rms_norm_q8_0_reg_kernel<1><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else rms_norm_q8_0_kernel<<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
     check_launch("rms_norm_q8_0");
     return a;
 }
@@ -2040,10 +2171,11 @@ uint32_t hc_mix_rows(uint32_t R) {
 }  // namespace
 
 void hc_mix_rows_override(int rows) { g_hc_rows_override = rows; }
+void norm_reg_override(int on) { g_norm_reg_override = on; }
 
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
                 uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
-                uint32_t* count, cudaStream_t s) {
+                uint32_t* count, cudaStream_t s, const HcPostIn& post_in) {
     if (!R) return;
     if (H != 4) throw std::runtime_error("hc_pre_mix: n_hc != 4");
     const uint32_t RB = hc_mix_rows(R);
@@ -2051,7 +2183,7 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
     const bool early = pdl_early_weights();
     auto go = [&](auto kernel) {
         kernel<<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps, rms_eps, mix, post,
-                                           gate, part, count, early);
+                                           gate, part, count, early, post_in);
     };
     auto by_rows = [&](auto wt) {
         constexpr uint32_t T = decltype(wt)::value;
@@ -2109,7 +2241,13 @@ void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, 
 void head_norm_rope(float* q, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_rot, float eps, bool norm,
                     bool inverse, const double* inv_freq, const DevRow* rows, cudaStream_t s) {
     if (!R) return;
-    head_norm_rope_kernel<<<R * n_head, 128, 0, s>>>(q, n_head, D, n_rot, eps, norm, inverse, inv_freq, rows);
+    const uint32_t vpt = D % 128 == 0 ? D / 128 : 0;
+    const bool reg = norm_reg_on() && n_rot % 2 == 0 && n_rot <= 128 && n_rot <= D;
+    if (reg && vpt == 4) head_norm_rope_reg_kernel<4><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
+    else if (reg && vpt == 1) head_norm_rope_reg_kernel<1><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
+    else if (reg && vpt == 2) head_norm_rope_reg_kernel<2><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
+    else if (reg && vpt == 8) head_norm_rope_reg_kernel<8><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
+    else head_norm_rope_kernel<<<R * n_head, 128, 0, s>>>(q, n_head, D, n_rot, eps, norm, inverse, inv_freq, rows);
     check_launch("head_norm_rope");
 }
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "cuda/backend_impl.h"
 #include "cuda/kernels.h"
@@ -84,7 +85,31 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     const uint32_t ctx_tokens = env_u32("DSV4_BENCH_CONTEXT", 4096);
     const uint32_t n_decode = env_u32("DSV4_BENCH_DECODE", 64);
     double t0 = now_s();
-    const std::string path = synth("bench-flash-" + std::to_string(layers), "flash", "flash", layers, 129280);
+    // DSV4_BENCH_RATIO=0|4|128 gives every layer that compression ratio and no hash-routed
+    // layers (the flash pattern mixes them: ratios 0, 0, then 4 and 128 alternating; 3 hash
+    // layers), so each kind of layer's decode and prefill time can be measured on its own.
+    const char* ratio_env = std::getenv("DSV4_BENCH_RATIO");
+    const int ratio = ratio_env && *ratio_env ? std::atoi(ratio_env) : -1;
+    auto edit = [ratio](model::Config& c) {
+        if (ratio < 0) return;
+        for (auto& r : c.compress_ratio) r = uint32_t(ratio);
+        c.n_hash_layer = 0;
+    };
+    // DSV4_BENCH_MODEL=PATH keeps the synthesised model there (written once, reused by later
+    // processes: an A/B of settings read once per process then pays the ~60 s synthesis once).
+    const char* keep = std::getenv("DSV4_BENCH_MODEL");
+    std::string path;
+    if (keep && *keep) {
+        path = keep;
+        if (!std::filesystem::exists(path)) {
+            model::Config c = model::synth_config("flash", layers, 129280);
+            edit(c);
+            model::synth_write(c, model::TypeMix::preset("flash"), plain_vocab(c.n_vocab), 1, path);
+        }
+    } else {
+        const std::string name = "bench-flash-" + std::to_string(layers) + (ratio >= 0 ? "-r" + std::to_string(ratio) : "");
+        path = synth(name, "flash", "flash", layers, 129280, edit);
+    }
     const double t_synth = now_s() - t0;
     t0 = now_s();
     auto m = model::Model::load(path);

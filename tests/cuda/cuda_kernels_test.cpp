@@ -482,6 +482,60 @@ TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     eq(fk.d, rk.d, R * E / 256, "Q8_K scales");
     eq(fk.b, rk.b, R * E / 16, "Q8_K sums");
 }
+TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
+    // hc_pre_mix with the previous sublayer's hc_post folded in (HcPostIn) must leave the same
+    // state X and make the same mix, post gates and collapse gates as hc_post then hc_pre_mix,
+    // bit for bit: after an attention sublayer (y alone) and after an MoE sublayer (the routed
+    // experts' outputs, with and without the shared expert's y), one row and a batch (rows of
+    // 4 a block), and with post the buffer the mix writes its new post gates to.
+    const uint32_t H = 4, M = 2 * H + H * H, E = 4096, K = 6;
+    const uint64_t HD = uint64_t(H) * E;
+    const HostWeight hw = random_weight(Type::F16, HD, M, 77);
+    DevWeightHolder dw(hw);
+    auto scale = random_floats(3, 71, 0.01f, 0.05f);
+    auto base = random_floats(M, 72, -1.0f, 1.0f);
+    DevVec<float> dscale(scale), dbase(base);
+    for (uint32_t R : {1u, 5u}) {
+        for (int kind = 0; kind < 3; ++kind) {   // 0 attention, 1 MoE + shared, 2 MoE alone
+            SCOPED_TRACE(testing::Message() << "R " << R << " kind " << kind);
+            const auto X = random_floats(R * HD, 80 + R, -3.0f, 3.0f);
+            const auto y = random_floats(R * E, 81 + R, -2.0f, 2.0f);
+            const auto down = random_floats(uint64_t(R) * K * E, 82 + R, -1.0f, 1.0f);
+            const auto post0 = random_floats(R * H, 83 + R, 0.0f, 2.0f);
+            const auto comb = random_floats(R * H * H, 84 + R, 0.0f, 1.0f);
+            DevVec<float> dy(y), ddown(down), dcomb(comb);
+            struct Out {
+                std::vector<float> X, mix, post, gate;
+            };
+            auto run = [&](bool folded) {
+                DevVec<float> dX(X), post(post0), mix(R * M), gate(R * (H + 1));
+                DevVec<double> part(cuda::hc_pre_partials(R, H, E));
+                DevVec<uint32_t> count(cuda::hc_pre_counters(R));
+                EXPECT_EQ(cudaMemset(count.get(), 0, count.size() * sizeof(uint32_t)), cudaSuccess);
+                const float* moe = kind ? ddown.get() : nullptr;
+                const bool y_init = kind != 2;
+                const float* yp = kind == 2 ? nullptr : dy.get();
+                cuda::HcPostIn pin;
+                if (folded) pin = cuda::HcPostIn{true, yp, post.get(), dcomb.get(), moe, kind ? K : 0, y_init};
+                else cuda::hc_post(dX.get(), yp, post.get(), dcomb.get(), R, H, E, nullptr, moe, kind ? K : 0, y_init);
+                cuda::hc_pre_mix(dw.w, dX.get(), dscale.get(), dbase.get(), R, H, E, 1e-6f, 1e-6f, mix.get(),
+                                 post.get(), gate.get(), part.get(), count.get(), nullptr, pin);
+                EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                return Out{dX.download(), mix.download(), post.download(), gate.download()};
+            };
+            const Out a = run(false), b = run(true);
+            auto same = [](const std::vector<float>& u, const std::vector<float>& v, const char* what) {
+                ASSERT_EQ(u.size(), v.size()) << what;
+                EXPECT_EQ(0, std::memcmp(u.data(), v.data(), u.size() * sizeof(float))) << what;
+            };
+            same(a.X, b.X, "X");
+            same(a.mix, b.mix, "mix");
+            same(a.post, b.post, "post");
+            same(a.gate, b.gate, "gate");
+            EXPECT_NE(0, std::memcmp(a.X.data(), X.data(), X.size() * sizeof(float)));   // the post did run
+        }
+    }
+}
 TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
     // The shapes of small models: rows of 32..128 values, hundreds of activation rows read
     // with a stride larger than the row.
@@ -630,7 +684,7 @@ TEST_F(CudaKernels, RmsNormMatchesTheCpu) {
 
 TEST_F(CudaKernels, RmsNormQ8_0EqualsNormThenQuantise) {
     // The query path's fused norm + Q8_0 codes: the same bits as rms_norm then quantize_act.
-    for (uint32_t n : {1024u, 1536u, 96u}) {
+    for (uint32_t n : {1024u, 1536u, 96u, 2048u, 512u, 256u}) {   // (registers: 4, -, -, 8, 2, 1 values a thread)
         const uint32_t R = 3;
         auto x = random_floats(R * n, 400 + n, -4.0f, 4.0f);
         auto w = random_floats(n, 401 + n, 0.5f, 1.5f);
@@ -645,6 +699,39 @@ TEST_F(CudaKernels, RmsNormQ8_0EqualsNormThenQuantise) {
         ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), R * n)) << "codes, n=" << n;
         auto da = fused.d.download(), db = ref.d.download();
         ASSERT_EQ(0, std::memcmp(da.data(), db.data(), R * n / 32 * 4)) << "scales, n=" << n;
+    }
+}
+
+TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
+    // The query heads' norm + RoPE with the head in registers against the kernel that walks
+    // it in memory, bit for bit: flash's heads (512, tail 64), small's (128, 64), tiny's (64,
+    // 16), forward and inverse rotation, with and without the norm, positions up to 1M.
+    struct Shape {
+        uint32_t D, n_rot, n_head;
+    };
+    for (const Shape sh : {Shape{512, 64, 8}, Shape{128, 64, 4}, Shape{64, 16, 4}, Shape{1024, 128, 2}}) {
+        std::vector<double> invf(sh.n_rot / 2);
+        for (uint32_t i = 0; i < sh.n_rot / 2; ++i) invf[i] = 1.0 / std::pow(10000.0, 2.0 * i / sh.n_rot);
+        DevVec<double> dinv(invf);
+        const uint32_t R = 3;
+        std::vector<cuda::DevRow> rows = {{0, 1, 0}, {4097, 2, 0}, {1048575, 3, 0}};
+        DevVec<cuda::DevRow> drows(rows);
+        const auto q = random_floats(uint64_t(R) * sh.n_head * sh.D, sh.D + sh.n_rot, -3.0f, 3.0f);
+        for (bool norm : {true, false})
+            for (bool inverse : {false, true}) {
+                std::vector<float> got[2];
+                for (int reg : {0, 1}) {
+                    cuda::norm_reg_override(reg);
+                    DevVec<float> dq(q);
+                    cuda::head_norm_rope(dq.get(), R, sh.n_head, sh.D, sh.n_rot, 1e-6f, norm, inverse, dinv.get(),
+                                         drows.get(), nullptr);
+                    got[reg] = dq.download();
+                }
+                cuda::norm_reg_override(-1);
+                ASSERT_EQ(0, std::memcmp(got[0].data(), got[1].data(), q.size() * sizeof(float)))
+                    << "D " << sh.D << " n_rot " << sh.n_rot << " norm " << norm << " inverse " << inverse;
+                EXPECT_NE(0, std::memcmp(got[1].data(), q.data(), q.size() * sizeof(float)));
+            }
     }
 }
 
