@@ -10,7 +10,8 @@
 #   GTEST_FILTER=... scripts/gpu.sh  a subset of the tests
 #   GPU_AB="X=0;X=1" scripts/gpu.sh  + the Flash benchmark under each setting (A/B)
 # Environment: DSV4_BENCH_LAYERS (4; 43 = the whole Flash model, ~81 GB, synthesised into
-# /dev/shm in ~60 s), DSV4_BENCH_CONTEXT (4096), DSV4_BENCH_DECODE (64),
+# /dev/shm in ~60 s, once for the benchmark and its A/B runs), DSV4_BENCH_RATIO (every layer
+# of one compression ratio), DSV4_BENCH_CONTEXT (4096), DSV4_BENCH_DECODE (64),
 # DSV4_GPU_LAYERS (library layers to build; default: what the CUDA tests need).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -108,6 +109,9 @@ if [[ -z "${TMPDIR:-}" && -d /dev/shm ]] && (( $(df -BG --output=avail /dev/shm 
   export TMPDIR=/dev/shm
 fi
 if [[ $QUICK == 0 ]]; then export DSV4_CUDA_FLASH=1 DSV4_CUDA_BENCH=1; fi
+# The benchmark's model is synthesised once and shared by the benchmark and every A/B run
+# (DSV4_BENCH_RATIO=0|4|128: every layer of one kind; see cuda_bench_test.cpp).
+export DSV4_BENCH_MODEL=${DSV4_BENCH_MODEL:-${TMPDIR:-/tmp}/dsv4-bench-flash-${DSV4_BENCH_LAYERS:-4}${DSV4_BENCH_RATIO:+-r$DSV4_BENCH_RATIO}.gguf}
 echo "== tests"
 FILTER=${GTEST_FILTER:-*}
 SHOW='^\[( +OK|  FAILED|  SKIPPED) |Failure|rror|^\[cuda|Expected|Which is|actual|^== |^(run|ctx|per layer|prefill per|full|model file)'

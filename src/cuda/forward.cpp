@@ -416,7 +416,7 @@ private:
     // The sublayer's end: X += its output through mHC post (§5.5), now or folded into the
     // next hc_pre (post_pending_); flush_post applies a pending one (before the head).
     // Folded for decode-sized rounds only: in a prefill chunk the mix kernel's eight thread
-    // groups would each form the post of their quads (measured slower on the H200, run 47);
+    // groups would each form the post of their quads (measured slower on the H200, run 46);
     // either way the same bits.
     void sublayer_post(uint32_t R, const float* moe_down, uint32_t K, bool y_init) {
         post_pending_ = HcPostIn{true, y_.get(), post_.get(), comb_.get(), moe_down, K, y_init};
