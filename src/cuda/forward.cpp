@@ -467,6 +467,7 @@ private:
     DBuf<float> hc_gate_;      // hc_pre_mix → hc_pre_collapse: per row the pre gates and the norm's scale
     DBuf<double> hc_part_;     // hc_pre_mix's per-block partial sums
     DBuf<uint32_t> hc_count_;  // hc_pre_mix's finished-block counters (left at 0 by every launch)
+    DBuf<uint32_t> tail_count_;   // matvec_tail's counters: [0] q_a's norm, [1] the router (left at 0)
     DBuf<uint32_t> idx_count_;  // indexer_fused's finished-block counters per row (left at 0)
     DBuf<uint32_t> sel_, want_, sess_begin_, sess_end_;
     DBuf<DevRow> rows_dev_;
@@ -685,6 +686,8 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2};
     hc_gate_.ensure(n * (H + 1), "workspace", g);
     hc_part_.ensure(hc_pre_partials(R, H, E), "workspace", g);
+    if (tail_count_.ensure(2, "workspace", g))
+        check(cudaMemsetAsync(tail_count_.get(), 0, tail_count_.size() * sizeof(uint32_t), stream_), "tail counters");
     if (hc_count_.ensure(hc_pre_counters(R), "workspace", g))
         check(cudaMemsetAsync(hc_count_.get(), 0, hc_count_.size() * sizeof(uint32_t), stream_), "hc counters");
     if (idx_count_.ensure(n, "workspace", g))
@@ -796,14 +799,29 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         // the indexer's head weights need only xn: made before the branch waits for qr
         mv_xn(L.iproj, R, wi_.get(), c_.n_indexer_head, "indexer proj", si);
     }
-    // Q path
-    mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
-    // qr_ normed, then quantised once for q_b and the indexer's queries (same activation
-    // kind: one copy); for Q8_0 both in one launch
-    const DevAct qa = act_kind(L.q_b.type) == ActKind::Q8_0 && QL % 32 == 0
-                          ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
-                          : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
-                             quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
+    // Q path: qr_ normed, then quantised once for q_b and the indexer's queries (same
+    // activation kind: one copy); for Q8_0 both in one launch (with DSV4_MV_TAIL=1, for one
+    // row, the last block of q_a's product itself: matvec_tail)
+    const bool q8_norm = act_kind(L.q_b.type) == ActKind::Q8_0 && QL % 32 == 0;
+    DevAct qa;
+    if (q8_norm && matvec_tail_on() && matvec_tail_fits(L.q_a, xn_act(L.q_a.type, R), R, QL, MvTail::NormQ8_0) &&
+        uint64_t(R) * QL <= qra_.cap_values) {
+        MvTail t;
+        t.kind = MvTail::NormQ8_0;
+        t.count = tail_count_.get();
+        t.eps = c_.rms_eps;
+        t.norm_w = L.q_a_norm;
+        t.q = qra_.q;
+        t.d = qra_.d;
+        matvec_tail(L.q_a, xn_act(L.q_a.type, R), qr_.get(), QL, t, stream_);
+        mark("q_a", double(QL) * L.q_a.row_bytes);
+        qa = codes_in(ActKind::Q8_0, QL, qra_);
+    } else {
+        mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
+        qa = q8_norm ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
+                     : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
+                        quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
+    }
     if (ratio == 4) {
         wait_main(iq);
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
@@ -882,11 +900,28 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
         mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E, ss, act2_);
         mark("shared expert", double(E) * L.down_sh.row_bytes);
     }
-    // router
-    mv_xn(L.gate_inp, R, rlog_.get(), NE, "router");
+    // router: its scores' product, then the picks (with DSV4_MV_TAIL=1, for one row, in one
+    // launch: matvec_tail)
     const bool hash = c_.is_hash_layer(il);
-    router(rlog_.get(), R, NE, K, hash ? nullptr : L.exp_probs_b, hash ? L.tid2eid : nullptr, rows_dev_.get(),
-           c_.expert_weights_norm, c_.expert_weights_scale, experts_.get(), ew_.get(), bad_.get(), stream_);
+    if (K <= 32 && matvec_tail_on() && matvec_tail_fits(L.gate_inp, xn_act(L.gate_inp.type, R), R, NE, MvTail::Router)) {
+        MvTail t;
+        t.kind = MvTail::Router;
+        t.count = tail_count_.get() + 1;
+        t.K = K;
+        t.bias = hash ? nullptr : L.exp_probs_b;
+        t.tid2eid = hash ? L.tid2eid : nullptr;
+        t.rows = rows_dev_.get();
+        t.norm = c_.expert_weights_norm;
+        t.scale = c_.expert_weights_scale;
+        t.experts = experts_.get();
+        t.weights = ew_.get();
+        t.bad = bad_.get();
+        matvec_tail(L.gate_inp, xn_act(L.gate_inp.type, R), rlog_.get(), NE, t, stream_);
+    } else {
+        mv_xn(L.gate_inp, R, rlog_.get(), NE, "router");
+        router(rlog_.get(), R, NE, K, hash ? nullptr : L.exp_probs_b, hash ? L.tid2eid : nullptr, rows_dev_.get(),
+               c_.expert_weights_norm, c_.expert_weights_scale, experts_.get(), ew_.get(), bad_.get(), stream_);
+    }
     mark("router");
     // routed experts: pair p = r*K + k. With several rows, the pairs are gathered by expert
     // first so each expert's weight rows are read once for up to 8 of its pairs.

@@ -125,6 +125,38 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
             cudaStream_t s, const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
             const MoeGroups* groups = nullptr);
 
+struct DevRow;
+// A row step run by the last block of a one-row product (matvec_tail) on the product's whole
+// output y, instead of a launch of its own after it: the same body as the step's kernel, so
+// the same bits. count: a device word, zero before the first launch, left at 0 by each.
+struct MvTail {
+    enum Kind : int { None = 0, NormQ8_0 = 1, Router = 2 };
+    Kind kind = None;
+    uint32_t* count = nullptr;
+    // NormQ8_0: rms_norm_q8_0 of y (in place) with weight norm_w, codes into q, d
+    float eps = 0.0f;
+    const float* norm_w = nullptr;
+    int8_t* q = nullptr;
+    float* d = nullptr;
+    // Router: router() of y (NE = N <= 256 experts, K <= 32 picks) for the one row rows[0]
+    uint32_t K = 0;
+    const float* bias = nullptr;
+    const int32_t* tid2eid = nullptr;
+    const DevRow* rows = nullptr;
+    bool norm = false;
+    float scale = 1.0f;
+    int32_t* experts = nullptr;
+    float* weights = nullptr;
+    int32_t* bad = nullptr;
+};
+// Whether matvec_tail takes this product (one activation row, a block of 256 threads a row;
+// F16 or Q8_0 weights; for NormQ8_0 N a multiple of 256 up to 2,048, for Router N <= 256),
+// and whether the forward pass uses it: only with DSV4_MV_TAIL=1 (read once), since on the
+// H200 it measured slower than the separate launches (run 48).
+bool matvec_tail_fits(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, MvTail::Kind kind);
+bool matvec_tail_on();
+void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, const MvTail& tail, cudaStream_t s);
+
 // Threads matvec gives one output row in decode (a warp: 32; few long rows: a block of 256
 // or 1,024). The tensor-core products follow the order of sums this implies.
 uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert);

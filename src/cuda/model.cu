@@ -13,6 +13,7 @@
 
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
+#include "cuda/tails.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -108,36 +109,14 @@ __global__ void rms_norm_q8_0_kernel(float* x, uint64_t xs, uint32_t n, float ep
     }
 }
 
-// rms_norm_q8_0_kernel for rows of VPT * blockDim.x values with the row in registers: every
-// load issued at once (the kernel above walks the row three times, each a chain of dependent
-// L2 round trips on the query path's critical path). Thread t holds values t + j*blockDim.x,
-// the terms rms_norm_block's loop gives it, summed in the same order; a warp's value j is
-// element `lane` of Q8_0 block (t - lane + j*blockDim.x) / 32, as in the loop above. Same bits.
+// rms_norm_q8_0_kernel for rows of VPT * blockDim.x values with the row in registers
+// (rms_norm_q8_0_row): the kernel above walks the row three times, each a chain of dependent
+// L2 round trips on the query path's critical path.
 template <uint32_t VPT>
 __global__ void rms_norm_q8_0_reg_kernel(float* x, uint64_t xs, uint32_t n, float eps, const float* w, int8_t* q,
                                          float* d) {
     pdl_begin();
-    float* xr = x + blockIdx.x * xs;
-    const uint32_t bd = blockDim.x, lane = threadIdx.x & 31;
-    float v[VPT];
-#pragma unroll
-    for (uint32_t j = 0; j < VPT; ++j) v[j] = xr[threadIdx.x + j * bd];
-    double ss = 0;
-#pragma unroll
-    for (uint32_t j = 0; j < VPT; ++j) ss += double(v[j]) * double(v[j]);
-    ss = block_sum_d(ss);
-    const float r = float(1.0 / sqrt(ss / n + double(eps)));
-#pragma unroll
-    for (uint32_t j = 0; j < VPT; ++j) {
-        const uint32_t i = threadIdx.x + j * bd;
-        v[j] = __fmul_rn(__fmul_rn(v[j], r), w ? w[i] : 1.0f);
-        xr[i] = v[j];
-        const float amax = warp_max(fabsf(v[j]));
-        const float dd = amax / 127.0f;
-        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-        q[uint64_t(blockIdx.x) * n + i] = q_clamp(v[j] * id);
-        if (lane == 0) d[uint64_t(blockIdx.x) * (n / 32) + i / 32] = f16_round(dd);
-    }
+    rms_norm_q8_0_row<VPT>(x + blockIdx.x * xs, n, eps, w, q + uint64_t(blockIdx.x) * n, d + uint64_t(blockIdx.x) * (n / 32));
 }
 
 // Long rows (the 16,384-wide mHC state): 1024 threads and float4 loads, so a single row is
@@ -1954,101 +1933,11 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
                               const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights,
                               int32_t* bad) {
     pdl_begin();
-    // The probabilities and the picks also live in shared memory: the weights below read
-    // them back one after another, which from global memory was a chain of dependent loads.
     extern __shared__ float prob_s[];                                   // [NE]
     int32_t* sel_s = reinterpret_cast<int32_t*>(prob_s + NE);           // [K]
     uint8_t* taken = reinterpret_cast<uint8_t*>(sel_s + K);             // [NE]
-    const uint32_t r = blockIdx.x, lane = threadIdx.x;
-    float* prob = logits + uint64_t(r) * NE;
-    // The scores (double-precision exp and log1p, ~a hundred dependent instructions each)
-    // one per thread across the block; the picks below need one warp only.
-    for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) {
-        prob_s[e] = prob[e] = sqrtf(softplus_cr(prob[e]));
-        taken[e] = 0;
-    }
-    __syncthreads();
-    if (threadIdx.x >= 32) return;
-    int32_t* sel = sel_s;
-    if (tid2eid) {
-        for (uint32_t k = lane; k < K; k += 32) {
-            int32_t e = tid2eid[uint64_t(rows[r].token) * K + k];
-            if (e < 0 || uint32_t(e) >= NE) {
-                atomicExch(bad, 1);
-                e = 0;
-            }
-            sel[k] = e;
-        }
-    } else if (NE <= 256) {
-        // Each lane keeps its (at most 8) keys in registers: the same scan order and ties
-        // as the general loop below, without re-reading prob and bias for every pick.
-        float key[8];
-        uint32_t avail = 0;
-#pragma unroll
-        for (uint32_t j = 0; j < 8; ++j) {
-            const uint32_t e = lane + 32 * j;
-            key[j] = e < NE ? prob_s[e] + (bias ? bias[e] : 0.0f) : 0.0f;
-            if (e < NE) avail |= 1u << j;
-        }
-        for (uint32_t k = 0; k < K; ++k) {
-            float best = -INFINITY;
-            int32_t be = -1;
-#pragma unroll
-            for (uint32_t j = 0; j < 8; ++j) {
-                if (!((avail >> j) & 1)) continue;
-                if (be < 0 || key[j] > best) {
-                    best = key[j];
-                    be = int32_t(lane + 32 * j);
-                }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
-                if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
-                    best = ob;
-                    be = oe;
-                }
-            }
-            if (lane == 0) sel[k] = be;
-            if (be >= 0 && uint32_t(be) % 32 == lane) avail &= ~(1u << (uint32_t(be) / 32));
-        }
-    } else {
-        for (uint32_t k = 0; k < K; ++k) {
-            float best = -INFINITY;
-            int32_t be = -1;
-            for (uint32_t e = lane; e < NE; e += 32) {
-                if (taken[e]) continue;
-                const float key = prob_s[e] + (bias ? bias[e] : 0.0f);
-                if (be < 0 || key > best) {
-                    best = key;
-                    be = int32_t(e);
-                }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
-                if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
-                    best = ob;
-                    be = oe;
-                }
-            }
-            if (lane == 0) {
-                sel[k] = be;
-                taken[be] = 1;
-            }
-            __syncwarp();
-        }
-    }
-    __syncwarp();
-    if (lane == 0) {
-        float sum = 0;
-        for (uint32_t k = 0; k < K; ++k) sum += prob_s[sel[k]];
-        const float nrm = norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t k = 0; k < K; ++k) {
-            weights[uint64_t(r) * K + k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), scale);
-            experts[uint64_t(r) * K + k] = sel[k];
-        }
-    }
+    router_row(logits, blockIdx.x, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad, prob_s, sel_s,
+               taken);
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, float* mid, uint32_t F, float clamp, const float* w,

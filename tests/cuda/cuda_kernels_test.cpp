@@ -702,6 +702,90 @@ TEST_F(CudaKernels, RmsNormQ8_0EqualsNormThenQuantise) {
     }
 }
 
+TEST_F(CudaKernels, MatvecTailEqualsSeparateLaunches) {
+    // A one-row product whose last block runs the next row step (matvec_tail) against the
+    // product and the step's own kernel, bit for bit: q_a's product with the query norm and
+    // its Q8_0 codes, the router's product with the router (biased top-K and hash routing).
+    // Each tail launch runs twice: its counter must be left at 0.
+    const uint64_t K = 4096;
+    const auto x = random_floats(K, 501, -2.0f, 2.0f);
+    DevVec<float> dx(x);
+    DevVec<uint32_t> count(1);
+    ASSERT_EQ(cudaMemset(count.get(), 0, sizeof(uint32_t)), cudaSuccess);
+    {   // q_a (Q8_0, 1,024 rows) + rms_norm_q8_0
+        const uint64_t N = 1024;
+        const HostWeight hw = random_weight(Type::Q8_0, K, N, 502);
+        DevWeightHolder dw(hw);
+        ActHolder ax(K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), K, 1, K, ax.buf, nullptr);
+        ASSERT_TRUE(cuda::matvec_tail_fits(dw.w, a, 1, N, cuda::MvTail::NormQ8_0));
+        const auto nw = random_floats(N, 503, 0.5f, 1.5f);
+        DevVec<float> dnw(nw), y_ref(N), y_tail(N);
+        ActHolder ref(N), tail(N);
+        cuda::matvec(dw.w, a, 1, y_ref.get(), N, N, 0, nullptr);
+        cuda::rms_norm_q8_0(y_ref.get(), N, 1, uint32_t(N), 1e-6f, dnw.get(), ref.buf, nullptr);
+        for (int rep = 0; rep < 2; ++rep) {
+            cuda::MvTail t;
+            t.kind = cuda::MvTail::NormQ8_0;
+            t.count = count.get();
+            t.eps = 1e-6f;
+            t.norm_w = dnw.get();
+            t.q = tail.buf.q;
+            t.d = tail.buf.d;
+            cuda::matvec_tail(dw.w, a, y_tail.get(), N, t, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto ya = y_ref.download(), yb = y_tail.download();
+            ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), N * sizeof(float))) << "normed row, rep " << rep;
+            const auto qa = ref.q.download(), qb = tail.q.download();
+            ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), N)) << "codes, rep " << rep;
+            const auto da = ref.d.download(), db = tail.d.download();
+            ASSERT_EQ(0, std::memcmp(da.data(), db.data(), N / 32 * sizeof(float))) << "scales, rep " << rep;
+        }
+    }
+    for (bool hash : {false, true}) {   // router (F16, 256 experts, 6 picks)
+        const uint32_t NE = 256, KU = 6, n_tok = 10;
+        const HostWeight hw = random_weight(Type::F16, K, NE, 504);
+        DevWeightHolder dw(hw);
+        ActHolder ax(K);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::F16), dx.get(), K, 1, K, ax.buf, nullptr);
+        ASSERT_TRUE(cuda::matvec_tail_fits(dw.w, a, 1, NE, cuda::MvTail::Router));
+        const auto bias = random_floats(NE, 505, -0.1f, 0.1f);
+        std::vector<int32_t> t2e(n_tok * KU);
+        for (uint32_t i = 0; i < t2e.size(); ++i) t2e[i] = int32_t((i * 37 + 11) % NE);
+        std::vector<cuda::DevRow> rows = {{77, 7, 0}};
+        DevVec<float> dbias(bias), y_ref(NE), y_tail(NE), w_ref(KU), w_tail(KU);
+        DevVec<int32_t> dt2e(t2e), e_ref(KU), e_tail(KU), bad(1);
+        DevVec<cuda::DevRow> drows(rows);
+        ASSERT_EQ(cudaMemset(bad.get(), 0, sizeof(int32_t)), cudaSuccess);
+        cuda::matvec(dw.w, a, 1, y_ref.get(), NE, NE, 0, nullptr);
+        cuda::router(y_ref.get(), 1, NE, KU, hash ? nullptr : dbias.get(), hash ? dt2e.get() : nullptr, drows.get(),
+                     true, 1.5f, e_ref.get(), w_ref.get(), bad.get(), nullptr);
+        for (int rep = 0; rep < 2; ++rep) {
+            cuda::MvTail t;
+            t.kind = cuda::MvTail::Router;
+            t.count = count.get();
+            t.K = KU;
+            t.bias = hash ? nullptr : dbias.get();
+            t.tid2eid = hash ? dt2e.get() : nullptr;
+            t.rows = drows.get();
+            t.norm = true;
+            t.scale = 1.5f;
+            t.experts = e_tail.get();
+            t.weights = w_tail.get();
+            t.bad = bad.get();
+            cuda::matvec_tail(dw.w, a, y_tail.get(), NE, t, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto ya = y_ref.download(), yb = y_tail.download();
+            ASSERT_EQ(0, std::memcmp(ya.data(), yb.data(), NE * sizeof(float))) << "probs, hash " << hash;
+            const auto ea = e_ref.download(), eb = e_tail.download();
+            ASSERT_EQ(ea, eb) << "experts, hash " << hash;
+            const auto wa = w_ref.download(), wb = w_tail.download();
+            ASSERT_EQ(0, std::memcmp(wa.data(), wb.data(), KU * sizeof(float))) << "weights, hash " << hash;
+        }
+        EXPECT_EQ(bad.download()[0], 0);
+    }
+}
+
 TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
     // The query heads' norm + RoPE with the head in registers against the kernel that walks
     // it in memory, bit for bit: flash's heads (512, tail 64), small's (128, 64), tiny's (64,
