@@ -738,11 +738,7 @@ __global__ void head_norm_rope_reg_kernel(float* q, uint32_t D, uint32_t n_rot, 
         sn = inverse ? -float(sin(th)) : float(sin(th));
     }
     if (norm) {
-        double ss = 0;
-#pragma unroll
-        for (uint32_t j = 0; j < VPT; ++j) ss += double(v[j]) * double(v[j]);
-        ss = block_sum_d(ss);
-        const float rr = float(1.0 / sqrt(ss / D + double(eps)));
+        const float rr = rms_scale_reg<VPT>(v, D, eps);
 #pragma unroll
         for (uint32_t j = 0; j < VPT; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], rr), 1.0f);
     }

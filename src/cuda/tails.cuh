@@ -8,6 +8,30 @@
 
 namespace dsv4::cuda {
 
+// The block's RMSNorm scale of a row held VPT values a thread (thread t: values t +
+// j*blockDim.x), its terms summed in rms_norm_block's order: 1/sqrt(mean of squares + eps).
+template <uint32_t VPT>
+__device__ __forceinline__ float rms_scale_reg(const float (&v)[VPT], uint32_t n, float eps) {
+    double ss = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) ss += double(v[j]) * double(v[j]);
+    ss = block_sum_d(ss);
+    return float(1.0 / sqrt(ss / n + double(eps)));
+}
+
+// The warp's largest key and its id (be; < 0: none) over the lanes' candidates, ties to the
+// lower id: the router's pick.
+__device__ __forceinline__ void warp_pick(float& best, int32_t& be) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+        if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
+            best = ob;
+            be = oe;
+        }
+    }
+}
+
 // rms_norm_q8_0 of one row of VPT * blockDim.x values (xr, in place), the row in registers:
 // every load issued at once. Thread t holds values t + j*blockDim.x, the terms
 // rms_norm_block's loop gives it, summed in the same order; a warp's value j is element `lane`
@@ -20,11 +44,7 @@ __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float e
     float v[VPT];
 #pragma unroll
     for (uint32_t j = 0; j < VPT; ++j) v[j] = xr[threadIdx.x + j * bd];
-    double ss = 0;
-#pragma unroll
-    for (uint32_t j = 0; j < VPT; ++j) ss += double(v[j]) * double(v[j]);
-    ss = block_sum_d(ss);
-    const float r = float(1.0 / sqrt(ss / n + double(eps)));
+    const float r = rms_scale_reg<VPT>(v, n, eps);
 #pragma unroll
     for (uint32_t j = 0; j < VPT; ++j) {
         const uint32_t i = threadIdx.x + j * bd;
@@ -90,14 +110,7 @@ __device__ __forceinline__ void router_row(float* logits, uint32_t r, uint32_t N
                     be = int32_t(lane + 32 * j);
                 }
             }
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
-                if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
-                    best = ob;
-                    be = oe;
-                }
-            }
+            warp_pick(best, be);
             if (lane == 0) sel[k] = be;
             if (be >= 0 && uint32_t(be) % 32 == lane) avail &= ~(1u << (uint32_t(be) / 32));
         }
@@ -113,14 +126,7 @@ __device__ __forceinline__ void router_row(float* logits, uint32_t r, uint32_t N
                     be = int32_t(e);
                 }
             }
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int32_t oe = __shfl_xor_sync(0xffffffffu, be, o);
-                if (oe >= 0 && (be < 0 || ob > best || (ob == best && oe < be))) {
-                    best = ob;
-                    be = oe;
-                }
-            }
+            warp_pick(best, be);
             if (lane == 0) {
                 sel[k] = be;
                 taken[be] = 1;
