@@ -747,9 +747,11 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     mark("hc_pre", double(M) * fn.row_bytes);
 }
 
-// The attention sublayer. After mHC pre, four branches: the query path (main stream), the KV
-// row (side 0), the attention compressor (side 1) and the indexer (side 2: its compressor,
-// then its queries once the query path has made qr_). They meet before the attention.
+// The attention sublayer. After mHC pre, branches: the query path (main stream), the KV row
+// (side 0), the attention compressor (side 1), the indexer's compressor (side 2) and its
+// queries (side 4: the head weights, then iq_b once the query path has made qr_, then the
+// scores and top-k once side 2 has emitted its rows). They meet before the attention; the
+// sublayer's mHC post is left to the next sublayer's mix (sublayer_post).
 void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevLayer& L = layers_[il];
     const uint32_t E = c_.n_embd, D = c_.head_dim, QL = c_.q_lora_rank, NL = c_.n_layer;
