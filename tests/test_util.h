@@ -47,16 +47,22 @@ inline model::Vocab byte_vocab() {
 // Writes a synthetic model once per distinct name and returns its path: the preset with
 // `layers` layers (0: the preset's own) and `n_vocab` tokens, changed by `edit`, with the
 // vocabulary `vocab` gives for the final vocabulary size (`edit` may change it).
-inline std::string synth_model_with_vocab(const std::string& name, const std::string& preset, uint32_t layers,
-                                          uint32_t n_vocab, const std::function<model::Vocab(uint32_t)>& vocab,
-                                          const std::function<void(model::Config&)>& edit,
-                                          const std::string& types, uint64_t seed) {
-    const std::string path = tmp_dir() + "/" + name + ".gguf";
+// The same at a path of the caller's (written only if no file is there yet).
+inline std::string synth_model_at(const std::string& path, const std::string& preset, uint32_t layers,
+                                  uint32_t n_vocab, const std::function<model::Vocab(uint32_t)>& vocab,
+                                  const std::function<void(model::Config&)>& edit, const std::string& types,
+                                  uint64_t seed) {
     if (std::filesystem::exists(path)) return path;
     model::Config c = model::synth_config(preset, layers, n_vocab);
     if (edit) edit(c);
     model::synth_write(c, model::TypeMix::preset(types), vocab(c.n_vocab), seed, path);
     return path;
+}
+inline std::string synth_model_with_vocab(const std::string& name, const std::string& preset, uint32_t layers,
+                                          uint32_t n_vocab, const std::function<model::Vocab(uint32_t)>& vocab,
+                                          const std::function<void(model::Config&)>& edit,
+                                          const std::string& types, uint64_t seed) {
+    return synth_model_at(tmp_dir() + "/" + name + ".gguf", preset, layers, n_vocab, vocab, edit, types, seed);
 }
 
 // Writes a synthetic model (byte vocabulary) once per distinct name and returns its path.

@@ -1239,6 +1239,13 @@ DevAct quantize_act(uint32_t wtype, const float* x, uint64_t x_stride, uint32_t 
 
 namespace {
 // The product's parameters; `expert`, `groups` as in kernels.h.
+// Float weights read 8 values (16 or 32 bytes) a step (matvec_kernel's VEC): rows and the
+// activation aligned for it.
+bool float_rows_vec_ok(const DevWeight& W, const DevAct& a) {
+    return W.K % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0 && W.row_bytes % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.f) % 16 == 0 && a.f_stride % 4 == 0;
+}
+
 MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N, uint64_t row0,
            const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
     MV p{};
@@ -1287,8 +1294,7 @@ void matvec_impl(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint
     }
     MV p = make_mv(W, a, R, y, y_stride, N, row0, expert, rows_per_expert, act_div, groups);
     p.rpg = rpg;
-    const bool fvec = (W.K % 8 == 0) && (reinterpret_cast<uintptr_t>(W.data) % 16 == 0) && (W.row_bytes % 16 == 0) &&
-                      (reinterpret_cast<uintptr_t>(a.f) % 16 == 0) && (a.f_stride % 4 == 0);
+    const bool fvec = float_rows_vec_ok(W, a);
     const bool kq = W.type == T_Q2_K || W.type == T_IQ2_XXS;
     if (kq && rpg) throw_mismatch("matvec_grouped: no kernel for this weight type", W.type, W.K, a.K);
     if (gemm_q8_0_eligible(W, R, N, rpg, expert != nullptr)) {
@@ -1338,9 +1344,7 @@ bool matvec_tail_on() {
 bool matvec_tail_fits(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, MvTail::Kind kind) {
     if (R != 1 || a.kind != act_kind(W.type) || a.K != W.K || decode_row_threads(W.K, N, false) != 256)
         return false;
-    const bool fvec = W.K % 8 == 0 && reinterpret_cast<uintptr_t>(W.data) % 16 == 0 && W.row_bytes % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(a.f) % 16 == 0 && a.f_stride % 4 == 0;
-    if (!((W.type == T_F16 && fvec) || W.type == T_Q8_0)) return false;
+    if (!((W.type == T_F16 && float_rows_vec_ok(W, a)) || W.type == T_Q8_0)) return false;
     if (kind == MvTail::NormQ8_0) return N % 256 == 0 && N / 256 <= 8 && (N / 256 & (N / 256 - 1)) == 0;
     if (kind == MvTail::Router) return N <= 256;
     return false;

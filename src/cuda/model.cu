@@ -333,6 +333,16 @@ __device__ __forceinline__ double dot4_d(float4 a, float4 b, double acc) {
     return fma(double(a.w), double(b.w), acc);
 }
 
+// mHC post (§5.5) of one value: stream j's new value from the H streams' values in[], the
+// sublayer's output yv, the post gates po and comb C of the row. hc_post_kernel and the post
+// folded into hc_mix_kernel both make it so.
+__device__ __forceinline__ float hc_post_out(const float* in, uint32_t H, float yv, const float* po, const float* C,
+                                             uint32_t j) {
+    float acc = __fmul_rn(po[j], yv);
+    for (uint32_t i = 0; i < H; ++i) acc = __fadd_rn(acc, __fmul_rn(C[i * H + j], in[i]));
+    return acc;
+}
+
 // RB: rows of a block (1, 2 or kHcRows; registers grow with it: x and the sums are per row).
 template <uint32_t H, uint32_t WT, uint32_t RB>
 __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
@@ -393,19 +403,14 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
             }
             const float* po = pp.post + r * H;
             const float* C = pp.comb + r * H * H;
-            float in[H][4];
+            float in[4][H];   // [component][stream]
 #pragma unroll
-            for (uint32_t h = 0; h < H; ++h) in[h][0] = x[i][h].x, in[h][1] = x[i][h].y, in[h][2] = x[i][h].z, in[h][3] = x[i][h].w;
+            for (uint32_t h = 0; h < H; ++h) in[0][h] = x[i][h].x, in[1][h] = x[i][h].y, in[2][h] = x[i][h].z, in[3][h] = x[i][h].w;
 #pragma unroll
             for (uint32_t j = 0; j < H; ++j) {
                 float o[4];
 #pragma unroll
-                for (uint32_t c = 0; c < 4; ++c) {
-                    float acc = __fmul_rn(po[j], yv[c]);
-#pragma unroll
-                    for (uint32_t h = 0; h < H; ++h) acc = __fadd_rn(acc, __fmul_rn(C[h * H + j], in[h][c]));
-                    o[c] = acc;
-                }
+                for (uint32_t c = 0; c < 4; ++c) o[c] = hc_post_out(in[c], H, yv[c], po, C, j);
                 x[i][j] = make_float4(o[0], o[1], o[2], o[3]);
                 if (g == 0) reinterpret_cast<float4*>(const_cast<float*>(X) + r * HD + uint64_t(j) * E)[u] = x[i][j];
             }
@@ -655,11 +660,7 @@ __global__ void hc_post_kernel(float* X, const float* y, const float* post, cons
         for (uint32_t k = 0; k < K; ++k) acc = __fadd_rn(acc, moe_down[(uint64_t(r) * K + k) * E + e]);
         yv = y_init ? __fadd_rn(yv, acc) : acc;
     }
-    for (uint32_t j = 0; j < H; ++j) {
-        float acc = __fmul_rn(po[j], yv);
-        for (uint32_t i = 0; i < H; ++i) acc = __fadd_rn(acc, __fmul_rn(C[i * H + j], in[i]));
-        Xr[j * E + e] = acc;
-    }
+    for (uint32_t j = 0; j < H; ++j) Xr[j * E + e] = hc_post_out(in, H, yv, po, C, j);
 }
 
 __global__ void __launch_bounds__(1024) output_collapse_kernel(const float* pre, const float* scale, const float* base, const float* X,
@@ -740,7 +741,7 @@ __global__ void head_norm_rope_reg_kernel(float* q, uint32_t D, uint32_t n_rot, 
     if (norm) {
         const float rr = rms_scale_reg<VPT>(v, D, eps);
 #pragma unroll
-        for (uint32_t j = 0; j < VPT; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], rr), 1.0f);
+        for (uint32_t j = 0; j < VPT; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], rr), 1.0f);   // (rms_norm_block's unit weight)
     }
     const float other = __shfl_xor_sync(0xffffffffu, v[VPT - 1], 1);
     if (in_tail) {

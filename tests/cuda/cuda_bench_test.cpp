@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 
 #include "cuda/backend_impl.h"
 #include "cuda/kernels.h"
@@ -98,18 +97,9 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     // DSV4_BENCH_MODEL=PATH keeps the synthesised model there (written once, reused by later
     // processes: an A/B of settings read once per process then pays the ~60 s synthesis once).
     const char* keep = std::getenv("DSV4_BENCH_MODEL");
-    std::string path;
-    if (keep && *keep) {
-        path = keep;
-        if (!std::filesystem::exists(path)) {
-            model::Config c = model::synth_config("flash", layers, 129280);
-            edit(c);
-            model::synth_write(c, model::TypeMix::preset("flash"), plain_vocab(c.n_vocab), 1, path);
-        }
-    } else {
-        const std::string name = "bench-flash-" + std::to_string(layers) + (ratio >= 0 ? "-r" + std::to_string(ratio) : "");
-        path = synth(name, "flash", "flash", layers, 129280, edit);
-    }
+    const std::string name = "bench-flash-" + std::to_string(layers) + (ratio >= 0 ? "-r" + std::to_string(ratio) : "");
+    const std::string path = keep && *keep ? test::synth_model_at(keep, "flash", layers, 129280, plain_vocab, edit, "flash", 1)
+                                           : synth(name, "flash", "flash", layers, 129280, edit);
     const double t_synth = now_s() - t0;
     t0 = now_s();
     auto m = model::Model::load(path);

@@ -442,20 +442,33 @@ TEST_F(CudaKernels, HcPreSpreadMatchesDoubleAndIsRowIndependent) {
 }
 
 
+// An mHC mix weight of flash's shape on the device (fn: M rows of H*E F16 values) with its
+// scale and base, from the three seeds.
+struct HcMix {
+    static constexpr uint32_t H = 4, M = 2 * H + H * H, E = 4096;
+    static constexpr uint64_t HD = uint64_t(H) * E;
+    DevWeightHolder dw;
+    DevVec<float> scale, base;
+    HcMix(uint64_t seed_w, uint64_t seed_scale, uint64_t seed_base)
+        : dw(random_weight(Type::F16, HD, M, seed_w)),
+          scale(random_floats(3, seed_scale, 0.01f, 0.05f)),
+          base(random_floats(M, seed_base, -1.0f, 1.0f)) {}
+};
+
 TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     // hc_pre_collapse can also write xn's Q8_0 and Q8_K codes: they must be the bytes
     // quantize_act makes from xn (codes, scales, 16-value sums), including a row of zeros
     // (Q8_K's zero block) and ties of magnitude (the first value's sign).
-    const uint32_t H = 4, M = 2 * H + H * H, E = 4096, R = 3;
-    const uint64_t HD = uint64_t(H) * E;
-    const HostWeight hw = random_weight(Type::F16, HD, M, 1234);
-    DevWeightHolder dw(hw);
-    auto scale = random_floats(3, 91, 0.01f, 0.05f);
-    auto base = random_floats(M, 92, -1.0f, 1.0f);
+    constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, R = 3;
+    constexpr uint64_t HD = HcMix::HD;
+    HcMix hm(1234, 91, 92);
+    auto& dw = hm.dw;
+    auto& dscale = hm.scale;
+    auto& dbase = hm.base;
     auto nw = random_floats(E, 93, 0.5f, 1.5f);
     nw[7] = 0.0f;   // an xn value of 0 in the first blocks
     nw[300] = nw[301];
-    DevVec<float> dscale(scale), dbase(base), dnw(nw);
+    DevVec<float> dnw(nw);
     auto X = random_floats(R * HD, 95, -3.0f, 3.0f);
     for (uint32_t h = 0; h < H; ++h)
         for (uint32_t e = 256; e < 512; ++e) X[2 * HD + h * E + e] = 0.0f;   // row 2: one Q8_K block of zeros
@@ -488,13 +501,12 @@ TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
     // bit for bit: after an attention sublayer (y alone) and after an MoE sublayer (the routed
     // experts' outputs, with and without the shared expert's y), one row and a batch (rows of
     // 4 a block), and with post the buffer the mix writes its new post gates to.
-    const uint32_t H = 4, M = 2 * H + H * H, E = 4096, K = 6;
-    const uint64_t HD = uint64_t(H) * E;
-    const HostWeight hw = random_weight(Type::F16, HD, M, 77);
-    DevWeightHolder dw(hw);
-    auto scale = random_floats(3, 71, 0.01f, 0.05f);
-    auto base = random_floats(M, 72, -1.0f, 1.0f);
-    DevVec<float> dscale(scale), dbase(base);
+    constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, K = 6;
+    constexpr uint64_t HD = HcMix::HD;
+    HcMix hm(77, 71, 72);
+    auto& dw = hm.dw;
+    auto& dscale = hm.scale;
+    auto& dbase = hm.base;
     for (uint32_t R : {1u, 5u}) {
         for (int kind = 0; kind < 3; ++kind) {   // 0 attention, 1 MoE + shared, 2 MoE alone
             SCOPED_TRACE(testing::Message() << "R " << R << " kind " << kind);
