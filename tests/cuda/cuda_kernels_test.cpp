@@ -462,9 +462,6 @@ TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, R = 3;
     constexpr uint64_t HD = HcMix::HD;
     HcMix hm(1234, 91, 92);
-    auto& dw = hm.dw;
-    auto& dscale = hm.scale;
-    auto& dbase = hm.base;
     auto nw = random_floats(E, 93, 0.5f, 1.5f);
     nw[7] = 0.0f;   // an xn value of 0 in the first blocks
     nw[300] = nw[301];
@@ -477,7 +474,7 @@ TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     DevVec<double> part(cuda::hc_pre_partials(R, H, E));
     DevVec<uint32_t> count(cuda::hc_pre_counters(R));
     ASSERT_EQ(cudaMemset(count.get(), 0, count.size() * sizeof(uint32_t)), cudaSuccess);
-    cuda::hc_pre_mix(dw.w, dX.get(), dscale.get(), dbase.get(), R, H, E, 1e-6f, 1e-6f, mix.get(), post.get(),
+    cuda::hc_pre_mix(hm.dw.w, dX.get(), hm.scale.get(), hm.base.get(), R, H, E, 1e-6f, 1e-6f, mix.get(), post.get(),
                      gate.get(), part.get(), count.get(), nullptr);
     ActHolder f0(R * E), fk(R * E), r0(R * E), rk(R * E);
     cuda::HcQuant qa{f0.buf.q, f0.buf.d, fk.buf.q, fk.buf.d, fk.buf.bsum};
@@ -504,9 +501,6 @@ TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
     constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, K = 6;
     constexpr uint64_t HD = HcMix::HD;
     HcMix hm(77, 71, 72);
-    auto& dw = hm.dw;
-    auto& dscale = hm.scale;
-    auto& dbase = hm.base;
     for (uint32_t R : {1u, 5u}) {
         for (int kind = 0; kind < 3; ++kind) {   // 0 attention, 1 MoE + shared, 2 MoE alone
             SCOPED_TRACE(testing::Message() << "R " << R << " kind " << kind);
@@ -530,7 +524,7 @@ TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
                 cuda::HcPostIn pin;
                 if (folded) pin = cuda::HcPostIn{true, yp, post.get(), dcomb.get(), moe, kind ? K : 0, y_init};
                 else cuda::hc_post(dX.get(), yp, post.get(), dcomb.get(), R, H, E, nullptr, moe, kind ? K : 0, y_init);
-                cuda::hc_pre_mix(dw.w, dX.get(), dscale.get(), dbase.get(), R, H, E, 1e-6f, 1e-6f, mix.get(),
+                cuda::hc_pre_mix(hm.dw.w, dX.get(), hm.scale.get(), hm.base.get(), R, H, E, 1e-6f, 1e-6f, mix.get(),
                                  post.get(), gate.get(), part.get(), count.get(), nullptr, pin);
                 EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                 return Out{dX.download(), mix.download(), post.download(), gate.download()};
