@@ -68,8 +68,10 @@ const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
 // bits of DSV4_L2_PREFETCH: 1 q_b at the attention sublayer's start; 2 out_a once q_b is
 // issued; 4 out_b once the attention is; 8 the picked experts' down rows once the router is;
 // 16 the next layer's attention mHC mix and q_a then too; 32 the picked experts' gate and up
-// rows then too. 0: none. A hint: the same bits either way.
-const int g_l2_prefetch = env_int("DSV4_L2_PREFETCH", 1 | 2 | 8 | 16);
+// rows then too. A hint: the same bits either way. Off by default: on the H200 (run 49, 43
+// layers, one call) every mix measured slower: none 151.4 tok/s, 1|2|8|16 143.3, 1|8 149.4,
+// +4 128.4, +32 132.5.
+const int g_l2_prefetch = env_int("DSV4_L2_PREFETCH", 0);
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");

@@ -386,23 +386,36 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
         for (uint32_t i = 0; i < RB; ++i) {
             if (i >= nr) break;
             const uint64_t r = r0 + i;
-            float yv[4] = {0, 0, 0, 0};
-            if (pp.y) {
-                const float4 v = reinterpret_cast<const float4*>(pp.y + r * E)[u];
-                yv[0] = v.x, yv[1] = v.y, yv[2] = v.z, yv[3] = v.w;
-            }
+            // Every load of the row first (the sublayer's output, the routed experts' rows,
+            // the gates), then the arithmetic, then the stores: X is written here, so a load
+            // after a store of X could not be moved above it and each would wait its own
+            // round trip.
+            constexpr uint32_t kDownMax = 8;   // routed experts' rows loaded together (more: a loop)
+            float4 yv4 = make_float4(0, 0, 0, 0), dn[kDownMax];
+            if (pp.y) yv4 = reinterpret_cast<const float4*>(pp.y + r * E)[u];
+#pragma unroll
+            for (uint32_t k = 0; k < kDownMax; ++k)
+                if (pp.moe_down && k < pp.K) dn[k] = reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u];
+            float po[H], C[H * H];
+#pragma unroll
+            for (uint32_t h = 0; h < H; ++h) po[h] = pp.post[r * H + h];
+#pragma unroll
+            for (uint32_t t = 0; t < H * H; ++t) C[t] = pp.comb[r * H * H + t];
+            float yv[4] = {yv4.x, yv4.y, yv4.z, yv4.w};
             if (pp.moe_down) {
                 float acc[4] = {0, 0, 0, 0};
-                for (uint32_t k = 0; k < pp.K; ++k) {
-                    const float4 v = reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u];
+                auto add = [&](float4 v) {
                     acc[0] = __fadd_rn(acc[0], v.x), acc[1] = __fadd_rn(acc[1], v.y);
                     acc[2] = __fadd_rn(acc[2], v.z), acc[3] = __fadd_rn(acc[3], v.w);
-                }
+                };
+#pragma unroll
+                for (uint32_t k = 0; k < kDownMax; ++k)
+                    if (k < pp.K) add(dn[k]);
+                for (uint32_t k = kDownMax; k < pp.K; ++k)
+                    add(reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u]);
 #pragma unroll
                 for (uint32_t c = 0; c < 4; ++c) yv[c] = pp.y_init ? __fadd_rn(yv[c], acc[c]) : acc[c];
             }
-            const float* po = pp.post + r * H;
-            const float* C = pp.comb + r * H * H;
             float in[4][H];   // [component][stream]
 #pragma unroll
             for (uint32_t h = 0; h < H; ++h) in[0][h] = x[i][h].x, in[1][h] = x[i][h].y, in[2][h] = x[i][h].z, in[3][h] = x[i][h].w;
@@ -412,8 +425,11 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
 #pragma unroll
                 for (uint32_t c = 0; c < 4; ++c) o[c] = hc_post_out(in[c], H, yv[c], po, C, j);
                 x[i][j] = make_float4(o[0], o[1], o[2], o[3]);
-                if (g == 0) reinterpret_cast<float4*>(const_cast<float*>(X) + r * HD + uint64_t(j) * E)[u] = x[i][j];
             }
+            if (g == 0)
+#pragma unroll
+                for (uint32_t j = 0; j < H; ++j)
+                    reinterpret_cast<float4*>(const_cast<float*>(X) + r * HD + uint64_t(j) * E)[u] = x[i][j];
         }
     }
 
