@@ -206,11 +206,13 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
                     uint64_t rows_per_group, cudaStream_t s);
 
 // Tests: the IQ2_XXS decode tables' place as DSV4_KQ_SMEM would choose it (0 global memory,
-// 1 shared, 2 shared with 3 blocks per SM); -1 (initially) follows the environment.
+// 1 shared, 2 shared with 3 blocks per SM, 3 the same a row a warp, 8 super-blocks a step);
+// -1 (initially) follows the environment.
 void kq_smem_select(int mode);
 
 // Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per
-// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3) and
+// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3, 4 and
+// 5 two and four rows with 4) and
 // DSV4_Q8_ROWS_V for the one-row Q8_0 products (0 q8_rows_kernel, 1 loads issued first +
 // evict-first, 2 the same with twice the rows per warp); -1 (initially) follows the
 // environment.

@@ -603,9 +603,10 @@ int g_q8_rows_select = -1;   // q8_rows_select
 // DSV4_Q8_ROWS_V (read once) selects the variant for A/B: 0 (default) q8_rows_kernel (loads
 // in the order ptxas picks), 1 the same with FIRST (every weight load issued first,
 // evict-first), 2 the same with twice the rows per warp (~16 KB per warp in flight, 8 KB
-// with gate+up). On the H200 (run 28, 4 layers, one run) variant 0 gave 0.146 ms per layer,
-// variant 1 0.149: forcing every load first did not pay, so 0 stays the default and 1, 2
-// are kept for the next round's measurements. DSV4_Q8_ROWS=0 turns the whole path off
+// with gate+up); 3 the plain kernel with half the rows per warp (twice the warps). On the H200
+// (run 28, 4 layers, one run) variant 0 gave 0.146 ms per layer,
+// variant 1 0.149: forcing every load first did not pay, so 0 stays the default; on 43
+// layers (run 50, one call) 2 gave 147.5 tok/s against 151.1. DSV4_Q8_ROWS=0 turns the whole path off
 // (matvec_kernel).
 bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
     static const bool on = env_switch("DSV4_Q8_ROWS", true);
@@ -615,18 +616,19 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
         return false;
     const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
     const int nb = int(p.K / 1024);
-    int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
+    int rw = std::max(1, (nw == 2 ? 4 : 8) * (v == 2 ? 2 : 1) / (v == 3 ? 2 * nb : nb));
     while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
     const uint32_t rows_per_block = uint32_t(kQ8Warps * rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
 #define DSV4_Q8(RW, NB, NW)                                                            \
     if (rw == RW && nb == NB && nw == NW) {                                            \
-        if (v == 0) q8_rows_kernel<RW, NB, NW, false><<<grid, block, 0, s>>>(p);       \
+        if (v == 0 || v == 3) q8_rows_kernel<RW, NB, NW, false><<<grid, block, 0, s>>>(p); \
         else q8_rows_kernel<RW, NB, NW, true><<<grid, block, 0, s>>>(p);               \
         return true;                                                                   \
     }
     DSV4_Q8(8, 1, 1) DSV4_Q8(4, 2, 1) DSV4_Q8(2, 4, 1) DSV4_Q8(1, 8, 1)
     DSV4_Q8(4, 1, 2) DSV4_Q8(2, 2, 2) DSV4_Q8(1, 4, 2) DSV4_Q8(1, 8, 2)
+    DSV4_Q8(2, 1, 2) DSV4_Q8(1, 2, 2)   // (v = 3's halves)
 #define DSV4_Q8_V1(RW, NB, NW)                                                                        \
     if (rw == RW && nb == NB && nw == NW) {                                                           \
         q8_rows_kernel<RW, NB, NW, true><<<grid, block, 0, s>>>(p);                                   \
@@ -947,14 +949,16 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
 // 8 super-blocks per row) and registers capped for MINB blocks per SM. kq_kernel<Q2_K, 1,
 // 1, 4, 1> takes 123 registers (2 blocks of 8 warps per SM) for only ~2.7 KB of weights in
 // flight per warp (4 rows x 8 super-blocks x 84 bytes): ~43 KB per SM. DSV4_Q2K_V (read
-// once; launch_kq) selects: 0 that kernel; 1 (default) 8 rows per warp, capped at 2 blocks
-// per SM (122 registers, no spills): ~5.4 KB per warp, ~86 KB per SM, 1.45 waves of warps
-// for 6 experts x 4,096 rows; 2 four rows per warp with 3 blocks per SM (80 registers, no
-// spills): ~65 KB per SM, 1.94 waves; 3 eight rows with 3 blocks per SM (80 registers,
-// ~170 bytes of spills): ~130 KB per SM, one wave. Rows per warp change nothing in a row's sum
+// once; launch_kq) selects: 0 that kernel; 1 8 rows per warp, capped at 2 blocks per SM (122
+// registers, no spills): ~5.4 KB per warp, ~86 KB per SM, 1.45 waves of warps for 6 experts
+// x 4,096 rows; 2 (default) four rows per warp with 3 blocks per SM (80 registers, ~24 bytes
+// of spills): ~65 KB per SM, 1.94 waves; 3 eight rows with 3 blocks per SM (~190 bytes of
+// spills): ~130 KB per SM, one wave; 4 and 5 two and four rows per warp with 4 blocks per SM
+// (64 registers; ~32 and ~64 bytes of spills). Rows per warp change nothing in a row's sum
 // (the same lanes, blocks and operations), so every variant gives the same bits. On the H200
-// (run 28, 4 layers) 0 / 1 / 2 gave 0.150 / 0.149 / 0.147 ms per layer: within the spread
-// between runs, so the default stays until a profile tells them apart.
+// (run 28, 4 layers) 0 / 1 / 2 gave 0.150 / 0.149 / 0.147 ms per layer, within the spread;
+// on 43 layers (run 50, one call) 2 gave 155.1 tok/s against 151.1 for 1: more warps to
+// overlap one warp's arithmetic with the others' loads beat more bytes in flight per warp.
 template <uint32_t T, int NW, int RW, int PS, int MINB>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
     pdl_launch();   // (kq_body waits)
@@ -967,7 +971,8 @@ int g_q2k_select = -1;   // q2k_select
 // a warp's few loads would leave the memory system idle. DSV4_KQ_RW overrides RW (1, 2, 4)
 // for measurements. IQ2_XXS with one slot looks its tables up in shared memory (see
 // kIq2SmemBytes); DSV4_KQ_SMEM (read once) selects for A/B: 0 the global-memory lookups of
-// before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM).
+// before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM), 3
+// the same with a row per warp and a step of 8 super-blocks at a time (fewer registers).
 int g_kq_smem_select = -1;   // kq_smem_select
 
 // The 2-bit decode kernels with the grid cut to what the GPU holds at once (kq_body's warps
@@ -987,7 +992,7 @@ template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
     static const int rw_env = env_int("DSV4_KQ_RW", 0);
     static const int smem_env = env_int("DSV4_KQ_SMEM", 1);
-    static const int q2k_env = env_int("DSV4_Q2K_V", 1);
+    static const int q2k_env = env_int("DSV4_Q2K_V", 2);
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
     const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;
@@ -996,10 +1001,13 @@ void launch_kq(const MV& p, cudaStream_t s) {
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
     if constexpr (T == T_IQ2_XXS) {
         const int sm = g_kq_smem_select >= 0 ? g_kq_smem_select : smem_env;
-        if (rb == 1 && (sm == 1 || sm == 2)) {
+        if (rb == 1 && sm >= 1 && sm <= 3) {
             // 48 KB of dynamic shared memory: within the default limit, no attribute needed
             constexpr size_t sb = kIq2SmemBytes;
-            if (sm == 2) {
+            if (sm == 3) {   // a row, 8 super-blocks a step: registers for 3 blocks an SM (~16 bytes spilled)
+                const dim3 grid1(uint32_t((p.N + kKqWarps - 1) / kKqWarps), gy);
+                launch_kq_grid(kq_kernel_smem<T, NW, 1, 1, 3>, grid1, block, sb, s, p);
+            } else if (sm == 2) {
                 if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 3>, grid, block, sb, s, p);
                 else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 3>, grid, block, sb, s, p);
                 else launch_kq_grid(kq_kernel_smem<T, NW, 1, 2, 3>, grid, block, sb, s, p);
@@ -1013,11 +1021,13 @@ void launch_kq(const MV& p, cudaStream_t s) {
     }
     if constexpr (T == T_Q2_K && NW == 1) {
         const int v = g_q2k_select >= 0 ? g_q2k_select : q2k_env;
-        if (rb == 1 && !rw_env && v >= 1 && v <= 3) {
-            const uint32_t rw2 = v == 2 ? 4 : 8, rpb = kKqWarps * rw2;
+        if (rb == 1 && !rw_env && v >= 1 && v <= 5) {
+            const uint32_t rw2 = v == 4 ? 2 : v == 2 || v == 5 ? 4 : 8, rpb = kKqWarps * rw2;
             const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
             if (v == 1) launch_kq_grid(kq_kernel_mb<T, NW, 8, 1, 2>, grid2, block, 0, s, p);
             else if (v == 2) launch_kq_grid(kq_kernel_mb<T, NW, 4, 1, 3>, grid2, block, 0, s, p);
+            else if (v == 4) launch_kq_grid(kq_kernel_mb<T, NW, 2, 1, 4>, grid2, block, 0, s, p);
+            else if (v == 5) launch_kq_grid(kq_kernel_mb<T, NW, 4, 1, 4>, grid2, block, 0, s, p);
             else launch_kq_grid(kq_kernel_mb<T, NW, 8, 1, 3>, grid2, block, 0, s, p);   // (spills ~170 bytes)
             return;
         }

@@ -1431,7 +1431,8 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
 
 TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
     // IQ2_XXS decode (one slot per block row) looks its grid and signs up in shared memory
-    // (DSV4_KQ_SMEM = 1, or 2 with 3 blocks per SM); the results must be those of the
+    // (DSV4_KQ_SMEM = 1, or 2 with 3 blocks per SM, or 3: a row a warp, a step of 8
+    // super-blocks at a time, 3 blocks per SM); the results must be those of the
     // global-memory lookups (0) bit for bit: plain rows and expert pairs, gate+up fused and
     // single products, N not a multiple of a block's rows (warps without rows), K of one
     // partial to two full rounds of loads.
@@ -1450,7 +1451,7 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
         ActHolder ah(AR * K);
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::IQ2_XXS), dx.get(), K, AR, K, ah.buf, nullptr);
         std::vector<float> ref[4];
-        for (int mode : {0, 1, 2}) {
+        for (int mode : {0, 1, 2, 3}) {
             cuda::kq_smem_select(mode);
             DevVec<float> y1(N), y2(P * N), f1(N), f2(P * N);
             cuda::matvec(dg.w, a, 1, y1.get(), N, N, 0, nullptr);
@@ -1474,8 +1475,8 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
 
 TEST_F(CudaKernels, Q2KDecodeVariantsEqual) {
     // Q2_K decode with one slot per block row runs 4 rows per warp (DSV4_Q2K_V = 0), 8 rows
-    // per warp with 2 blocks per SM (1), 4 rows with 3 blocks per SM (2) or 8 rows with 3
-    // blocks per SM (3): the same bits
+    // per warp with 2 blocks per SM (1), 4 rows with 3 blocks per SM (2), 8 rows with 3
+    // blocks per SM (3), 2 or 4 rows with 4 blocks per SM (4, 5): the same bits
     // for plain rows and expert pairs (the routed experts' down product: K = 2,048, 4,096
     // rows per expert), row counts that leave warps partly filled or without rows, K of a
     // partial to two full steps.
@@ -1493,7 +1494,7 @@ TEST_F(CudaKernels, Q2KDecodeVariantsEqual) {
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q2_K), dx.get(), K, AR, K, ah.buf, nullptr);
         const uint64_t N = RPE;
         std::vector<float> ref[3];
-        for (int v : {0, 1, 2, 3}) {
+        for (int v : {0, 1, 2, 3, 4, 5}) {
             cuda::q2k_select(v);
             DevVec<float> y1(N), y2(P * N), y3(P * N);
             cuda::matvec(dw.w, a, 1, y1.get(), N, N, 0, nullptr);
@@ -1540,7 +1541,7 @@ TEST_F(CudaKernels, Q8RowsVariantsEqual) {
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), G * K, 1, G * K, ah.buf, nullptr);
         const cuda::DevAct a1 = cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), K, 1, K, ah1.buf, nullptr);
         std::vector<float> ref[2];
-        for (int v : {0, 1, 2}) {
+        for (int v : {0, 1, 2, 3}) {
             cuda::q8_rows_select(v);
             DevVec<float> y(N), f(N);
             if (sh.G) cuda::matvec_grouped(dw.w, a, 1, y.get(), N, N, N / G, nullptr);
