@@ -936,33 +936,44 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
         mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E, ss, act2_);
         mark("shared expert", double(E) * L.down_sh.row_bytes);
     }
-    // router: its scores' product, then the picks (with DSV4_MV_TAIL=1, for one row, in one
-    // launch: matvec_tail)
+    // router: its scores' product, then the picks: for one row in the routed experts' gate+up
+    // product itself (route_in_experts_on), else a launch of their own (with DSV4_MV_TAIL=1,
+    // for one row, in the product's last block: matvec_tail)
     const bool hash = c_.is_hash_layer(il);
-    if (K <= 32 && matvec_tail_on() && matvec_tail_fits(L.gate_inp, xn_act(L.gate_inp.type, R), R, NE, MvTail::Router)) {
+    RouterArgs route;
+    route.logits = rlog_.get();
+    route.NE = NE;
+    route.K = K;
+    route.bias = hash ? nullptr : L.exp_probs_b;
+    route.tid2eid = hash ? L.tid2eid : nullptr;
+    route.rows = rows_dev_.get();
+    route.norm = c_.expert_weights_norm;
+    route.scale = c_.expert_weights_scale;
+    route.experts = experts_.get();
+    route.weights = ew_.get();
+    route.bad = bad_.get();
+    const bool in_experts =
+        R == 1 && NE <= 256 && K <= 32 && route_in_experts_on() && matvec_swiglu_ok(L.gate_exps, L.up_exps);
+    if (!in_experts && K <= 32 && matvec_tail_on() &&
+        matvec_tail_fits(L.gate_inp, xn_act(L.gate_inp.type, R), R, NE, MvTail::Router)) {
         MvTail t;
         t.kind = MvTail::Router;
         t.count = tail_count_.get() + 1;
-        t.K = K;
-        t.bias = hash ? nullptr : L.exp_probs_b;
-        t.tid2eid = hash ? L.tid2eid : nullptr;
-        t.rows = rows_dev_.get();
-        t.norm = c_.expert_weights_norm;
-        t.scale = c_.expert_weights_scale;
-        t.experts = experts_.get();
-        t.weights = ew_.get();
-        t.bad = bad_.get();
+        t.router = route;
         matvec_tail(L.gate_inp, xn_act(L.gate_inp.type, R), rlog_.get(), NE, t, stream_);
     } else {
         mv_xn(L.gate_inp, R, rlog_.get(), NE, "router");
-        router(rlog_.get(), R, NE, K, hash ? nullptr : L.exp_probs_b, hash ? L.tid2eid : nullptr, rows_dev_.get(),
-               c_.expert_weights_norm, c_.expert_weights_scale, experts_.get(), ew_.get(), bad_.get(), stream_);
+        if (!in_experts)
+            router(rlog_.get(), R, NE, K, route.bias, route.tid2eid, rows_dev_.get(), route.norm, route.scale,
+                   experts_.get(), ew_.get(), bad_.get(), stream_);
     }
     mark("router");
-    prefetch_experts(8, R, L.down_exps, E);
     if (il + 1 < c_.n_layer) prefetch(16, R, {&layers_[il + 1].hc_attn_fn, &layers_[il + 1].q_a});
-    prefetch_experts(32, R, L.gate_exps, F);
-    prefetch_experts(32, R, L.up_exps, F);
+    if (!in_experts) {   // (the picks are not made yet)
+        prefetch_experts(8, R, L.down_exps, E);
+        prefetch_experts(32, R, L.gate_exps, F);
+        prefetch_experts(32, R, L.up_exps, F);
+    }
     // routed experts: pair p = r*K + k. With several rows, the pairs are gathered by expert
     // first so each expert's weight rows are read once for up to 8 of its pairs.
     const uint32_t P = R * K;
@@ -978,7 +989,7 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
         // one pass: both rows of a (pair, n) in one warp, SwiGLU in the epilogue
         matvec_swiglu(L.gate_exps, L.up_exps, ag, P, mid_.get(), F, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_,
-                      experts_.get(), F, K, gp);
+                      experts_.get(), F, K, gp, in_experts ? &route : nullptr);
         mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
     } else {
         const DevAct au = xn_act(L.up_exps.type, R);

@@ -127,6 +127,20 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
             const MoeGroups* groups = nullptr);
 
 struct DevRow;
+// One row's router (§5.13) where a kernel other than router()'s runs it (router_row,
+// tails.cuh): the scores, the selection's inputs, and where the picks and weights go.
+struct RouterArgs {
+    float* logits = nullptr;         // the row's NE scores
+    uint32_t NE = 0, K = 0;          // NE <= 256 experts, K <= 32 picks
+    const float* bias = nullptr;
+    const int32_t* tid2eid = nullptr;
+    const DevRow* rows = nullptr;    // rows[0]: the row's token, for tid2eid
+    bool norm = false;
+    float scale = 1.0f;
+    int32_t* experts = nullptr;      // [K]
+    float* weights = nullptr;        // [K]
+    int32_t* bad = nullptr;
+};
 // A row step run by the last block of a one-row product (matvec_tail) on the product's whole
 // output y, instead of a launch of its own after it: the same body as the step's kernel, so
 // the same bits. count: a device word, zero before the first launch, left at 0 by each.
@@ -139,16 +153,8 @@ struct MvTail {
     const float* norm_w = nullptr;
     int8_t* q = nullptr;
     float* d = nullptr;
-    // Router: router() of y (NE = N <= 256 experts, K <= 32 picks) for the one row rows[0]
-    uint32_t K = 0;
-    const float* bias = nullptr;
-    const int32_t* tid2eid = nullptr;
-    const DevRow* rows = nullptr;
-    bool norm = false;
-    float scale = 1.0f;
-    int32_t* experts = nullptr;
-    float* weights = nullptr;
-    int32_t* bad = nullptr;
+    // Router: the router of y (router.logits and router.NE are set by matvec_tail: y, N)
+    RouterArgs router;
 };
 // Whether matvec_tail takes this product (one activation row, a block of 256 threads a row;
 // F16 or Q8_0 weights; for NormQ8_0 N a multiple of 256 up to 2,048, for Router N <= 256),
@@ -206,13 +212,11 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
                     uint64_t rows_per_group, cudaStream_t s);
 
 // Tests: the IQ2_XXS decode tables' place as DSV4_KQ_SMEM would choose it (0 global memory,
-// 1 shared, 2 shared with 3 blocks per SM, 3 the same a row a warp, 8 super-blocks a step);
-// -1 (initially) follows the environment.
+// 1 shared, 2 shared with 3 blocks per SM); -1 (initially) follows the environment.
 void kq_smem_select(int mode);
 
 // Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per
-// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3, 4 and
-// 5 two and four rows with 4) and
+// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3) and
 // DSV4_Q8_ROWS_V for the one-row Q8_0 products (0 q8_rows_kernel, 1 loads issued first +
 // evict-first, 2 the same with twice the rows per warp); -1 (initially) follows the
 // environment.
@@ -226,7 +230,16 @@ bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu);
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
                    const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
-                   const MoeGroups* groups = nullptr);
+                   const MoeGroups* groups = nullptr, const RouterArgs* route = nullptr);
+// route (one token's routed experts: R = route->K pairs, expert = route->experts, ew =
+// route->weights): the router runs inside the product instead of a launch of its own before
+// it (decode's critical path). Every block of the 2-bit decode kernels computes the picks and
+// weights from route->logits in shared memory and takes its pair's expert from there; block
+// (0, 0) writes experts, weights and bad for the kernels after it. router_row is router()'s
+// body, so the picks, the weights and the products are router() then matvec_swiglu's bit for
+// bit. Other weight types, and pair groups, run router() first. DSV4_ROUTE_IN_EXPERTS=0
+// (read once by the forward pass) keeps the separate launch.
+bool route_in_experts_on();
 
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);

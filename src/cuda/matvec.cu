@@ -128,6 +128,7 @@ struct MV {
     uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
     bool early_weights;   // q8_rows_kernel: weight loads before pdl_wait (pdl_early_weights)
     MvTail tail;          // WIDE, one row: the last block's step (matvec_tail)
+    RouterArgs route;     // 2-bit decode, one slot a block: the router run by each block (route.logits set)
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -183,11 +184,12 @@ __device__ __forceinline__ void mv_tail_step(const MvTail t, float* y, uint32_t 
             default: rms_norm_q8_0_row<8>(y, N, t.eps, t.norm_w, t.q, t.d); break;
         }
     } else {
-        __shared__ float prob_s[256];
+        __shared__ float prob_s[256], w_s[32];
         __shared__ int32_t sel_s[32];
         __shared__ uint8_t taken[256];
-        router_row(y, 0, N, t.K, t.bias, t.tid2eid, t.rows, t.norm, t.scale, t.experts, t.weights, t.bad, prob_s,
-                   sel_s, taken);
+        const RouterArgs& a = t.router;
+        router_row(y, 0, N, a.K, a.bias, a.tid2eid, a.rows, a.norm, a.scale, a.experts, a.weights, a.bad, prob_s,
+                   sel_s, w_s, taken);
     }
 }
 
@@ -603,10 +605,10 @@ int g_q8_rows_select = -1;   // q8_rows_select
 // DSV4_Q8_ROWS_V (read once) selects the variant for A/B: 0 (default) q8_rows_kernel (loads
 // in the order ptxas picks), 1 the same with FIRST (every weight load issued first,
 // evict-first), 2 the same with twice the rows per warp (~16 KB per warp in flight, 8 KB
-// with gate+up); 3 the plain kernel with half the rows per warp (twice the warps). On the H200
-// (run 28, 4 layers, one run) variant 0 gave 0.146 ms per layer,
+// with gate+up). On the H200 (run 28, 4 layers, one run) variant 0 gave 0.146 ms per layer,
 // variant 1 0.149: forcing every load first did not pay, so 0 stays the default; on 43
-// layers (run 50, one call) 2 gave 147.5 tok/s against 151.1. DSV4_Q8_ROWS=0 turns the whole path off
+// layers (run 50, one call) 2 gave 147.5 tok/s against 151.1, and (run 51, since removed)
+// half the rows per warp 145.4 against 152.0. DSV4_Q8_ROWS=0 turns the whole path off
 // (matvec_kernel).
 bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
     static const bool on = env_switch("DSV4_Q8_ROWS", true);
@@ -616,19 +618,18 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
         return false;
     const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
     const int nb = int(p.K / 1024);
-    int rw = std::max(1, (nw == 2 ? 4 : 8) * (v == 2 ? 2 : 1) / (v == 3 ? 2 * nb : nb));
+    int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
     while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
     const uint32_t rows_per_block = uint32_t(kQ8Warps * rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
 #define DSV4_Q8(RW, NB, NW)                                                            \
     if (rw == RW && nb == NB && nw == NW) {                                            \
-        if (v == 0 || v == 3) q8_rows_kernel<RW, NB, NW, false><<<grid, block, 0, s>>>(p); \
+        if (v == 0) q8_rows_kernel<RW, NB, NW, false><<<grid, block, 0, s>>>(p);       \
         else q8_rows_kernel<RW, NB, NW, true><<<grid, block, 0, s>>>(p);               \
         return true;                                                                   \
     }
     DSV4_Q8(8, 1, 1) DSV4_Q8(4, 2, 1) DSV4_Q8(2, 4, 1) DSV4_Q8(1, 8, 1)
     DSV4_Q8(4, 1, 2) DSV4_Q8(2, 2, 2) DSV4_Q8(1, 4, 2) DSV4_Q8(1, 8, 2)
-    DSV4_Q8(2, 1, 2) DSV4_Q8(1, 2, 2)   // (v = 3's halves)
 #define DSV4_Q8_V1(RW, NB, NW)                                                                        \
     if (rw == RW && nb == NB && nw == NW) {                                                           \
         q8_rows_kernel<RW, NB, NW, true><<<grid, block, 0, s>>>(p);                                   \
@@ -749,6 +750,25 @@ __device__ __forceinline__ void kq_body(const MV& p) {
     pdl_wait();
     Slots<RB> sl;
     const bool live = get_slots<RB>(p, sl);   // (one slot: get_slots always succeeds)
+    const float* ew = p.ew;
+    if constexpr (RB == 1) {
+        if (p.route.logits) {
+            // the router's picks and weights (matvec_swiglu's route): block row y is pair y
+            __shared__ float r_prob[256], r_w[32];
+            __shared__ int32_t r_sel[32];
+            __shared__ uint8_t r_taken[256];
+            const RouterArgs& ra = p.route;
+            router_pick(ra.logits, false, 0, ra.NE, ra.K, ra.bias, ra.tid2eid, ra.rows, ra.norm, ra.scale, ra.bad,
+                        r_prob, r_sel, r_w, r_taken);
+            __syncthreads();
+            sl.wbase = uint64_t(r_sel[blockIdx.y]) * p.rows_per_expert;
+            ew = r_w;
+            if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < ra.K) {
+                ra.experts[threadIdx.x] = r_sel[threadIdx.x];
+                ra.weights[threadIdx.x] = r_w[threadIdx.x];
+            }
+        }
+    }
     const uint64_t nsb = p.K / 256, AL = p.act_len;
     const uint64_t stride = uint64_t(gridDim.x) * kKqWarps * RW;
     for (uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW; live && nsb && n0 < p.N;
@@ -920,7 +940,7 @@ __device__ __forceinline__ void kq_body(const MV& p) {
                 if constexpr (NW == 2) {
                     float u = warp_sum(acc[r][NW - 1][i]);
                     if (T == T_IQ2_XXS) u *= 0.125f;
-                    v = swiglu_pair(v, u, p.clamp, p.ew, sl.out[i]);
+                    v = swiglu_pair(v, u, p.clamp, ew, sl.out[i]);
                 }
                 if (lane == 0) p.y[uint64_t(sl.out[i]) * p.y_stride + n0 + r] = v;
             }
@@ -953,12 +973,13 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
 // registers, no spills): ~5.4 KB per warp, ~86 KB per SM, 1.45 waves of warps for 6 experts
 // x 4,096 rows; 2 (default) four rows per warp with 3 blocks per SM (80 registers, ~24 bytes
 // of spills): ~65 KB per SM, 1.94 waves; 3 eight rows with 3 blocks per SM (~190 bytes of
-// spills): ~130 KB per SM, one wave; 4 and 5 two and four rows per warp with 4 blocks per SM
-// (64 registers; ~32 and ~64 bytes of spills). Rows per warp change nothing in a row's sum
+// spills): ~130 KB per SM, one wave. Rows per warp change nothing in a row's sum
 // (the same lanes, blocks and operations), so every variant gives the same bits. On the H200
 // (run 28, 4 layers) 0 / 1 / 2 gave 0.150 / 0.149 / 0.147 ms per layer, within the spread;
 // on 43 layers (run 50, one call) 2 gave 155.1 tok/s against 151.1 for 1: more warps to
 // overlap one warp's arithmetic with the others' loads beat more bytes in flight per warp.
+// Run 51 (one call): 2 152.0, 1 149.8, and (since removed) two or four rows per warp with 4
+// blocks per SM 149.4 and 146.0: 3 blocks of 4 rows is the best of those measured.
 template <uint32_t T, int NW, int RW, int PS, int MINB>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
     pdl_launch();   // (kq_body waits)
@@ -971,8 +992,9 @@ int g_q2k_select = -1;   // q2k_select
 // a warp's few loads would leave the memory system idle. DSV4_KQ_RW overrides RW (1, 2, 4)
 // for measurements. IQ2_XXS with one slot looks its tables up in shared memory (see
 // kIq2SmemBytes); DSV4_KQ_SMEM (read once) selects for A/B: 0 the global-memory lookups of
-// before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM), 3
-// the same with a row per warp and a step of 8 super-blocks at a time (fewer registers).
+// before, 1 (default) shared tables, 2 shared tables with 3 blocks per SM (kq_body's SM).
+// (Run 51: a row a warp, 8 super-blocks a step, 3 blocks per SM measured 149.0 tok/s against
+// 152.0 for 1; removed.)
 int g_kq_smem_select = -1;   // kq_smem_select
 
 // The 2-bit decode kernels with the grid cut to what the GPU holds at once (kq_body's warps
@@ -993,7 +1015,7 @@ void launch_kq(const MV& p, cudaStream_t s) {
     static const int rw_env = env_int("DSV4_KQ_RW", 0);
     static const int smem_env = env_int("DSV4_KQ_SMEM", 1);
     static const int q2k_env = env_int("DSV4_Q2K_V", 2);
-    const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
+    const int rb = p.grp ? 8 : p.expert || p.route.logits ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
     const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;
     const uint32_t rows_per_block = kKqWarps * uint32_t(rw);
@@ -1001,13 +1023,10 @@ void launch_kq(const MV& p, cudaStream_t s) {
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
     if constexpr (T == T_IQ2_XXS) {
         const int sm = g_kq_smem_select >= 0 ? g_kq_smem_select : smem_env;
-        if (rb == 1 && sm >= 1 && sm <= 3) {
+        if (rb == 1 && (sm == 1 || sm == 2)) {
             // 48 KB of dynamic shared memory: within the default limit, no attribute needed
             constexpr size_t sb = kIq2SmemBytes;
-            if (sm == 3) {   // a row, 8 super-blocks a step: registers for 3 blocks an SM (~16 bytes spilled)
-                const dim3 grid1(uint32_t((p.N + kKqWarps - 1) / kKqWarps), gy);
-                launch_kq_grid(kq_kernel_smem<T, NW, 1, 1, 3>, grid1, block, sb, s, p);
-            } else if (sm == 2) {
+            if (sm == 2) {
                 if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 3>, grid, block, sb, s, p);
                 else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 3>, grid, block, sb, s, p);
                 else launch_kq_grid(kq_kernel_smem<T, NW, 1, 2, 3>, grid, block, sb, s, p);
@@ -1021,13 +1040,11 @@ void launch_kq(const MV& p, cudaStream_t s) {
     }
     if constexpr (T == T_Q2_K && NW == 1) {
         const int v = g_q2k_select >= 0 ? g_q2k_select : q2k_env;
-        if (rb == 1 && !rw_env && v >= 1 && v <= 5) {
-            const uint32_t rw2 = v == 4 ? 2 : v == 2 || v == 5 ? 4 : 8, rpb = kKqWarps * rw2;
+        if (rb == 1 && !rw_env && v >= 1 && v <= 3) {
+            const uint32_t rw2 = v == 2 ? 4 : 8, rpb = kKqWarps * rw2;
             const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
             if (v == 1) launch_kq_grid(kq_kernel_mb<T, NW, 8, 1, 2>, grid2, block, 0, s, p);
             else if (v == 2) launch_kq_grid(kq_kernel_mb<T, NW, 4, 1, 3>, grid2, block, 0, s, p);
-            else if (v == 4) launch_kq_grid(kq_kernel_mb<T, NW, 2, 1, 4>, grid2, block, 0, s, p);
-            else if (v == 5) launch_kq_grid(kq_kernel_mb<T, NW, 4, 1, 4>, grid2, block, 0, s, p);
             else launch_kq_grid(kq_kernel_mb<T, NW, 8, 1, 3>, grid2, block, 0, s, p);   // (spills ~170 bytes)
             return;
         }
@@ -1376,6 +1393,11 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
     matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group, nullptr);
 }
 
+bool route_in_experts_on() {
+    static const bool on = env_switch("DSV4_ROUTE_IN_EXPERTS", true);
+    return on;
+}
+
 bool matvec_tail_on() {
     // Opt-in: on the H200 (run 48, 43 layers, same call) q_a + norm and the router as tails
     // took 6.523 ms a token for the layers against 6.099 with the separate launches.
@@ -1393,7 +1415,7 @@ bool matvec_tail_fits(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t 
 }
 
 void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, const MvTail& tail, cudaStream_t s) {
-    if (!matvec_tail_fits(W, a, 1, N, tail.kind) || !tail.count || (tail.kind == MvTail::Router && tail.K > 32))
+    if (!matvec_tail_fits(W, a, 1, N, tail.kind) || !tail.count || (tail.kind == MvTail::Router && tail.router.K > 32))
         throw_mismatch("matvec_tail: not a one-row product of 256 threads a row", W.type, W.K, a.K);
     MV p = make_mv(W, a, 1, y, N, N, 0, nullptr, 0, 1, nullptr);
     p.tail = tail;
@@ -1421,9 +1443,17 @@ bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
 
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
-                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
+                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups,
+                   const RouterArgs* route) {
     if (!matvec_swiglu_ok(Wg, Wu)) throw_mismatch("matvec_swiglu: gate and up differ or are float", Wu.type, Wu.K, a.K);
     if (R == 0 || N == 0) return;
+    if (route && !((Wg.type == T_IQ2_XXS || Wg.type == T_Q2_K) && !groups && R == route->K && route->NE <= 256 &&
+                   route->K <= 32)) {
+        // no kernel here runs the router: its own launch first
+        router(route->logits, 1, route->NE, route->K, route->bias, route->tid2eid, route->rows, route->norm,
+               route->scale, route->experts, route->weights, route->bad, s);
+        route = nullptr;
+    }
     if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);
     if (Wg.type == T_IQ2_XXS && gemm_kq_eligible(Wg, groups)) {
         gemm_kq_experts(Wg, &Wu, a, R, mid, mid_stride, N, rows_per_expert, act_div, *groups, clamp, ew, s);
@@ -1435,6 +1465,10 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     p.wd2 = Wu.d;
     p.clamp = clamp;
     p.ew = ew;
+    if (route) {
+        p.route = *route;
+        p.expert = nullptr;   // (the blocks' own picks)
+    }
     switch (Wg.type) {
         case T_Q8_0:
             if (!launch_q8_rows(p, 2, s)) launch_rb2<T_Q8_0, false, false, 256, 2>(p, s);

@@ -1948,8 +1948,9 @@ __global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const floa
     pdl_begin();
     extern __shared__ float prob_s[];                                   // [NE]
     int32_t* sel_s = reinterpret_cast<int32_t*>(prob_s + NE);           // [K]
-    uint8_t* taken = reinterpret_cast<uint8_t*>(sel_s + K);             // [NE]
-    router_row(logits, blockIdx.x, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad, prob_s, sel_s,
+    float* w_s = reinterpret_cast<float*>(sel_s + K);                   // [K]
+    uint8_t* taken = reinterpret_cast<uint8_t*>(w_s + K);               // [NE]
+    router_row(logits, blockIdx.x, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad, prob_s, sel_s, w_s,
                taken);
 }
 
@@ -2401,7 +2402,7 @@ void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bia
             const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,
             cudaStream_t s) {
     if (!R) return;
-    const size_t smem = NE * sizeof(float) + K * sizeof(int32_t) + NE;
+    const size_t smem = NE * sizeof(float) + K * (sizeof(int32_t) + sizeof(float)) + NE;
     const uint32_t threads = std::min(1024u, (NE + 31) / 32 * 32);
     router_kernel<<<R, threads, smem, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
     check_launch("router");

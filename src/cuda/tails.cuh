@@ -58,22 +58,25 @@ __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float e
     }
 }
 
-// The router (§5.13) of row r: probs in place (sqrt(softplus)), the selection (hash table or
-// biased top-K, ties to the lower id) and the weights. Shared memory: prob_s [NE], sel_s [K],
-// taken [NE]. The probabilities and the picks live there because the weights read them back
-// one after another, which from global memory was a chain of dependent loads. Every thread of
-// the block calls it; warp 0 makes the picks.
-__device__ __forceinline__ void router_row(float* logits, uint32_t r, uint32_t NE, uint32_t K, const float* bias,
-                                           const int32_t* tid2eid, const DevRow* rows, bool norm, float scale,
-                                           int32_t* experts, float* weights, int32_t* bad, float* prob_s,
-                                           int32_t* sel_s, uint8_t* taken) {
-
+// The router (§5.13) of row r: probs (sqrt(softplus)) into prob_s and, with write_back, in
+// place into logits; the selection (hash table or biased top-K, ties to the lower id) into
+// sel_s [K] and the weights into w_s [K]. Shared memory: prob_s [NE], sel_s, w_s, taken
+// [NE]. The probabilities and the picks live there because the weights read them back one
+// after another, which from global memory was a chain of dependent loads. Every thread of
+// the block calls it; warp 0 makes the picks and lane 0 the weights (a barrier before other
+// threads read sel_s or w_s).
+__device__ __forceinline__ void router_pick(float* logits, bool write_back, uint32_t r, uint32_t NE, uint32_t K,
+                                            const float* bias, const int32_t* tid2eid, const DevRow* rows, bool norm,
+                                            float scale, int32_t* bad, float* prob_s, int32_t* sel_s, float* w_s,
+                                            uint8_t* taken) {
     const uint32_t lane = threadIdx.x;
     float* prob = logits + uint64_t(r) * NE;
     // The scores (double-precision exp and log1p, ~a hundred dependent instructions each)
     // one per thread across the block; the picks below need one warp only.
     for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) {
-        prob_s[e] = prob[e] = sqrtf(softplus_cr(prob[e]));
+        const float v = sqrtf(softplus_cr(prob[e]));
+        prob_s[e] = v;
+        if (write_back) prob[e] = v;
         taken[e] = 0;
     }
     __syncthreads();
@@ -139,11 +142,21 @@ __device__ __forceinline__ void router_row(float* logits, uint32_t r, uint32_t N
         float sum = 0;
         for (uint32_t k = 0; k < K; ++k) sum += prob_s[sel[k]];
         const float nrm = norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t k = 0; k < K; ++k) {
-            weights[uint64_t(r) * K + k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), scale);
-            experts[uint64_t(r) * K + k] = sel[k];
-        }
+        for (uint32_t k = 0; k < K; ++k) w_s[k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), scale);
     }
+}
+
+// router_pick, then lane 0 stores row r's picks and weights: experts/weights [r][K].
+__device__ __forceinline__ void router_row(float* logits, uint32_t r, uint32_t NE, uint32_t K, const float* bias,
+                                           const int32_t* tid2eid, const DevRow* rows, bool norm, float scale,
+                                           int32_t* experts, float* weights, int32_t* bad, float* prob_s,
+                                           int32_t* sel_s, float* w_s, uint8_t* taken) {
+    router_pick(logits, true, r, NE, K, bias, tid2eid, rows, norm, scale, bad, prob_s, sel_s, w_s, taken);
+    if (threadIdx.x == 0)
+        for (uint32_t k = 0; k < K; ++k) {
+            weights[uint64_t(r) * K + k] = w_s[k];
+            experts[uint64_t(r) * K + k] = sel_s[k];
+        }
 }
 
 }  // namespace dsv4::cuda
