@@ -237,8 +237,10 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
 // weights from route->logits in shared memory and takes its pair's expert from there; block
 // (0, 0) writes experts, weights and bad for the kernels after it. router_row is router()'s
 // body, so the picks, the weights and the products are router() then matvec_swiglu's bit for
-// bit. Other weight types, and pair groups, run router() first. DSV4_ROUTE_IN_EXPERTS=0
-// (read once by the forward pass) keeps the separate launch.
+// bit. Other weight types, and pair groups, run router() first. The forward pass uses it
+// with DSV4_ROUTE_IN_EXPERTS=1 (read once): off by default until it is measured on the H200
+// (written after the session's device time was spent; its first run, 4, failed to launch
+// with the scratch in static shared memory beside the 48 KB tables, now dynamic).
 bool route_in_experts_on();
 
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).

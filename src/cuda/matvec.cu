@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/tails.cuh"
@@ -693,6 +694,8 @@ constexpr int kKqWarps = 8;   // warps per block of kq_kernel
 // The integers are the same, so are the sums and the results (bit for bit).
 constexpr uint32_t kIq2SmemGrid = kIq2GridRepBytes;               // bytes of the grid copies
 constexpr uint32_t kIq2SmemBytes = kIq2SmemGrid + 128 * 32 * 4;  // + the selector copies
+// kq_body's router scratch (a route): probs [256], weights [32], picks [32], taken [256].
+constexpr uint32_t kRouteSmem = 256 * 4 + 32 * 4 + 32 * 4 + 256;
 
 __device__ const Iq2Selectors g_iq2_sel = iq2_selectors();
 
@@ -753,10 +756,14 @@ __device__ __forceinline__ void kq_body(const MV& p) {
     const float* ew = p.ew;
     if constexpr (RB == 1) {
         if (p.route.logits) {
-            // the router's picks and weights (matvec_swiglu's route): block row y is pair y
-            __shared__ float r_prob[256], r_w[32];
-            __shared__ int32_t r_sel[32];
-            __shared__ uint8_t r_taken[256];
+            // the router's picks and weights (matvec_swiglu's route): block row y is pair y. Its
+            // scratch follows the tables in dynamic shared memory (launch_kq_grid adds
+            // kRouteSmem), so the kernels without a route keep their shared memory as it was.
+            uint8_t* rs = reinterpret_cast<uint8_t*>(kq_smem) + (SM != 0 ? kIq2SmemBytes : 0);
+            float* r_prob = reinterpret_cast<float*>(rs);            // [256]
+            float* r_w = r_prob + 256;                               // [32]
+            int32_t* r_sel = reinterpret_cast<int32_t*>(r_w + 32);   // [32]
+            uint8_t* r_taken = reinterpret_cast<uint8_t*>(r_sel + 32);   // [256]
             const RouterArgs& ra = p.route;
             router_pick(ra.logits, false, 0, ra.NE, ra.K, ra.bias, ra.tid2eid, ra.rows, ra.norm, ra.scale, ra.bad,
                         r_prob, r_sel, r_w, r_taken);
@@ -1003,6 +1010,17 @@ int g_kq_smem_select = -1;   // kq_smem_select
 template <typename Kernel>
 void launch_kq_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, const MV& p) {
     static const bool persist = env_switch("DSV4_KQ_PERSIST", true);
+    if (p.route.logits) {
+        // the router's scratch after the tables: past the 48 KB a kernel gets without asking
+        smem += kRouteSmem;
+        static std::vector<const void*> raised;   // kernels whose limit is raised (before any query)
+        const void* k = reinterpret_cast<const void*>(kernel);
+        if (std::find(raised.begin(), raised.end(), k) == raised.end()) {
+            check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                  "kq route shared memory");
+            raised.push_back(k);
+        }
+    }
     if (persist) {
         const uint32_t res = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem);
         grid.x = std::min(grid.x, std::max(1u, (res + grid.y - 1) / grid.y));
@@ -1394,7 +1412,7 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
 }
 
 bool route_in_experts_on() {
-    static const bool on = env_switch("DSV4_ROUTE_IN_EXPERTS", true);
+    static const bool on = env_switch("DSV4_ROUTE_IN_EXPERTS", false);
     return on;
 }
 
