@@ -64,14 +64,6 @@ const bool g_hc_spread_on = env_switch("DSV4_HC_FUSED", true);
 // decode's critical path. The same operations, so the same bits; DSV4_HC_POST_FUSED=0 keeps
 // the separate hc_post launch.
 const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
-// Weights pulled into L2 ahead of their products in decode (CudaBackend::prefetch), as
-// bits of DSV4_L2_PREFETCH: 1 q_b at the attention sublayer's start; 2 out_a once q_b is
-// issued; 4 out_b once the attention is; 8 the picked experts' down rows once the router is;
-// 16 the next layer's attention mHC mix and q_a then too; 32 the picked experts' gate and up
-// rows then too. A hint: the same bits either way. Off by default: on the H200 (run 49, 43
-// layers, one call) every mix measured slower: none 151.4 tok/s, 1|2|8|16 143.3, 1|8 149.4,
-// +4 128.4, +32 132.5.
-const int g_l2_prefetch = env_int("DSV4_L2_PREFETCH", 0);
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -439,27 +431,6 @@ private:
         post_pending_ = {};
     }
     HcPostIn post_pending_;
-    // Weights pulled into L2 ahead of their products (l2_prefetch) on side stream kPrefetch,
-    // after the main stream's work so far, in decode-sized rounds with branches on: the
-    // small kernels before a product leave DRAM idle, the product then starts from L2. The
-    // sublayer's end joins the branch (its kernels only queue the bytes: nothing waits).
-    void prefetch(uint32_t bit, uint32_t R, std::initializer_list<const DevWeight*> ws) {
-        if (!(g_l2_prefetch & bit) || !branches_on_ || R > kPostFoldRows) return;
-        fork(kPrefetch);
-        l2_prefetch(ws, side_[kPrefetch]);
-        prefetch_open_ = true;
-    }
-    void prefetch_experts(uint32_t bit, uint32_t R, const DevWeight& W, uint64_t rows_per_expert) {
-        if (!(g_l2_prefetch & bit) || !branches_on_ || R > kPostFoldRows) return;
-        fork(kPrefetch);
-        l2_prefetch_experts(W, rows_per_expert, c_.n_expert, experts_.get(), R * c_.n_expert_used, side_[kPrefetch]);
-        prefetch_open_ = true;
-    }
-    void prefetch_join() {
-        if (prefetch_open_) join(kPrefetch);
-        prefetch_open_ = false;
-    }
-    bool prefetch_open_ = false;
     void attention_layer(uint32_t il, uint32_t R, uint32_t S);
     void ffn_layer(uint32_t il, uint32_t R);
     void run_layers(uint32_t R, uint32_t S);
@@ -515,9 +486,8 @@ private:
     // Branches: side streams and a pool of events reused every round (ev_next_ restarts).
     // side streams: 0 the KV row / the shared expert, 1 the attention compressor, 2 the
     // indexer's compressor, 3 Sinkhorn, 4 the indexer's queries, 5 and 6 the compressors'
-    // gate products (g_branch_split), 7 the L2 prefetches (prefetch)
-    static constexpr uint32_t kSides = 8, kSinkhorn = 3, kIdxQuery = 4, kCompGate = 5, kIdxCompGate = 6,
-                              kPrefetch = 7;
+    // gate products (g_branch_split)
+    static constexpr uint32_t kSides = 7, kSinkhorn = 3, kIdxQuery = 4, kCompGate = 5, kIdxCompGate = 6;
     cudaStream_t side_[kSides] = {};
     std::vector<cudaEvent_t> branch_ev_;
     size_t ev_next_ = 0;
@@ -792,7 +762,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const DevLayerKV* lkv = lkv_dev_.get();
 
     const auto users = {&L.q_a, &L.kv, &L.comp_kv, &L.comp_gate, &L.icomp_kv, &L.icomp_gate, &L.iproj};
-    prefetch(1, R, {&L.q_b});
     hc_pre(L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, L.attn_norm, R, users);
     xn_acts_for(users, R);
     // KV path: one latent row per token into the raw ring
@@ -885,7 +854,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     }
     matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
-    prefetch(2, R, {&L.out_a});
     head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
     mark("q norm+rope");
     join(0);
@@ -898,7 +866,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
               c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr);
     mark("attention");
-    prefetch(4, R, {&L.out_b});
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
     const DevAct ao = o_codes ? codes_in(ActKind::Q8_0, c_.q_dim(), act_)
                               : quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
@@ -906,7 +873,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     mark("out_a", double(G) * OL * L.out_a.row_bytes);
     mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);
     mark("out_b", double(E) * L.out_b.row_bytes);
-    prefetch_join();
     join(kSinkhorn);
     sublayer_post(R, nullptr, 0, true);
 }
@@ -968,12 +934,6 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
                    experts_.get(), ew_.get(), bad_.get(), stream_);
     }
     mark("router");
-    if (il + 1 < c_.n_layer) prefetch(16, R, {&layers_[il + 1].hc_attn_fn, &layers_[il + 1].q_a});
-    if (!in_experts) {   // (the picks are not made yet)
-        prefetch_experts(8, R, L.down_exps, E);
-        prefetch_experts(32, R, L.gate_exps, F);
-        prefetch_experts(32, R, L.up_exps, F);
-    }
     // routed experts: pair p = r*K + k. With several rows, the pairs are gathered by expert
     // first so each expert's weight rows are read once for up to 8 of its pairs.
     const uint32_t P = R * K;
@@ -1003,7 +963,6 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     mark("experts down", double(P) * E * L.down_exps.row_bytes);
     // moe + shared summed in a fixed order
     if (FS) join(0);
-    prefetch_join();
     join(kSinkhorn);
     sublayer_post(R, down_.get(), K, FS != 0);
 }

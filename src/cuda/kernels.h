@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <initializer_list>
 
 namespace dsv4::cuda {
 
@@ -245,18 +244,6 @@ bool route_in_experts_on();
 
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);
-
-// ---- weights into L2 ahead of their product (decode) -----------------------------------
-// A one-row product's kernel is latency-bound at its start (every block's first loads go to
-// DRAM at once) while the small kernels before it leave DRAM idle. l2_prefetch hands weight
-// bytes to the bulk copy engine (cp.async.bulk.prefetch.L2, sm_90) in 32 KB pieces from a
-// handful of warps, and returns: the product that follows then reads them from L2. A hint
-// only: no result depends on it. Whole weights (qs and d, or data):
-void l2_prefetch(std::initializer_list<const DevWeight*> weights, cudaStream_t s);
-// The rows of the experts the router picked (experts[0..P), device, written by the router:
-// the kernel waits for it): expert e's rows [e * rows_per_expert, (e + 1) * rows_per_expert).
-void l2_prefetch_experts(const DevWeight& W, uint64_t rows_per_expert, uint32_t n_expert, const int32_t* experts,
-                         uint32_t P, cudaStream_t s);
 
 // ---- the batch ------------------------------------------------------------------------
 struct DevRow {

@@ -1154,38 +1154,6 @@ __device__ float weight_elem(const DevWeight& W, uint64_t row, uint64_t i) {
     }
 }
 
-// ---- weights into L2 (l2_prefetch) -----------------------------------------------------
-constexpr uint32_t kL2Spans = 4, kL2Piece = 32768, kL2Threads = 32;
-struct L2Spans {
-    const uint8_t* p[kL2Spans] = {};
-    uint64_t bytes[kL2Spans] = {};   // multiples of 16 (p 16-byte aligned)
-    uint64_t stride[kL2Spans] = {};  // experts: expert e's span starts e * stride after p
-    uint32_t n = 0;
-    const int32_t* experts = nullptr;  // experts[blockIdx.y / n] picks the span's expert
-    uint32_t n_expert = 0;
-};
-
-// A thread per 32 KB piece of span blockIdx.y % n; the instruction only queues the piece for
-// the bulk copy engine, so the kernel ends at once and the bytes arrive while later kernels
-// run. Reads no memory but the router's picks (after the wait): the weights are constants.
-__global__ void __launch_bounds__(kL2Threads) l2_prefetch_kernel(L2Spans a) {
-    pdl_launch();
-    const uint32_t span = blockIdx.y % a.n;
-    const uint8_t* base = a.p[span];
-    if (a.experts) {
-        pdl_wait();
-        const int32_t e = a.experts[blockIdx.y / a.n];
-        if (e < 0 || uint32_t(e) >= a.n_expert) return;
-        base += uint64_t(e) * a.stride[span];
-    }
-    const uint64_t off = (uint64_t(blockIdx.x) * kL2Threads + threadIdx.x) * kL2Piece;
-    if (off >= a.bytes[span]) return;
-    const uint32_t size = uint32_t(min(uint64_t(kL2Piece), a.bytes[span] - off));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + off), "r"(size) : "memory");
-#endif
-}
-
 __global__ void dequant_rows_kernel(DevWeight W, uint64_t r0, float* dst) {
     pdl_begin();
     const uint64_t row = r0 + blockIdx.y;
@@ -1511,70 +1479,6 @@ void moe_groups(const int32_t* experts, uint32_t P, uint32_t NE, const MoeGroups
     if (g.cap < need) throw_too_small("MoE pair groups", need, g.cap);
     moe_groups_kernel<<<1, 1024, 4 * NE * sizeof(int32_t), s>>>(experts, P, NE, g.per_group, g.grp, g.pairs, g.count);
     check_launch("moe_groups");
-}
-
-namespace {
-// The spans of W's rows [r0, r0 + n): its code bytes and scales (repacked types) or its
-// GGUF blocks, each cut to 16-byte alignment (a hint may skip a few bytes at the ends).
-void add_l2_spans(const DevWeight& W, uint64_t r0, uint64_t n, L2Spans& a, uint64_t* stride_rows) {
-    auto add = [&](const void* base, uint64_t row_bytes) {
-        if (!base || !row_bytes || a.n == kL2Spans) return;
-        const uint64_t b0 = uintptr_t(base) + r0 * row_bytes, e = b0 + n * row_bytes;
-        const uint64_t lo = (b0 + 15) & ~uint64_t(15), hi = e & ~uint64_t(15);
-        if (hi <= lo) return;
-        a.p[a.n] = reinterpret_cast<const uint8_t*>(lo);
-        a.bytes[a.n] = hi - lo;
-        a.stride[a.n] = stride_rows ? *stride_rows * row_bytes : 0;
-        ++a.n;
-    };
-    RepackShape rs;
-    if (W.qs && repack_shape(W.type, &rs)) {
-        const uint64_t blocks = W.K / rs.block_values;
-        add(W.qs, blocks * rs.body_bytes);
-        add(W.d, blocks * rs.aux_bytes);
-    } else {
-        add(W.data, W.row_bytes);
-    }
-}
-
-void launch_l2_prefetch(const L2Spans& a, uint32_t gy, cudaStream_t s) {
-    uint64_t most = 0;
-    for (uint32_t i = 0; i < a.n; ++i) most = std::max(most, a.bytes[i]);
-    if (!a.n || !most) return;
-    const uint64_t pieces = (most + kL2Piece - 1) / kL2Piece;
-    l2_prefetch_kernel<<<dim3(uint32_t((pieces + kL2Threads - 1) / kL2Threads), gy), kL2Threads, 0, s>>>(a);
-    check_launch("l2_prefetch");
-}
-
-}  // namespace
-
-void l2_prefetch(std::initializer_list<const DevWeight*> weights, cudaStream_t s) {
-    L2Spans a;
-    for (const DevWeight* w : weights) {
-        L2Spans one;
-        add_l2_spans(*w, 0, w->rows, one, nullptr);
-        for (uint32_t i = 0; i < one.n; ++i) {
-            if (a.n == kL2Spans) {
-                launch_l2_prefetch(a, a.n, s);
-                a = L2Spans{};
-            }
-            a.p[a.n] = one.p[i];
-            a.bytes[a.n++] = one.bytes[i];
-        }
-    }
-    launch_l2_prefetch(a, a.n, s);
-}
-
-void l2_prefetch_experts(const DevWeight& W, uint64_t rows_per_expert, uint32_t n_expert, const int32_t* experts,
-                         uint32_t P, cudaStream_t s) {
-    if (!P || !rows_per_expert) return;
-    L2Spans a;
-    add_l2_spans(W, 0, rows_per_expert, a, &rows_per_expert);
-    for (uint32_t i = 0; i < a.n; ++i)
-        if (a.stride[i] % 16) return;   // (expert e's span would not be 16-byte aligned)
-    a.experts = experts;
-    a.n_expert = n_expert;
-    launch_l2_prefetch(a, a.n * P, s);
 }
 
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s) {

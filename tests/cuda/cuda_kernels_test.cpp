@@ -204,34 +204,6 @@ TEST_F(CudaKernels, MatvecExpertsRowOffsetAndStride) {
     }
 }
 
-// l2_prefetch is a hint: whole weights (every repacked and GGUF layout, a start off 16-byte
-// alignment) and the picked experts' rows (picks out of range skipped) queue without a fault,
-// and a product after them reads the same bits as before.
-TEST_F(CudaKernels, L2PrefetchIsAHintOnly) {
-    const uint64_t K = 512, RPE = 16, NEXP = 4;
-    for (Type t : {Type::Q8_0, Type::IQ2_XXS, Type::Q2_K, Type::F16, Type::F32}) {
-        const HostWeight hw = random_weight(t, K, RPE * NEXP, 91 + uint64_t(t));
-        DevWeightHolder dw(hw);
-        auto x = random_floats(K, 6);
-        DevVec<float> dx(x);
-        ActHolder ah(K);
-        const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, 1, K, ah.buf, nullptr);
-        DevVec<float> y0(RPE * NEXP), y1(RPE * NEXP);
-        cuda::matvec(dw.w, a, 1, y0.get(), RPE * NEXP, RPE * NEXP, 0, nullptr);
-        cuda::DevWeight odd = dw.w;   // the GGUF layouts from 2 bytes in: a start off 16-byte alignment
-        if (odd.data) {
-            odd.data += 2;
-            odd.rows -= 1;
-        }
-        cuda::l2_prefetch({&dw.w, &odd}, nullptr);
-        DevVec<int32_t> picks(std::vector<int32_t>{3, -1, 7, 0, 2, 2});
-        cuda::l2_prefetch_experts(dw.w, RPE, NEXP, picks.get(), 6, nullptr);
-        cuda::check(cudaDeviceSynchronize(), "l2_prefetch");
-        cuda::matvec(dw.w, a, 1, y1.get(), RPE * NEXP, RPE * NEXP, 0, nullptr);
-        ASSERT_EQ(y0.download(), y1.download()) << quant::traits(t).name;
-    }
-}
-
 TEST_F(CudaKernels, MatvecSwigluEqualsMatvecThenSwiglu) {
     // The fused gate+up+SwiGLU product is matvec(gate), matvec(up), swiglu bit for bit:
     // expert pairs (with clamp and routing weights) and plain rows of several batch sizes.
