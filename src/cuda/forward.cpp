@@ -906,18 +906,9 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // product itself (route_in_experts_on), else a launch of their own (with DSV4_MV_TAIL=1,
     // for one row, in the product's last block: matvec_tail)
     const bool hash = c_.is_hash_layer(il);
-    RouterArgs route;
-    route.logits = rlog_.get();
-    route.NE = NE;
-    route.K = K;
-    route.bias = hash ? nullptr : L.exp_probs_b;
-    route.tid2eid = hash ? L.tid2eid : nullptr;
-    route.rows = rows_dev_.get();
-    route.norm = c_.expert_weights_norm;
-    route.scale = c_.expert_weights_scale;
-    route.experts = experts_.get();
-    route.weights = ew_.get();
-    route.bad = bad_.get();
+    const RouterArgs route{rlog_.get(), NE, K, hash ? nullptr : L.exp_probs_b, hash ? L.tid2eid : nullptr,
+                           rows_dev_.get(), c_.expert_weights_norm, c_.expert_weights_scale, experts_.get(),
+                           ew_.get(), bad_.get()};
     const bool in_experts =
         R == 1 && NE <= 256 && K <= 32 && route_in_experts_on() && matvec_swiglu_ok(L.gate_exps, L.up_exps);
     if (!in_experts && K <= 32 && matvec_tail_on() &&
@@ -930,8 +921,7 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     } else {
         mv_xn(L.gate_inp, R, rlog_.get(), NE, "router");
         if (!in_experts)
-            router(rlog_.get(), R, NE, K, route.bias, route.tid2eid, rows_dev_.get(), route.norm, route.scale,
-                   experts_.get(), ew_.get(), bad_.get(), stream_);
+            router(route, R, stream_);
     }
     mark("router");
     // routed experts: pair p = r*K + k. With several rows, the pairs are gathered by expert

@@ -126,18 +126,19 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
             const MoeGroups* groups = nullptr);
 
 struct DevRow;
-// One row's router (§5.13) where a kernel other than router()'s runs it (router_row,
-// tails.cuh): the scores, the selection's inputs, and where the picks and weights go.
+// The router's (§5.13) inputs and outputs, for router() and for the kernels that run it
+// inside themselves (router_row / router_pick, tails.cuh): the scores, the selection's
+// inputs, and where the picks and weights go.
 struct RouterArgs {
-    float* logits = nullptr;         // the row's NE scores
-    uint32_t NE = 0, K = 0;          // NE <= 256 experts, K <= 32 picks
+    float* logits = nullptr;         // row r's NE scores at r * NE
+    uint32_t NE = 0, K = 0;          // inside other kernels: NE <= 256 experts, K <= 32 picks
     const float* bias = nullptr;
     const int32_t* tid2eid = nullptr;
-    const DevRow* rows = nullptr;    // rows[0]: the row's token, for tid2eid
+    const DevRow* rows = nullptr;    // rows[r]: row r's token, for tid2eid
     bool norm = false;
     float scale = 1.0f;
-    int32_t* experts = nullptr;      // [K]
-    float* weights = nullptr;        // [K]
+    int32_t* experts = nullptr;      // [R][K]
+    float* weights = nullptr;        // [R][K]
     int32_t* bad = nullptr;
 };
 // A row step run by the last block of a one-row product (matvec_tail) on the product's whole
@@ -152,7 +153,7 @@ struct MvTail {
     const float* norm_w = nullptr;
     int8_t* q = nullptr;
     float* d = nullptr;
-    // Router: the router of y (router.logits and router.NE are set by matvec_tail: y, N)
+    // Router: the router of y (its step sets router.logits and router.NE to y and N)
     RouterArgs router;
 };
 // Whether matvec_tail takes this product (one activation row, a block of 256 threads a row;
@@ -427,6 +428,7 @@ void attn_loop_override(int mode);
 void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
             const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,
             cudaStream_t s);
+void router(const RouterArgs& a, uint32_t R, cudaStream_t s);
 // mid[p][n] = silu(min(g, c)) * clamp(u, -c, c) * (w ? w[p] : 1), c <= 1e-6: no clamp.
 void swiglu(const float* g, const float* u, float* mid, uint32_t P, uint32_t F, float clamp, const float* w,
             cudaStream_t s);

@@ -185,12 +185,11 @@ __device__ __forceinline__ void mv_tail_step(const MvTail t, float* y, uint32_t 
             default: rms_norm_q8_0_row<8>(y, N, t.eps, t.norm_w, t.q, t.d); break;
         }
     } else {
-        __shared__ float prob_s[256], w_s[32];
-        __shared__ int32_t sel_s[32];
-        __shared__ uint8_t taken[256];
-        const RouterArgs& a = t.router;
-        router_row(y, 0, N, a.K, a.bias, a.tid2eid, a.rows, a.norm, a.scale, a.experts, a.weights, a.bad, prob_s,
-                   sel_s, w_s, taken);
+        __shared__ uint4 scratch[(router_scratch_bytes(256, 32) + 15) / 16];   // (N <= 256, K <= 32)
+        RouterArgs a = t.router;
+        a.logits = y;
+        a.NE = N;
+        router_row(a, 0, router_scratch(scratch, N, a.K));
     }
 }
 
@@ -694,8 +693,6 @@ constexpr int kKqWarps = 8;   // warps per block of kq_kernel
 // The integers are the same, so are the sums and the results (bit for bit).
 constexpr uint32_t kIq2SmemGrid = kIq2GridRepBytes;               // bytes of the grid copies
 constexpr uint32_t kIq2SmemBytes = kIq2SmemGrid + 128 * 32 * 4;  // + the selector copies
-// kq_body's router scratch (a route): probs [256], weights [32], picks [32], taken [256].
-constexpr uint32_t kRouteSmem = 256 * 4 + 32 * 4 + 32 * 4 + 256;
 
 __device__ const Iq2Selectors g_iq2_sel = iq2_selectors();
 
@@ -754,25 +751,21 @@ __device__ __forceinline__ void kq_body(const MV& p) {
     Slots<RB> sl;
     const bool live = get_slots<RB>(p, sl);   // (one slot: get_slots always succeeds)
     const float* ew = p.ew;
-    if constexpr (RB == 1) {
+    if constexpr (RB == 1 && NW == 2) {   // (a route comes with gate+up products only: matvec_swiglu)
         if (p.route.logits) {
             // the router's picks and weights (matvec_swiglu's route): block row y is pair y. Its
             // scratch follows the tables in dynamic shared memory (launch_kq_grid adds
-            // kRouteSmem), so the kernels without a route keep their shared memory as it was.
-            uint8_t* rs = reinterpret_cast<uint8_t*>(kq_smem) + (SM != 0 ? kIq2SmemBytes : 0);
-            float* r_prob = reinterpret_cast<float*>(rs);            // [256]
-            float* r_w = r_prob + 256;                               // [32]
-            int32_t* r_sel = reinterpret_cast<int32_t*>(r_w + 32);   // [32]
-            uint8_t* r_taken = reinterpret_cast<uint8_t*>(r_sel + 32);   // [256]
+            // router_scratch_bytes), so the kernels without a route keep their shared memory.
             const RouterArgs& ra = p.route;
-            router_pick(ra.logits, false, 0, ra.NE, ra.K, ra.bias, ra.tid2eid, ra.rows, ra.norm, ra.scale, ra.bad,
-                        r_prob, r_sel, r_w, r_taken);
+            const RouterScratch rs = router_scratch(
+                reinterpret_cast<uint8_t*>(kq_smem) + (SM != 0 ? kIq2SmemBytes : 0), ra.NE, ra.K);
+            router_pick(ra, 0, false, rs);
             __syncthreads();
-            sl.wbase = uint64_t(r_sel[blockIdx.y]) * p.rows_per_expert;
-            ew = r_w;
+            sl.wbase = uint64_t(rs.sel[blockIdx.y]) * p.rows_per_expert;
+            ew = rs.w;
             if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < ra.K) {
-                ra.experts[threadIdx.x] = r_sel[threadIdx.x];
-                ra.weights[threadIdx.x] = r_w[threadIdx.x];
+                ra.experts[threadIdx.x] = rs.sel[threadIdx.x];
+                ra.weights[threadIdx.x] = rs.w[threadIdx.x];
             }
         }
     }
@@ -1012,7 +1005,7 @@ void launch_kq_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStrea
     static const bool persist = env_switch("DSV4_KQ_PERSIST", true);
     if (p.route.logits) {
         // the router's scratch after the tables: past the 48 KB a kernel gets without asking
-        smem += kRouteSmem;
+        smem += router_scratch_bytes(p.route.NE, p.route.K);
         static std::vector<const void*> raised;   // kernels whose limit is raised (before any query)
         const void* k = reinterpret_cast<const void*>(kernel);
         if (std::find(raised.begin(), raised.end(), k) == raised.end()) {
@@ -1436,8 +1429,7 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     if (route && !((Wg.type == T_IQ2_XXS || Wg.type == T_Q2_K) && !groups && R == route->K && route->NE <= 256 &&
                    route->K <= 32)) {
         // no kernel here runs the router: its own launch first
-        router(route->logits, 1, route->NE, route->K, route->bias, route->tid2eid, route->rows, route->norm,
-               route->scale, route->experts, route->weights, route->bad, s);
+        router(*route, 1, s);
         route = nullptr;
     }
     if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);

@@ -1942,16 +1942,10 @@ void* attn_scratch(size_t need, cudaStream_t s) {
     return p;
 }
 
-__global__ void router_kernel(float* logits, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
-                              const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights,
-                              int32_t* bad) {
+__global__ void router_kernel(RouterArgs a) {
     pdl_begin();
-    extern __shared__ float prob_s[];                                   // [NE]
-    int32_t* sel_s = reinterpret_cast<int32_t*>(prob_s + NE);           // [K]
-    float* w_s = reinterpret_cast<float*>(sel_s + K);                   // [K]
-    uint8_t* taken = reinterpret_cast<uint8_t*>(w_s + K);               // [NE]
-    router_row(logits, blockIdx.x, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad, prob_s, sel_s, w_s,
-               taken);
+    extern __shared__ float router_smem[];   // router_scratch_bytes(NE, K)
+    router_row(a, blockIdx.x, router_scratch(router_smem, a.NE, a.K));
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, float* mid, uint32_t F, float clamp, const float* w,
@@ -2401,10 +2395,13 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
 void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
             const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,
             cudaStream_t s) {
+    router(RouterArgs{logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad}, R, s);
+}
+
+void router(const RouterArgs& a, uint32_t R, cudaStream_t s) {
     if (!R) return;
-    const size_t smem = NE * sizeof(float) + K * (sizeof(int32_t) + sizeof(float)) + NE;
-    const uint32_t threads = std::min(1024u, (NE + 31) / 32 * 32);
-    router_kernel<<<R, threads, smem, s>>>(logits, NE, K, bias, tid2eid, rows, norm, scale, experts, weights, bad);
+    const uint32_t threads = std::min(1024u, (a.NE + 31) / 32 * 32);
+    router_kernel<<<R, threads, router_scratch_bytes(a.NE, a.K), s>>>(a);
     check_launch("router");
 }
 

@@ -58,35 +58,52 @@ __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float e
     }
 }
 
-// The router (§5.13) of row r: probs (sqrt(softplus)) into prob_s and, with write_back, in
-// place into logits; the selection (hash table or biased top-K, ties to the lower id) into
-// sel_s [K] and the weights into w_s [K]. Shared memory: prob_s [NE], sel_s, w_s, taken
-// [NE]. The probabilities and the picks live there because the weights read them back one
-// after another, which from global memory was a chain of dependent loads. Every thread of
-// the block calls it; warp 0 makes the picks and lane 0 the weights (a barrier before other
-// threads read sel_s or w_s).
-__device__ __forceinline__ void router_pick(float* logits, bool write_back, uint32_t r, uint32_t NE, uint32_t K,
-                                            const float* bias, const int32_t* tid2eid, const DevRow* rows, bool norm,
-                                            float scale, int32_t* bad, float* prob_s, int32_t* sel_s, float* w_s,
-                                            uint8_t* taken) {
-    const uint32_t lane = threadIdx.x;
-    float* prob = logits + uint64_t(r) * NE;
+// The router's shared memory: probs [NE], picks [K], weights [K], taken [NE], carved from
+// one buffer of router_scratch_bytes(NE, K) (router_kernel's dynamic shared memory, the kq
+// decode kernels' after their tables, matvec_tail's static array).
+struct RouterScratch {
+    float* prob;
+    int32_t* sel;
+    float* w;
+    uint8_t* taken;
+};
+__host__ __device__ constexpr uint32_t router_scratch_bytes(uint32_t NE, uint32_t K) { return NE * 4 + K * 8 + NE; }
+__device__ __forceinline__ RouterScratch router_scratch(void* base, uint32_t NE, uint32_t K) {
+    RouterScratch s;
+    s.prob = reinterpret_cast<float*>(base);
+    s.sel = reinterpret_cast<int32_t*>(s.prob + NE);
+    s.w = reinterpret_cast<float*>(s.sel + K);
+    s.taken = reinterpret_cast<uint8_t*>(s.w + K);
+    return s;
+}
+
+// The router (§5.13) of row r of a: probs (sqrt(softplus)) into s.prob and, with write_back,
+// in place into a.logits; the selection (hash table or biased top-K, ties to the lower id)
+// into s.sel and the weights into s.w. The probabilities and the picks live in shared memory
+// because the weights read them back one after another, which from global memory was a chain
+// of dependent loads. Every thread of the block calls it; warp 0 makes the picks and lane 0
+// the weights (a barrier before other threads read s.sel or s.w).
+__device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, bool write_back, const RouterScratch& s) {
+    const uint32_t NE = a.NE, K = a.K, lane = threadIdx.x;
+    const float* bias = a.bias;
+    float* prob_s = s.prob;
+    float* prob = a.logits + uint64_t(r) * NE;
     // The scores (double-precision exp and log1p, ~a hundred dependent instructions each)
     // one per thread across the block; the picks below need one warp only.
     for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) {
         const float v = sqrtf(softplus_cr(prob[e]));
         prob_s[e] = v;
         if (write_back) prob[e] = v;
-        taken[e] = 0;
+        s.taken[e] = 0;
     }
     __syncthreads();
     if (threadIdx.x >= 32) return;
-    int32_t* sel = sel_s;
-    if (tid2eid) {
+    int32_t* sel = s.sel;
+    if (a.tid2eid) {
         for (uint32_t k = lane; k < K; k += 32) {
-            int32_t e = tid2eid[uint64_t(rows[r].token) * K + k];
+            int32_t e = a.tid2eid[uint64_t(a.rows[r].token) * K + k];
             if (e < 0 || uint32_t(e) >= NE) {
-                atomicExch(bad, 1);
+                atomicExch(a.bad, 1);
                 e = 0;
             }
             sel[k] = e;
@@ -122,7 +139,7 @@ __device__ __forceinline__ void router_pick(float* logits, bool write_back, uint
             float best = -INFINITY;
             int32_t be = -1;
             for (uint32_t e = lane; e < NE; e += 32) {
-                if (taken[e]) continue;
+                if (s.taken[e]) continue;
                 const float key = prob_s[e] + (bias ? bias[e] : 0.0f);
                 if (be < 0 || key > best) {
                     best = key;
@@ -132,7 +149,7 @@ __device__ __forceinline__ void router_pick(float* logits, bool write_back, uint
             warp_pick(best, be);
             if (lane == 0) {
                 sel[k] = be;
-                taken[be] = 1;
+                s.taken[be] = 1;
             }
             __syncwarp();
         }
@@ -141,21 +158,18 @@ __device__ __forceinline__ void router_pick(float* logits, bool write_back, uint
     if (lane == 0) {
         float sum = 0;
         for (uint32_t k = 0; k < K; ++k) sum += prob_s[sel[k]];
-        const float nrm = norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t k = 0; k < K; ++k) w_s[k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), scale);
+        const float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+        for (uint32_t k = 0; k < K; ++k) s.w[k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), a.scale);
     }
 }
 
-// router_pick, then lane 0 stores row r's picks and weights: experts/weights [r][K].
-__device__ __forceinline__ void router_row(float* logits, uint32_t r, uint32_t NE, uint32_t K, const float* bias,
-                                           const int32_t* tid2eid, const DevRow* rows, bool norm, float scale,
-                                           int32_t* experts, float* weights, int32_t* bad, float* prob_s,
-                                           int32_t* sel_s, float* w_s, uint8_t* taken) {
-    router_pick(logits, true, r, NE, K, bias, tid2eid, rows, norm, scale, bad, prob_s, sel_s, w_s, taken);
+// router_pick, then lane 0 stores row r's picks and weights: a.experts/a.weights [r][K].
+__device__ __forceinline__ void router_row(const RouterArgs& a, uint32_t r, const RouterScratch& s) {
+    router_pick(a, r, true, s);
     if (threadIdx.x == 0)
-        for (uint32_t k = 0; k < K; ++k) {
-            weights[uint64_t(r) * K + k] = w_s[k];
-            experts[uint64_t(r) * K + k] = sel_s[k];
+        for (uint32_t k = 0; k < a.K; ++k) {
+            a.weights[uint64_t(r) * a.K + k] = s.w[k];
+            a.experts[uint64_t(r) * a.K + k] = s.sel[k];
         }
 }
 
