@@ -230,18 +230,7 @@ bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu);
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
                    const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
-                   const MoeGroups* groups = nullptr, const RouterArgs* route = nullptr);
-// route (one token's routed experts: R = route->K pairs, expert = route->experts, ew =
-// route->weights): the router runs inside the product instead of a launch of its own before
-// it (decode's critical path). Every block of the 2-bit decode kernels computes the picks and
-// weights from route->logits in shared memory and takes its pair's expert from there; block
-// (0, 0) writes experts, weights and bad for the kernels after it. router_row is router()'s
-// body, so the picks, the weights and the products are router() then matvec_swiglu's bit for
-// bit. Other weight types, and pair groups, run router() first. The forward pass uses it
-// with DSV4_ROUTE_IN_EXPERTS=1 (read once): off by default until it is measured on the H200
-// (written after the session's device time was spent; its first run, 4, failed to launch
-// with the scratch in static shared memory beside the 48 KB tables, now dynamic).
-bool route_in_experts_on();
+                   const MoeGroups* groups = nullptr);
 
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);
@@ -407,10 +396,19 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
 // rows (ratio 128, or ratio 4 with n_vis <= top_k) or the selected rows (sel); K = V.
 // Output o [R][n_head][D], inverse-RoPE'd.
 // o_q8: also o's Q8_0 codes there (quantize_act's bytes for a Q8_0 output projection).
-void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+// qn.on: q is the query product's raw output, and the attention first applies its per-head
+// RMSNorm and RoPE (head_norm_rope with norm, not inverse, eps qn.eps, the same n_rot and
+// inv_freq): for fewer than 32 rows inside the split kernel (each item on its staged heads:
+// one launch fewer on decode's query path; DSV4_ATTN_QNORM=0 turns that off), else by
+// head_norm_rope on q in place first. The same bits either way.
+struct AttnQNorm {
+    bool on = false;
+    float eps = 0.0f;
+};
+void attention(float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8 = nullptr);
+               const ActBuf* o_q8 = nullptr, AttnQNorm qn = {});
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

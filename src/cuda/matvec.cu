@@ -129,7 +129,6 @@ struct MV {
     uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
     bool early_weights;   // q8_rows_kernel: weight loads before pdl_wait (pdl_early_weights)
     MvTail tail;          // WIDE, one row: the last block's step (matvec_tail)
-    RouterArgs route;     // 2-bit decode, one slot a block: the router run by each block (route.logits set)
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -751,24 +750,6 @@ __device__ __forceinline__ void kq_body(const MV& p) {
     Slots<RB> sl;
     const bool live = get_slots<RB>(p, sl);   // (one slot: get_slots always succeeds)
     const float* ew = p.ew;
-    if constexpr (RB == 1 && NW == 2) {   // (a route comes with gate+up products only: matvec_swiglu)
-        if (p.route.logits) {
-            // the router's picks and weights (matvec_swiglu's route): block row y is pair y. Its
-            // scratch follows the tables in dynamic shared memory (launch_kq_grid adds
-            // router_scratch_bytes), so the kernels without a route keep their shared memory.
-            const RouterArgs& ra = p.route;
-            const RouterScratch rs = router_scratch(
-                reinterpret_cast<uint8_t*>(kq_smem) + (SM != 0 ? kIq2SmemBytes : 0), ra.NE, ra.K);
-            router_pick(ra, 0, false, rs);
-            __syncthreads();
-            sl.wbase = uint64_t(rs.sel[blockIdx.y]) * p.rows_per_expert;
-            ew = rs.w;
-            if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < ra.K) {
-                ra.experts[threadIdx.x] = rs.sel[threadIdx.x];
-                ra.weights[threadIdx.x] = rs.w[threadIdx.x];
-            }
-        }
-    }
     const uint64_t nsb = p.K / 256, AL = p.act_len;
     const uint64_t stride = uint64_t(gridDim.x) * kKqWarps * RW;
     for (uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW; live && nsb && n0 < p.N;
@@ -1003,17 +984,6 @@ int g_kq_smem_select = -1;   // kq_smem_select
 template <typename Kernel>
 void launch_kq_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t s, const MV& p) {
     static const bool persist = env_switch("DSV4_KQ_PERSIST", true);
-    if (p.route.logits) {
-        // the router's scratch after the tables: past the 48 KB a kernel gets without asking
-        smem += router_scratch_bytes(p.route.NE, p.route.K);
-        static std::vector<const void*> raised;   // kernels whose limit is raised (before any query)
-        const void* k = reinterpret_cast<const void*>(kernel);
-        if (std::find(raised.begin(), raised.end(), k) == raised.end()) {
-            check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                  "kq route shared memory");
-            raised.push_back(k);
-        }
-    }
     if (persist) {
         const uint32_t res = resident_blocks(reinterpret_cast<const void*>(kernel), block.x, smem);
         grid.x = std::min(grid.x, std::max(1u, (res + grid.y - 1) / grid.y));
@@ -1026,7 +996,7 @@ void launch_kq(const MV& p, cudaStream_t s) {
     static const int rw_env = env_int("DSV4_KQ_RW", 0);
     static const int smem_env = env_int("DSV4_KQ_SMEM", 1);
     static const int q2k_env = env_int("DSV4_Q2K_V", 2);
-    const int rb = p.grp ? 8 : p.expert || p.route.logits ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
+    const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
     const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;
     const uint32_t rows_per_block = kKqWarps * uint32_t(rw);
@@ -1372,11 +1342,6 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
     matvec_impl(W, a, R, y, y_stride, N, 0, s, nullptr, 0, 1, rows_per_group, nullptr);
 }
 
-bool route_in_experts_on() {
-    static const bool on = env_switch("DSV4_ROUTE_IN_EXPERTS", false);
-    return on;
-}
-
 bool matvec_tail_on() {
     // Opt-in: on the H200 (run 48, 43 layers, same call) q_a + norm and the router as tails
     // took 6.523 ms a token for the layers against 6.099 with the separate launches.
@@ -1422,16 +1387,9 @@ bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
 
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
-                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups,
-                   const RouterArgs* route) {
+                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
     if (!matvec_swiglu_ok(Wg, Wu)) throw_mismatch("matvec_swiglu: gate and up differ or are float", Wu.type, Wu.K, a.K);
     if (R == 0 || N == 0) return;
-    if (route && !((Wg.type == T_IQ2_XXS || Wg.type == T_Q2_K) && !groups && R == route->K && route->NE <= 256 &&
-                   route->K <= 32)) {
-        // no kernel here runs the router: its own launch first
-        router(*route, 1, s);
-        route = nullptr;
-    }
     if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);
     if (Wg.type == T_IQ2_XXS && gemm_kq_eligible(Wg, groups)) {
         gemm_kq_experts(Wg, &Wu, a, R, mid, mid_stride, N, rows_per_expert, act_div, *groups, clamp, ew, s);
@@ -1443,10 +1401,6 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     p.wd2 = Wu.d;
     p.clamp = clamp;
     p.ew = ew;
-    if (route) {
-        p.route = *route;
-        p.expert = nullptr;   // (the blocks' own picks)
-    }
     switch (Wg.type) {
         case T_Q8_0:
             if (!launch_q8_rows(p, 2, s)) launch_rb2<T_Q8_0, false, false, 256, 2>(p, s);

@@ -1552,6 +1552,49 @@ __device__ __forceinline__ void attn_store_partials(const float4 (&acc)[kAttnHB]
     }
 }
 
+// head_norm_rope_reg_kernel's operations (norm, not inverse) on one head of D values in shared
+// memory (x), by one warp: lane l plays that kernel's threads l, l + 32, l + 64 and l + 96 of
+// its block of 128 (values t + 128 j, j < D / 128), so the squares, each warp's butterfly and
+// the sum of the four warps' totals are its own, in its order; the RoPE pair is exchanged by
+// the same shuffle. Needs D % 128 == 0 and an even n_rot <= 128 (the tail in the last slot).
+__device__ void attn_head_norm_rope(float* x, uint32_t D, uint32_t n_rot, float eps, int64_t pos,
+                                    const double* inv_freq) {
+    const uint32_t lane = threadIdx.x & 31, VPT = D / 128, tail0 = D - n_rot;
+    double tot = 0;
+    for (uint32_t w = 0; w < 4; ++w) {
+        double ss = 0;
+        for (uint32_t j = 0; j < VPT; ++j) {
+            const float v = x[32 * w + lane + 128 * j];
+            ss += double(v) * double(v);
+        }
+        tot += warp_sum_d(ss);
+    }
+    const float rr = float(1.0 / sqrt(tot / D + double(eps)));
+    for (uint32_t w = 0; w < 4; ++w)
+        for (uint32_t j = 0; j < VPT; ++j) {
+            const uint32_t e = 32 * w + lane + 128 * j;
+            float v = __fmul_rn(__fmul_rn(x[e], rr), 1.0f);   // (rms_norm_block's unit weight)
+            if (j == VPT - 1) {
+                const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+                if (e >= tail0) {
+                    const double th = double(pos) * inv_freq[(e - tail0) / 2];
+                    const float c = float(cos(th)), sn = float(sin(th));
+                    const bool odd = (e - tail0) & 1;
+                    const float x0 = odd ? other : v, x1 = odd ? v : other;
+                    v = odd ? __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+                }
+            }
+            x[e] = v;
+        }
+}
+// attn_split_kernel's query norm (AttnQNorm in the kernel; on: q is raw)
+struct AttnQNormDev {
+    bool on = false;
+    float eps = 0.0f;
+    uint32_t n_rot = 0;
+    const double* inv_freq = nullptr;
+};
+
 // Work item = (row r0 + rl, split, head group). Scratch rows are slice-relative (rl): partial
 // (head h, split s) at part_o[((rl * n_head + h) * max_split + s) * D], its (max, sum) at
 // part_ml[(rl * n_head + h) * max_split + s].
@@ -1574,7 +1617,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                       uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
                       const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
                       uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml,
-                      bool loop_groups) {
+                      bool loop_groups, AttnQNormDev qn) {
     pdl_begin();
     extern __shared__ float4 sm4[];
     const uint32_t DP = D + kAttnPad, D4 = D / 4;
@@ -1624,6 +1667,10 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 staged = true;
                 cp_async_wait_all();
                 __syncthreads();
+                if (qn.on && t0 == kb) {   // the group's raw queries: warp w normalises and rotates head w
+                    if (w < nh) attn_head_norm_rope(q_s + w * DP, D, qn.n_rot, qn.eps, p, qn.inv_freq);
+                    __syncthreads();
+                }
 
                 {   // scores: lane = (jp, hh) takes keys jp and jp+16 of heads 4hh..4hh+3, warp w the
                     // float4 columns w, w+8, ... Per column a warp reads 16 key float4 twice and 2
@@ -2300,10 +2347,10 @@ int g_attn_loop_override = -1;
 
 void attn_loop_override(int mode) { g_attn_loop_override = mode; }
 
-void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+void attention(float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8) {
+               const ActBuf* o_q8, AttnQNorm qn) {
     if (!R || !n_head) return;
     if (D > kAttnMaxD || D % 4 != 0 || D == 0)
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
@@ -2324,6 +2371,16 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
     // The key splits on the tensor cores where the head width allows (DSV4_ATTN_TC): the same
     // splits and partials, so the merge is shared.
     const bool tc = attn_tc_on() && attn_tc_ok(n_head, D);
+    // The queries' norm and RoPE: in attn_split_kernel where every slice takes it (fewer than
+    // 32 rows, the FP32 kernel), else head_norm_rope first.
+    static const bool qnorm_env = env_switch("DSV4_ATTN_QNORM", true);
+    AttnQNormDev qd;
+    if (qn.on) {
+        if (qnorm_env && !tc && R < 32 && D % 128 == 0 && n_rot % 2 == 0 && n_rot <= 128 && n_rot <= D)
+            qd = AttnQNormDev{true, qn.eps, n_rot, inv_freq};
+        else
+            head_norm_rope(q, R, n_head, D, n_rot, qn.eps, true, false, inv_freq, rows, s);
+    }
     const size_t smem =
         (size_t(kAttnHB + kAttnKT) * (D + kAttnPad) + kAttnWarps * kAttnHB * kAttnKT + kAttnKT * kAttnHB) * sizeof(float);
     // Shared-memory limit and residency (blocks the GPU holds at once: the persistent grid):
@@ -2382,7 +2439,7 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
             const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
                                                                  n_layer, il, r0, n, max_split, part_o, part_ml,
-                                                                 loop);
+                                                                 loop, qd);
             check_launch("attention");
         }
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,

@@ -59,8 +59,8 @@ __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float e
 }
 
 // The router's shared memory: probs [NE], picks [K], weights [K], taken [NE], carved from
-// one buffer of router_scratch_bytes(NE, K) (router_kernel's dynamic shared memory, the kq
-// decode kernels' after their tables, matvec_tail's static array).
+// one buffer of router_scratch_bytes(NE, K) (router_kernel's dynamic shared memory,
+// matvec_tail's static array).
 struct RouterScratch {
     float* prob;
     int32_t* sel;
@@ -77,13 +77,13 @@ __device__ __forceinline__ RouterScratch router_scratch(void* base, uint32_t NE,
     return s;
 }
 
-// The router (§5.13) of row r of a: probs (sqrt(softplus)) into s.prob and, with write_back,
-// in place into a.logits; the selection (hash table or biased top-K, ties to the lower id)
+// The router (§5.13) of row r of a: probs (sqrt(softplus)) into s.prob and in place into
+// a.logits; the selection (hash table or biased top-K, ties to the lower id)
 // into s.sel and the weights into s.w. The probabilities and the picks live in shared memory
 // because the weights read them back one after another, which from global memory was a chain
 // of dependent loads. Every thread of the block calls it; warp 0 makes the picks and lane 0
 // the weights (a barrier before other threads read s.sel or s.w).
-__device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, bool write_back, const RouterScratch& s) {
+__device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, const RouterScratch& s) {
     const uint32_t NE = a.NE, K = a.K, lane = threadIdx.x;
     const float* bias = a.bias;
     float* prob_s = s.prob;
@@ -93,7 +93,7 @@ __device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, boo
     for (uint32_t e = threadIdx.x; e < NE; e += blockDim.x) {
         const float v = sqrtf(softplus_cr(prob[e]));
         prob_s[e] = v;
-        if (write_back) prob[e] = v;
+        prob[e] = v;
         s.taken[e] = 0;
     }
     __syncthreads();
@@ -165,7 +165,7 @@ __device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, boo
 
 // router_pick, then lane 0 stores row r's picks and weights: a.experts/a.weights [r][K].
 __device__ __forceinline__ void router_row(const RouterArgs& a, uint32_t r, const RouterScratch& s) {
-    router_pick(a, r, true, s);
+    router_pick(a, r, s);
     if (threadIdx.x == 0)
         for (uint32_t k = 0; k < a.K; ++k) {
             a.weights[uint64_t(r) * a.K + k] = s.w[k];

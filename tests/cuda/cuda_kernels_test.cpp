@@ -785,61 +785,6 @@ TEST_F(CudaKernels, MatvecTailEqualsSeparateLaunches) {
     }
 }
 
-TEST_F(CudaKernels, RouterInExpertsEqualsRouterThenExperts) {
-    // One token's routed experts' gate+up product running the router in its blocks
-    // (matvec_swiglu's route) against router() then the product, bit for bit: the SwiGLU rows,
-    // the picks and weights block (0, 0) writes; biased top-K and hash routing; the 2-bit types
-    // (their decode kernels run it, IQ2_XXS with its shared tables as well as global ones)
-    // and Q8_0 (router() first). Flash's router (256 experts, 6 picks) over small experts:
-    // rows a multiple of a block's and not, K of two super-blocks.
-    const uint32_t NE = 256, KU = 6, n_tok = 10;
-    for (const uint64_t F : {64, 37}) {
-        const uint64_t K = 512;
-        for (Type t : {Type::IQ2_XXS, Type::Q2_K, Type::Q8_0}) {
-            const HostWeight hg = random_weight(t, K, F * NE, 611 + F), hu = random_weight(t, K, F * NE, 612 + F);
-            DevWeightHolder dg(hg), du(hu);
-            const auto x = random_floats(K, 613, -2.0f, 2.0f);
-            const auto logits = random_floats(NE, 614, -3.0f, 3.0f);
-            const auto bias = random_floats(NE, 615, -0.1f, 0.1f);
-            std::vector<int32_t> t2e(n_tok * KU);
-            for (uint32_t i = 0; i < t2e.size(); ++i) t2e[i] = int32_t((i * 37 + 11) % NE);
-            std::vector<cuda::DevRow> rows = {{7, 3, 0}};
-            DevVec<float> dx(x), dbias(bias);
-            DevVec<int32_t> dt2e(t2e), bad(1);
-            DevVec<cuda::DevRow> drows(rows);
-            ActHolder ax(K);
-            const cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), K, 1, K, ax.buf, nullptr);
-            for (bool hash : {false, true})
-                for (int smem : {1, 0}) {
-                    if (smem == 0 && t != Type::IQ2_XXS) continue;
-                    cuda::kq_smem_select(smem);
-                    ASSERT_EQ(cudaMemset(bad.get(), 0, sizeof(int32_t)), cudaSuccess);
-                    DevVec<float> l_ref(logits), l_in(logits), w_ref(KU), w_in(KU), m_ref(KU * F), m_in(KU * F);
-                    DevVec<int32_t> e_ref(KU), e_in(KU);
-                    cuda::router(l_ref.get(), 1, NE, KU, hash ? nullptr : dbias.get(), hash ? dt2e.get() : nullptr,
-                                 drows.get(), true, 1.5f, e_ref.get(), w_ref.get(), bad.get(), nullptr);
-                    cuda::matvec_swiglu(dg.w, du.w, a, KU, m_ref.get(), F, F, 7.0f, w_ref.get(), nullptr, e_ref.get(),
-                                        F, KU);
-                    const cuda::RouterArgs route{l_in.get(), NE,         KU,        hash ? nullptr : dbias.get(),
-                                                 hash ? dt2e.get() : nullptr, drows.get(), true, 1.5f,
-                                                 e_in.get(), w_in.get(), bad.get()};
-                    cuda::matvec_swiglu(dg.w, du.w, a, KU, m_in.get(), F, F, 7.0f, w_in.get(), nullptr, e_in.get(), F,
-                                        KU, nullptr, &route);
-                    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                    const std::string what = std::string(quant::traits(t).name) + " F " + std::to_string(F) +
-                                             (hash ? " hash" : " top-k") + " smem " + std::to_string(smem);
-                    ASSERT_EQ(e_ref.download(), e_in.download()) << what;
-                    const auto wa = w_ref.download(), wb = w_in.download();
-                    ASSERT_EQ(0, std::memcmp(wa.data(), wb.data(), KU * sizeof(float))) << what;
-                    const auto ma = m_ref.download(), mb = m_in.download();
-                    ASSERT_EQ(0, std::memcmp(ma.data(), mb.data(), ma.size() * sizeof(float))) << what;
-                    EXPECT_EQ(bad.download()[0], 0) << what;
-                }
-            cuda::kq_smem_select(-1);
-        }
-    }
-}
-
 TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
     // The query heads' norm + RoPE with the head in registers against the kernel that walks
     // it in memory, bit for bit: flash's heads (512, tail 64), small's (128, 64), tiny's (64,
@@ -1256,6 +1201,46 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                             << "tc " << tc << " loop " << loop << " D " << sh.D << " ratio " << ratio << " row " << i
                             << " pos " << rows[i].pos << " (reversed)";
                     }
+                }
+            }
+        }
+    }
+}
+
+TEST_F(CudaKernels, AttentionQueryNormInKernelEqualsHeadNormRope) {
+    // attention() with AttnQNorm: the raw queries normalised and rotated inside the split
+    // kernel (fewer than 32 rows, FP32 kernel, D a multiple of 128), or by head_norm_rope first
+    // otherwise, must give head_norm_rope then attention's bits: one row, a few, and a batch of
+    // 40 (head_norm_rope first); every shape (D = 64 and 96 take head_norm_rope too), both kernels.
+    constexpr float eps = 1e-6f;
+    for (int tc : {0, 1}) {
+        const AttnKernel kernel(tc);
+        for (const AttnShape& sh : kAttnShapes) {
+            for (uint32_t ratio : {0u, 4u, 128u}) {
+                const auto base = attn_positions(sh, ratio);
+                for (uint32_t R : {1u, 3u, 40u}) {
+                    std::vector<int64_t> pos;
+                    for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 5 + 1) % base.size()] + (i % 2));
+                    const AttnCase c(sh, ratio, pos, 5 * sh.D + ratio, 29 + R);
+                    const auto& [P, rows, q, sel] = c;
+                    const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
+                    DevVec<cuda::DevRow> drows(rows);
+                    DevVec<uint32_t> dsel(sel);
+                    auto go = [&](bool fold) {
+                        DevVec<float> dq(q), dout(n);
+                        if (!fold)
+                            cuda::head_norm_rope(dq.get(), R, sh.n_head, sh.D, sh.n_rot, eps, true, false,
+                                                 P.dinv->get(), drows.get(), nullptr);
+                        cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, ratio, sh.top_k,
+                                        dsel.get(), drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot,
+                                        P.dinv->get(), dout.get(), nullptr, nullptr,
+                                        fold ? cuda::AttnQNorm{true, eps} : cuda::AttnQNorm{});
+                        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                        return dout.download();
+                    };
+                    const auto a = go(false), b = go(true);
+                    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float)))
+                        << "tc " << tc << " heads " << sh.n_head << " D " << sh.D << " ratio " << ratio << " R " << R;
                 }
             }
         }
