@@ -805,6 +805,11 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     // activation kind: one copy); for Q8_0 both in one launch (with DSV4_MV_TAIL=1, for one
     // row, the last block of q_a's product itself: matvec_tail)
     const bool q8_norm = act_kind(L.q_b.type) == ActKind::Q8_0 && QL % 32 == 0;
+    // One row: q_b's blocks normalise qr themselves (matvec_norm_q8_0: the norm's launch off the
+    // query path); the indexer's queries then take their codes from a norm of their own on
+    // their branch, which leaves qr as it is (q_b reads it meanwhile).
+    const bool qb_norm = q8_norm && R == 1 && matvec_norm_q8_0_ok(L.q_b, c_.q_dim()) && L.q_b.K == QL &&
+                         (ratio != 4 || act_kind(L.iq_b.type) == ActKind::Q8_0) && !matvec_tail_on();
     DevAct qa;
     if (q8_norm && matvec_tail_on() && matvec_tail_fits(L.q_a, xn_act(L.q_a.type, R), R, QL, MvTail::NormQ8_0) &&
         uint64_t(R) * QL <= qra_.cap_values) {
@@ -820,9 +825,10 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         qa = codes_in(ActKind::Q8_0, QL, qra_);
     } else {
         mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
-        qa = q8_norm ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
-                     : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
-                        quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
+        if (!qb_norm)
+            qa = q8_norm ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
+                         : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
+                            quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
     }
     if (ratio == 4) {
         wait_main(iq);
@@ -832,6 +838,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         // and nothing at all while every row sees at most top_k compressed rows.
         const bool fused = g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
         if (!fused || vis_ld_) {
+            if (qb_norm) qa = rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, si, false);
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
                                     ? qa
                                     : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
@@ -852,7 +859,8 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
             mark("indexer scores+top-k");
         }
     }
-    matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
+    if (qb_norm) matvec_norm_q8_0(L.q_b, qr_.get(), c_.rms_eps, L.q_a_norm, q_.get(), c_.q_dim(), stream_);
+    else matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
     join(0);
     if (ratio != 0) join(1);

@@ -114,9 +114,10 @@ __global__ void rms_norm_q8_0_kernel(float* x, uint64_t xs, uint32_t n, float ep
 // L2 round trips on the query path's critical path.
 template <uint32_t VPT>
 __global__ void rms_norm_q8_0_reg_kernel(float* x, uint64_t xs, uint32_t n, float eps, const float* w, int8_t* q,
-                                         float* d) {
+                                         float* d, bool store_x) {
     pdl_begin();
-    rms_norm_q8_0_row<VPT>(x + blockIdx.x * xs, n, eps, w, q + uint64_t(blockIdx.x) * n, d + uint64_t(blockIdx.x) * (n / 32));
+    rms_norm_q8_0_row<VPT>(x + blockIdx.x * xs, n, eps, w, q + uint64_t(blockIdx.x) * n, d + uint64_t(blockIdx.x) * (n / 32),
+                           store_x);
 }
 
 // Long rows (the 16,384-wide mHC state): 1024 threads and float4 loads, so a single row is
@@ -1555,20 +1556,29 @@ __device__ __forceinline__ void attn_store_partials(const float4 (&acc)[kAttnHB]
 // head_norm_rope_reg_kernel's operations (norm, not inverse) on one head of D values in shared
 // memory (x), by one warp: lane l plays that kernel's threads l, l + 32, l + 64 and l + 96 of
 // its block of 128 (values t + 128 j, j < D / 128), so the squares, each warp's butterfly and
-// the sum of the four warps' totals are its own, in its order; the RoPE pair is exchanged by
-// the same shuffle. Needs D % 128 == 0 and an even n_rot <= 128 (the tail in the last slot).
-__device__ void attn_head_norm_rope(float* x, uint32_t D, uint32_t n_rot, float eps, int64_t pos,
-                                    const double* inv_freq) {
+// the sum of the four warps' totals are its own, in its order (the four butterflies side by
+// side: independent chains); the RoPE pair is exchanged by the same shuffle, with the angles'
+// cos and sin (pair i: cs[i], sn[i]) made beforehand. Needs D % 128 == 0 and an even n_rot
+// <= 128 (the tail in the last slot).
+__device__ void attn_head_norm_rope(float* x, uint32_t D, uint32_t n_rot, float eps, const float* cs,
+                                    const float* sn) {
     const uint32_t lane = threadIdx.x & 31, VPT = D / 128, tail0 = D - n_rot;
-    double tot = 0;
+    double ss[4];
+#pragma unroll
     for (uint32_t w = 0; w < 4; ++w) {
-        double ss = 0;
+        ss[w] = 0;
         for (uint32_t j = 0; j < VPT; ++j) {
             const float v = x[32 * w + lane + 128 * j];
-            ss += double(v) * double(v);
+            ss[w] += double(v) * double(v);
         }
-        tot += warp_sum_d(ss);
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (uint32_t w = 0; w < 4; ++w) ss[w] += __shfl_xor_sync(0xffffffffu, ss[w], o);   // warp_sum_d's
+    double tot = 0;
+#pragma unroll
+    for (uint32_t w = 0; w < 4; ++w) tot += ss[w];
     const float rr = float(1.0 / sqrt(tot / D + double(eps)));
     for (uint32_t w = 0; w < 4; ++w)
         for (uint32_t j = 0; j < VPT; ++j) {
@@ -1577,11 +1587,10 @@ __device__ void attn_head_norm_rope(float* x, uint32_t D, uint32_t n_rot, float 
             if (j == VPT - 1) {
                 const float other = __shfl_xor_sync(0xffffffffu, v, 1);
                 if (e >= tail0) {
-                    const double th = double(pos) * inv_freq[(e - tail0) / 2];
-                    const float c = float(cos(th)), sn = float(sin(th));
+                    const float c = cs[(e - tail0) / 2], s = sn[(e - tail0) / 2];
                     const bool odd = (e - tail0) & 1;
                     const float x0 = odd ? other : v, x1 = odd ? v : other;
-                    v = odd ? __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+                    v = odd ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
                 }
             }
             x[e] = v;
@@ -1627,6 +1636,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     float* p_s = red_s + kAttnWarps * kAttnHB * kAttnKT;   // kAttnKT * kAttnHB: weights [key][head]
     __shared__ float corr_s[kAttnHB];
     __shared__ uint32_t incl_s[kAttnMaxSliceRows];   // splits of rows 0..i of the slice
+    __shared__ float qcs_s[64], qsn_s[64];           // qn: the row's RoPE angles (n_rot <= 128)
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);
@@ -1646,6 +1656,14 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
         const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
         const bool one_tile = ke - kb <= kAttnKT;   // its keys stay in k_s across the groups
         bool staged = false;
+        if (qn.on && threadIdx.x < qn.n_rot) {
+            // head_norm_rope's angles (cos on the first half of the threads, sin on the second):
+            // their double cos / sin run under the first tile's loads (its barrier publishes them)
+            const uint32_t half = qn.n_rot / 2, i = threadIdx.x < half ? threadIdx.x : threadIdx.x - half;
+            const double th = double(p) * qn.inv_freq[i];
+            if (threadIdx.x < half) qcs_s[i] = float(cos(th));
+            else qsn_s[i] = float(sin(th));
+        }
         for (uint32_t grp = g0; grp < g0 + per_item; ++grp) {
             const uint32_t h0 = grp * kAttnHB, nh = min(kAttnHB, n_head - h0);
 
@@ -1668,7 +1686,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 cp_async_wait_all();
                 __syncthreads();
                 if (qn.on && t0 == kb) {   // the group's raw queries: warp w normalises and rotates head w
-                    if (w < nh) attn_head_norm_rope(q_s + w * DP, D, qn.n_rot, qn.eps, p, qn.inv_freq);
+                    if (w < nh) attn_head_norm_rope(q_s + w * DP, D, qn.n_rot, qn.eps, qcs_s, qsn_s);
                     __syncthreads();
                 }
 
@@ -2054,17 +2072,21 @@ void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, ui
 }
 
 DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float eps, const float* w,
-                     const ActBuf& buf, cudaStream_t s) {
+                     const ActBuf& buf, cudaStream_t s, bool in_place) {
     if (n % 32) throw std::runtime_error("rms_norm_q8_0: row not a multiple of 32 values");
     if (uint64_t(R) * n > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * n, buf.cap_values);
     const DevAct a = codes_in(ActKind::Q8_0, n, buf);
     if (!R) return a;
-    const bool reg = norm_reg_on();
+    // (the row in registers whenever x is to be left as it is: the memory walk normalises in place)
+    const bool reg = norm_reg_on() || !in_place;
     const uint32_t bd = threads_for(n), vpt = n % bd == 0 ? n / bd : 0;
-    if (reg && vpt == 4) rms_norm_q8_0_reg_kernel<4><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
-    else if (reg && vpt == 8) rms_norm_q8_0_reg_kernel<8><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
-    else if (reg && vpt == 2) rms_norm_q8_0_reg_kernel<2><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
-    else if (reg && vpt == 1) rms_norm_q8_0_reg_kernel<1><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    if (!in_place && vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8)
+        throw_mismatch("rms_norm_q8_0: a row left unchanged needs 1, 2, 4 or 8 values a thread", 0, n, n);
+    const bool st = in_place;
+    if (reg && vpt == 4) rms_norm_q8_0_reg_kernel<4><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
+    else if (reg && vpt == 8) rms_norm_q8_0_reg_kernel<8><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
+    else if (reg && vpt == 2) rms_norm_q8_0_reg_kernel<2><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
+    else if (reg && vpt == 1) rms_norm_q8_0_reg_kernel<1><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
     else rms_norm_q8_0_kernel<<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
     check_launch("rms_norm_q8_0");
     return a;

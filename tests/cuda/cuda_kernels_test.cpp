@@ -708,6 +708,45 @@ TEST_F(CudaKernels, RmsNormQ8_0EqualsNormThenQuantise) {
     }
 }
 
+TEST_F(CudaKernels, MatvecNormQ8_0EqualsNormThenProduct) {
+    // A one-row Q8_0 product whose blocks normalise the raw row themselves (decode's q_b,
+    // matvec_norm_q8_0) against rms_norm_q8_0 then matvec, bit for bit; the raw row is left
+    // unchanged, and so is it by rms_norm_q8_0 with in_place = false, whose codes are the same.
+    // q_b's width (1,024 columns, 8 rows a warp) and 2,048 (4 rows a warp); with and without
+    // norm weights; a row of zeros (scale 0).
+    for (const uint64_t K : {1024ull, 2048ull}) {
+        const uint64_t N = 4096;
+        const HostWeight hw = random_weight(Type::Q8_0, K, N, 700 + K);
+        DevWeightHolder dw(hw);
+        ASSERT_TRUE(cuda::matvec_norm_q8_0_ok(dw.w, N));
+        for (int kind = 0; kind < 3; ++kind) {   // 0 weighted, 1 no weights, 2 zeros
+            SCOPED_TRACE(testing::Message() << "K " << K << " kind " << kind);
+            auto x = random_floats(K, 701 + K + kind, -4.0f, 4.0f);
+            if (kind == 2) std::fill(x.begin(), x.end(), 0.0f);
+            const auto w = random_floats(K, 702 + K, 0.5f, 1.5f);
+            DevVec<float> dx(x), dref(x), dkeep(x), dw8(w), y_ref(N), y_fold(N);
+            const float* nw = kind == 1 ? nullptr : dw8.get();
+            ActHolder ref(K), keep(K);
+            const cuda::DevAct a = cuda::rms_norm_q8_0(dref.get(), K, 1, uint32_t(K), 1e-6f, nw, ref.buf, nullptr);
+            cuda::matvec(dw.w, a, 1, y_ref.get(), N, N, 0, nullptr);
+            cuda::rms_norm_q8_0(dkeep.get(), K, 1, uint32_t(K), 1e-6f, nw, keep.buf, nullptr, false);
+            cuda::matvec_norm_q8_0(dw.w, dx.get(), 1e-6f, nw, y_fold.get(), N, nullptr);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto ya = y_ref.download(), yb = y_fold.download();
+            EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), N * sizeof(float))) << "products";
+            EXPECT_EQ(x, dx.download()) << "the raw row changed (fold)";
+            EXPECT_EQ(x, dkeep.download()) << "the raw row changed (in_place = false)";
+            const auto qa = ref.q.download(), qb = keep.q.download();
+            EXPECT_EQ(0, std::memcmp(qa.data(), qb.data(), K)) << "codes";
+            const auto da = ref.d.download(), db = keep.d.download();
+            EXPECT_EQ(0, std::memcmp(da.data(), db.data(), K / 32 * sizeof(float))) << "scales";
+            if (kind != 2) {
+                EXPECT_NE(x, dref.download());   // (the in-place norm did run)
+            }
+        }
+    }
+}
+
 TEST_F(CudaKernels, MatvecTailEqualsSeparateLaunches) {
     // A one-row product whose last block runs the next row step (matvec_tail) against the
     // product and the step's own kernel, bit for bit: q_a's product with the query norm and
