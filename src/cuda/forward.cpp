@@ -805,11 +805,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     // activation kind: one copy); for Q8_0 both in one launch (with DSV4_MV_TAIL=1, for one
     // row, the last block of q_a's product itself: matvec_tail)
     const bool q8_norm = act_kind(L.q_b.type) == ActKind::Q8_0 && QL % 32 == 0;
-    // One row: q_b's blocks normalise qr themselves (matvec_norm_q8_0: the norm's launch off the
-    // query path); the indexer's queries then take their codes from a norm of their own on
-    // their branch, which leaves qr as it is (q_b reads it meanwhile).
-    const bool qb_norm = q8_norm && R == 1 && matvec_norm_q8_0_ok(L.q_b, c_.q_dim()) && L.q_b.K == QL &&
-                         (ratio != 4 || act_kind(L.iq_b.type) == ActKind::Q8_0) && !matvec_tail_on();
     DevAct qa;
     if (q8_norm && matvec_tail_on() && matvec_tail_fits(L.q_a, xn_act(L.q_a.type, R), R, QL, MvTail::NormQ8_0) &&
         uint64_t(R) * QL <= qra_.cap_values) {
@@ -825,10 +820,9 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         qa = codes_in(ActKind::Q8_0, QL, qra_);
     } else {
         mv_xn(L.q_a, R, qr_.get(), QL, "q_a");
-        if (!qb_norm)
-            qa = q8_norm ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
-                         : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
-                            quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
+        qa = q8_norm ? rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, stream_)
+                     : (rms_norm(qr_.get(), QL, qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, stream_),
+                        quantize_act(L.q_b.type, qr_.get(), QL, R, QL, qra_, stream_));
     }
     if (ratio == 4) {
         wait_main(iq);
@@ -838,7 +832,6 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         // and nothing at all while every row sees at most top_k compressed rows.
         const bool fused = g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
         if (!fused || vis_ld_) {
-            if (qb_norm) qa = rms_norm_q8_0(qr_.get(), QL, R, QL, c_.rms_eps, L.q_a_norm, qra_, si, false);
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
                                     ? qa
                                     : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
@@ -859,9 +852,10 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
             mark("indexer scores+top-k");
         }
     }
-    if (qb_norm) matvec_norm_q8_0(L.q_b, qr_.get(), c_.rms_eps, L.q_a_norm, q_.get(), c_.q_dim(), stream_);
-    else matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
+    matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
+    head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
+    mark("q norm+rope");
     join(0);
     if (ratio != 0) join(1);
     if (ratio == 4) join(2);
@@ -870,7 +864,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     // the attention's merge itself), one product
     const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
-              c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr, AttnQNorm{true, c_.rms_eps});
+              c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr);
     mark("attention");
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
     const DevAct ao = o_codes ? codes_in(ActKind::Q8_0, c_.q_dim(), act_)

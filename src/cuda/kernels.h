@@ -263,21 +263,13 @@ void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, ui
 // X [R][H*E] = embedding row of each row's token, replicated into the H streams.
 void embed(const DevWeight& emb, const DevRow* rows, uint32_t R, uint32_t E, uint32_t H, float* X, cudaStream_t s);
 
-// One-row Q8_0 product y = W · q8(rms_norm(x) · norm_w) whose blocks make the activation codes
-// themselves from the raw row x (left unchanged): rms_norm_q8_0 then matvec's bits, one launch
-// and a round trip fewer (decode's q_b; DSV4_QB_NORM=0 turns it off). For W of 1,024 or 2,048
-// columns and N a multiple of 32 (or 16) rows: matvec_norm_q8_0_ok.
-bool matvec_norm_q8_0_ok(const DevWeight& W, uint64_t N);
-void matvec_norm_q8_0(const DevWeight& W, const float* x, float eps, const float* norm_w, float* y, uint64_t N,
-                      cudaStream_t s);
 // mHC pre after the mix product (mix [R][2H+H*H]): pre/post gates, Sinkhorn, x_sub.
 // With xn (only where hc_pre_norm_fusable): also the sublayer's RMSNorm, xn = rms_norm(x_sub)
 // * norm_w bit for bit as rms_norm() would give, and x_sub is not written.
 // In place x = rms_norm(x) * w (R rows of n values), and its Q8_0 codes in buf: the same bits
 // as rms_norm then quantize_act for a Q8_0 weight, in one launch.
-// in_place = false: only the codes, x left as it is.
 DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float eps, const float* w,
-                     const ActBuf& buf, cudaStream_t s, bool in_place = true);
+                     const ActBuf& buf, cudaStream_t s);
 bool hc_pre_norm_fusable(uint32_t H, uint32_t E, const float* X, const float* xn, const float* norm_w);
 // with_sinkhorn = false: comb is not computed here; hc_sinkhorn makes it (from mix alone).
 void hc_pre_finish(const float* mix, const float* scale, const float* base, const float* X, uint32_t R, uint32_t H,
@@ -404,19 +396,10 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
 // rows (ratio 128, or ratio 4 with n_vis <= top_k) or the selected rows (sel); K = V.
 // Output o [R][n_head][D], inverse-RoPE'd.
 // o_q8: also o's Q8_0 codes there (quantize_act's bytes for a Q8_0 output projection).
-// qn.on: q is the query product's raw output, and the attention first applies its per-head
-// RMSNorm and RoPE (head_norm_rope with norm, not inverse, eps qn.eps, the same n_rot and
-// inv_freq): for fewer than 32 rows inside the split kernel (each item on its staged heads:
-// one launch fewer on decode's query path; DSV4_ATTN_QNORM=0 turns that off), else by
-// head_norm_rope on q in place first. The same bits either way.
-struct AttnQNorm {
-    bool on = false;
-    float eps = 0.0f;
-};
-void attention(float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8 = nullptr, AttnQNorm qn = {});
+               const ActBuf* o_q8 = nullptr);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

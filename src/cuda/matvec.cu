@@ -129,11 +129,6 @@ struct MV {
     uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
     bool early_weights;   // q8_rows_kernel: weight loads before pdl_wait (pdl_early_weights)
     MvTail tail;          // WIDE, one row: the last block's step (matvec_tail)
-    // q8_rows_kernel with NORMV: the activation codes made by each block from the raw row nx
-    // (rms_norm_q8_0 with weight nw and eps neps), not read from aq / ad (matvec_norm_q8_0)
-    const float* nx;
-    const float* nw;
-    float neps;
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -513,11 +508,7 @@ __device__ __forceinline__ uint32_t opaque_zero() {
     return z;
 }
 
-// NORMV (4 or 8: the row is 256 * NORMV = 1,024 * NB values): every block first makes the
-// activation codes itself from the raw row (rms_norm_q8_0_codes_128, the bytes rms_norm_q8_0
-// makes) instead of reading them: the norm's launch and a round trip through memory fewer on
-// decode's query path. The launch guarantees every warp rows (the norm's barriers).
-template <int RW, int NB, int NW, bool FIRST, int NORMV = 0>
+template <int RW, int NB, int NW, bool FIRST>
 __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
     pdl_launch();
     if (!p.early_weights) pdl_wait();
@@ -558,27 +549,12 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
     if (p.early_weights) pdl_wait();
     int4 a0[NB], a1[NB];
     float da[NB];
-    if constexpr (NORMV != 0) {
-        static_assert(256 * NORMV == 1024 * NB && NORMV != 0, "q8_rows NORMV: the row is 1,024 * NB values");
-        __shared__ __align__(16) int8_t cq[256 * NORMV];
-        __shared__ float cd[8 * NORMV];
-        __shared__ double tot[8];
-        rms_norm_q8_0_codes_128<NORMV>(p.nx, p.neps, p.nw, cq, cd, tot);
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            const int4* a4 = reinterpret_cast<const int4*>(cq + (lane + 32 * b) * 32);
-            a0[b] = a4[0];
-            a1[b] = a4[1];
-            da[b] = cd[lane + 32 * b];
-        }
-    } else {
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
-            a0[b] = a4[0];
-            a1[b] = a4[1];
-            da[b] = p.ad[goff / 32 + lane + 32 * b];
-        }
+    for (int b = 0; b < NB; ++b) {
+        const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
+        a0[b] = a4[0];
+        a1[b] = a4[1];
+        da[b] = p.ad[goff / 32 + lane + 32 * b];
     }
     int zero = 0;
     if constexpr (FIRST) {
@@ -666,10 +642,6 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
 #undef DSV4_Q8
     return false;
 }
-
-// The one-row Q8_0 product of a raw row that its blocks normalise themselves (NORMV): the
-// shapes launch_q8_rows gives variant 0 (rows per warp 8 / NB), every warp with rows.
-uint32_t q8_norm_rows_per_warp(uint64_t K) { return K == 1024 ? 8 : K == 2048 ? 4 : 0; }
 
 // ---- the 2-bit expert types (Q2_K, IQ2_XXS), repacked ------------------------------------
 // Codes of a super-block are 64 (IQ2_XXS) or 16 + 64 (Q2_K: scales, codes) 16-byte aligned
@@ -1400,30 +1372,6 @@ void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, cons
 void kq_smem_select(int mode) { g_kq_smem_select = mode; }
 void q2k_select(int v) { g_q2k_select = v; }
 void q8_rows_select(int v) { g_q8_rows_select = v; }
-
-bool matvec_norm_q8_0_ok(const DevWeight& W, uint64_t N) {
-    static const bool on = env_switch("DSV4_QB_NORM", true) && env_switch("DSV4_Q8_ROWS", true);
-    const uint32_t rw = q8_norm_rows_per_warp(W.K);
-    return on && W.type == T_Q8_0 && W.qs && rw && N % (uint64_t(kQ8Warps) * rw) == 0 &&
-           decode_row_threads(W.K, N, false) == 32;
-}
-
-void matvec_norm_q8_0(const DevWeight& W, const float* x, float eps, const float* norm_w, float* y, uint64_t N,
-                      cudaStream_t s) {
-    if (!matvec_norm_q8_0_ok(W, N)) throw_mismatch("matvec_norm_q8_0: not a Q8_0 weight of 1,024 or 2,048 columns", W.type, W.K, W.K);
-    DevAct a;
-    a.kind = ActKind::Q8_0;
-    a.K = W.K;
-    MV p = make_mv(W, a, 1, y, N, N, 0, nullptr, 0, 1, nullptr);
-    p.nx = x;
-    p.nw = norm_w;
-    p.neps = eps;
-    const uint32_t rw = q8_norm_rows_per_warp(W.K);
-    const dim3 grid(uint32_t(N / (kQ8Warps * rw))), block(32 * kQ8Warps);
-    if (W.K == 1024) q8_rows_kernel<8, 1, 1, false, 4><<<grid, block, 0, s>>>(p);
-    else q8_rows_kernel<4, 2, 1, false, 8><<<grid, block, 0, s>>>(p);
-    check_launch("matvec_norm_q8_0");
-}
 
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
     if (Wg.type != Wu.type || Wg.K != Wu.K || Wg.row_bytes != Wu.row_bytes || Wg.rows != Wu.rows) return false;

@@ -114,10 +114,9 @@ __global__ void rms_norm_q8_0_kernel(float* x, uint64_t xs, uint32_t n, float ep
 // L2 round trips on the query path's critical path.
 template <uint32_t VPT>
 __global__ void rms_norm_q8_0_reg_kernel(float* x, uint64_t xs, uint32_t n, float eps, const float* w, int8_t* q,
-                                         float* d, bool store_x) {
+                                         float* d) {
     pdl_begin();
-    rms_norm_q8_0_row<VPT>(x + blockIdx.x * xs, n, eps, w, q + uint64_t(blockIdx.x) * n, d + uint64_t(blockIdx.x) * (n / 32),
-                           store_x);
+    rms_norm_q8_0_row<VPT>(x + blockIdx.x * xs, n, eps, w, q + uint64_t(blockIdx.x) * n, d + uint64_t(blockIdx.x) * (n / 32));
 }
 
 // Long rows (the 16,384-wide mHC state): 1024 threads and float4 loads, so a single row is
@@ -1553,57 +1552,6 @@ __device__ __forceinline__ void attn_store_partials(const float4 (&acc)[kAttnHB]
     }
 }
 
-// head_norm_rope_reg_kernel's operations (norm, not inverse) on one head of D values in shared
-// memory (x), by one warp: lane l plays that kernel's threads l, l + 32, l + 64 and l + 96 of
-// its block of 128 (values t + 128 j, j < D / 128), so the squares, each warp's butterfly and
-// the sum of the four warps' totals are its own, in its order (the four butterflies side by
-// side: independent chains); the RoPE pair is exchanged by the same shuffle, with the angles'
-// cos and sin (pair i: cs[i], sn[i]) made beforehand. Needs D % 128 == 0 and an even n_rot
-// <= 128 (the tail in the last slot).
-__device__ void attn_head_norm_rope(float* x, uint32_t D, uint32_t n_rot, float eps, const float* cs,
-                                    const float* sn) {
-    const uint32_t lane = threadIdx.x & 31, VPT = D / 128, tail0 = D - n_rot;
-    double ss[4];
-#pragma unroll
-    for (uint32_t w = 0; w < 4; ++w) {
-        ss[w] = 0;
-        for (uint32_t j = 0; j < VPT; ++j) {
-            const float v = x[32 * w + lane + 128 * j];
-            ss[w] += double(v) * double(v);
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (uint32_t w = 0; w < 4; ++w) ss[w] += __shfl_xor_sync(0xffffffffu, ss[w], o);   // warp_sum_d's
-    double tot = 0;
-#pragma unroll
-    for (uint32_t w = 0; w < 4; ++w) tot += ss[w];
-    const float rr = float(1.0 / sqrt(tot / D + double(eps)));
-    for (uint32_t w = 0; w < 4; ++w)
-        for (uint32_t j = 0; j < VPT; ++j) {
-            const uint32_t e = 32 * w + lane + 128 * j;
-            float v = __fmul_rn(__fmul_rn(x[e], rr), 1.0f);   // (rms_norm_block's unit weight)
-            if (j == VPT - 1) {
-                const float other = __shfl_xor_sync(0xffffffffu, v, 1);
-                if (e >= tail0) {
-                    const float c = cs[(e - tail0) / 2], s = sn[(e - tail0) / 2];
-                    const bool odd = (e - tail0) & 1;
-                    const float x0 = odd ? other : v, x1 = odd ? v : other;
-                    v = odd ? __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c)) : __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-                }
-            }
-            x[e] = v;
-        }
-}
-// attn_split_kernel's query norm (AttnQNorm in the kernel; on: q is raw)
-struct AttnQNormDev {
-    bool on = false;
-    float eps = 0.0f;
-    uint32_t n_rot = 0;
-    const double* inv_freq = nullptr;
-};
-
 // Work item = (row r0 + rl, split, head group). Scratch rows are slice-relative (rl): partial
 // (head h, split s) at part_o[((rl * n_head + h) * max_split + s) * D], its (max, sum) at
 // part_ml[(rl * n_head + h) * max_split + s].
@@ -1626,7 +1574,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                       uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
                       const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
                       uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml,
-                      bool loop_groups, AttnQNormDev qn) {
+                      bool loop_groups) {
     pdl_begin();
     extern __shared__ float4 sm4[];
     const uint32_t DP = D + kAttnPad, D4 = D / 4;
@@ -1636,7 +1584,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
     float* p_s = red_s + kAttnWarps * kAttnHB * kAttnKT;   // kAttnKT * kAttnHB: weights [key][head]
     __shared__ float corr_s[kAttnHB];
     __shared__ uint32_t incl_s[kAttnMaxSliceRows];   // splits of rows 0..i of the slice
-    __shared__ float qcs_s[64], qsn_s[64];           // qn: the row's RoPE angles (n_rot <= 128)
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     attn_split_scan(incl_s, rows, r0, n_rows, n_swa, ratio, top_k);
@@ -1656,14 +1603,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
         const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
         const bool one_tile = ke - kb <= kAttnKT;   // its keys stay in k_s across the groups
         bool staged = false;
-        if (qn.on && threadIdx.x < qn.n_rot) {
-            // head_norm_rope's angles (cos on the first half of the threads, sin on the second):
-            // their double cos / sin run under the first tile's loads (its barrier publishes them)
-            const uint32_t half = qn.n_rot / 2, i = threadIdx.x < half ? threadIdx.x : threadIdx.x - half;
-            const double th = double(p) * qn.inv_freq[i];
-            if (threadIdx.x < half) qcs_s[i] = float(cos(th));
-            else qsn_s[i] = float(sin(th));
-        }
         for (uint32_t grp = g0; grp < g0 + per_item; ++grp) {
             const uint32_t h0 = grp * kAttnHB, nh = min(kAttnHB, n_head - h0);
 
@@ -1685,10 +1624,6 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
                 staged = true;
                 cp_async_wait_all();
                 __syncthreads();
-                if (qn.on && t0 == kb) {   // the group's raw queries: warp w normalises and rotates head w
-                    if (w < nh) attn_head_norm_rope(q_s + w * DP, D, qn.n_rot, qn.eps, qcs_s, qsn_s);
-                    __syncthreads();
-                }
 
                 {   // scores: lane = (jp, hh) takes keys jp and jp+16 of heads 4hh..4hh+3, warp w the
                     // float4 columns w, w+8, ... Per column a warp reads 16 key float4 twice and 2
@@ -2072,21 +2007,17 @@ void rms_norm(const float* x, uint64_t x_stride, float* y, uint64_t y_stride, ui
 }
 
 DevAct rms_norm_q8_0(float* x, uint64_t x_stride, uint32_t R, uint32_t n, float eps, const float* w,
-                     const ActBuf& buf, cudaStream_t s, bool in_place) {
+                     const ActBuf& buf, cudaStream_t s) {
     if (n % 32) throw std::runtime_error("rms_norm_q8_0: row not a multiple of 32 values");
     if (uint64_t(R) * n > buf.cap_values) throw_too_small("activation buffer", uint64_t(R) * n, buf.cap_values);
     const DevAct a = codes_in(ActKind::Q8_0, n, buf);
     if (!R) return a;
-    // (the row in registers whenever x is to be left as it is: the memory walk normalises in place)
-    const bool reg = norm_reg_on() || !in_place;
+    const bool reg = norm_reg_on();
     const uint32_t bd = threads_for(n), vpt = n % bd == 0 ? n / bd : 0;
-    if (!in_place && vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8)
-        throw_mismatch("rms_norm_q8_0: a row left unchanged needs 1, 2, 4 or 8 values a thread", 0, n, n);
-    const bool st = in_place;
-    if (reg && vpt == 4) rms_norm_q8_0_reg_kernel<4><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
-    else if (reg && vpt == 8) rms_norm_q8_0_reg_kernel<8><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
-    else if (reg && vpt == 2) rms_norm_q8_0_reg_kernel<2><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
-    else if (reg && vpt == 1) rms_norm_q8_0_reg_kernel<1><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d, st);
+    if (reg && vpt == 4) rms_norm_q8_0_reg_kernel<4><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else if (reg && vpt == 8) rms_norm_q8_0_reg_kernel<8><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else if (reg && vpt == 2) rms_norm_q8_0_reg_kernel<2><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
+    else if (reg && vpt == 1) rms_norm_q8_0_reg_kernel<1><<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
     else rms_norm_q8_0_kernel<<<R, bd, 0, s>>>(x, x_stride, n, eps, w, buf.q, buf.d);
     check_launch("rms_norm_q8_0");
     return a;
@@ -2369,10 +2300,10 @@ int g_attn_loop_override = -1;
 
 void attn_loop_override(int mode) { g_attn_loop_override = mode; }
 
-void attention(float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8, AttnQNorm qn) {
+               const ActBuf* o_q8) {
     if (!R || !n_head) return;
     if (D > kAttnMaxD || D % 4 != 0 || D == 0)
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
@@ -2393,16 +2324,6 @@ void attention(float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32
     // The key splits on the tensor cores where the head width allows (DSV4_ATTN_TC): the same
     // splits and partials, so the merge is shared.
     const bool tc = attn_tc_on() && attn_tc_ok(n_head, D);
-    // The queries' norm and RoPE: in attn_split_kernel where every slice takes it (fewer than
-    // 32 rows, the FP32 kernel), else head_norm_rope first.
-    static const bool qnorm_env = env_switch("DSV4_ATTN_QNORM", true);
-    AttnQNormDev qd;
-    if (qn.on) {
-        if (qnorm_env && !tc && R < 32 && D % 128 == 0 && n_rot % 2 == 0 && n_rot <= 128 && n_rot <= D)
-            qd = AttnQNormDev{true, qn.eps, n_rot, inv_freq};
-        else
-            head_norm_rope(q, R, n_head, D, n_rot, qn.eps, true, false, inv_freq, rows, s);
-    }
     const size_t smem =
         (size_t(kAttnHB + kAttnKT) * (D + kAttnPad) + kAttnWarps * kAttnHB * kAttnKT + kAttnKT * kAttnHB) * sizeof(float);
     // Shared-memory limit and residency (blocks the GPU holds at once: the persistent grid):
@@ -2461,7 +2382,7 @@ void attention(float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32
             const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
                                                                  n_layer, il, r0, n, max_split, part_o, part_ml,
-                                                                 loop, qd);
+                                                                 loop);
             check_launch("attention");
         }
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,

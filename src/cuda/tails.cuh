@@ -39,7 +39,7 @@ __device__ __forceinline__ void warp_pick(float& best, int32_t& be) {
 // and scales of the row at q and d. Every thread of the block calls it.
 template <uint32_t VPT>
 __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float eps, const float* w, int8_t* q,
-                                                  float* d, bool store_x = true) {
+                                                  float* d) {
     const uint32_t bd = blockDim.x, lane = threadIdx.x & 31;
     float v[VPT];
 #pragma unroll
@@ -49,57 +49,13 @@ __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float e
     for (uint32_t j = 0; j < VPT; ++j) {
         const uint32_t i = threadIdx.x + j * bd;
         v[j] = __fmul_rn(__fmul_rn(v[j], r), w ? w[i] : 1.0f);
-        if (store_x) xr[i] = v[j];
+        xr[i] = v[j];
         const float amax = warp_max(fabsf(v[j]));
         const float dd = amax / 127.0f;
         const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
         q[i] = q_clamp(v[j] * id);
         if (lane == 0) d[i / 32] = f16_round(dd);
     }
-}
-
-// rms_norm_q8_0_row's codes of a row of 256 * VPT values (its launch: 256 threads) made by a
-// block of 128 threads, for a product that normalises its own input (q8_rows_kernel's NORMV):
-// thread t plays that kernel's threads t and t + 128, so the squares, each warp's butterfly,
-// the sum of the eight warp totals in order and every code are its own. Codes and scales into
-// q (256 * VPT bytes) and d (8 * VPT floats) in shared memory, tot: 8 doubles of shared
-// scratch; the row xr is only read. Every thread of the block calls it; it ends with a barrier.
-template <uint32_t VPT>
-__device__ __forceinline__ void rms_norm_q8_0_codes_128(const float* xr, float eps, const float* w, int8_t* q,
-                                                        float* d, double* tot) {
-    constexpr uint32_t bd = 256, n = bd * VPT;
-    const uint32_t lane = threadIdx.x & 31, wr = threadIdx.x >> 5;
-    float v[2][VPT];
-#pragma unroll
-    for (uint32_t h = 0; h < 2; ++h)
-#pragma unroll
-        for (uint32_t j = 0; j < VPT; ++j) v[h][j] = xr[threadIdx.x + 128 * h + j * bd];
-#pragma unroll
-    for (uint32_t h = 0; h < 2; ++h) {
-        double ss = 0;
-#pragma unroll
-        for (uint32_t j = 0; j < VPT; ++j) ss += double(v[h][j]) * double(v[h][j]);
-        ss = warp_sum_d(ss);
-        if (lane == 0) tot[wr + 4 * h] = ss;
-    }
-    __syncthreads();
-    double s = 0;
-#pragma unroll
-    for (uint32_t i = 0; i < bd / 32; ++i) s += tot[i];
-    const float r = float(1.0 / sqrt(s / n + double(eps)));
-#pragma unroll
-    for (uint32_t h = 0; h < 2; ++h)
-#pragma unroll
-        for (uint32_t j = 0; j < VPT; ++j) {
-            const uint32_t i = threadIdx.x + 128 * h + j * bd;
-            const float x = __fmul_rn(__fmul_rn(v[h][j], r), w ? w[i] : 1.0f);
-            const float amax = warp_max(fabsf(x));
-            const float dd = amax / 127.0f;
-            const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-            q[i] = q_clamp(x * id);
-            if (lane == 0) d[i / 32] = f16_round(dd);
-        }
-    __syncthreads();
 }
 
 // The router's shared memory: probs [NE], picks [K], weights [K], taken [NE], carved from

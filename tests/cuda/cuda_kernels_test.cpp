@@ -708,45 +708,6 @@ TEST_F(CudaKernels, RmsNormQ8_0EqualsNormThenQuantise) {
     }
 }
 
-TEST_F(CudaKernels, MatvecNormQ8_0EqualsNormThenProduct) {
-    // A one-row Q8_0 product whose blocks normalise the raw row themselves (decode's q_b,
-    // matvec_norm_q8_0) against rms_norm_q8_0 then matvec, bit for bit; the raw row is left
-    // unchanged, and so is it by rms_norm_q8_0 with in_place = false, whose codes are the same.
-    // q_b's width (1,024 columns, 8 rows a warp) and 2,048 (4 rows a warp); with and without
-    // norm weights; a row of zeros (scale 0).
-    for (const uint64_t K : {1024ull, 2048ull}) {
-        const uint64_t N = 4096;
-        const HostWeight hw = random_weight(Type::Q8_0, K, N, 700 + K);
-        DevWeightHolder dw(hw);
-        ASSERT_TRUE(cuda::matvec_norm_q8_0_ok(dw.w, N));
-        for (int kind = 0; kind < 3; ++kind) {   // 0 weighted, 1 no weights, 2 zeros
-            SCOPED_TRACE(testing::Message() << "K " << K << " kind " << kind);
-            auto x = random_floats(K, 701 + K + kind, -4.0f, 4.0f);
-            if (kind == 2) std::fill(x.begin(), x.end(), 0.0f);
-            const auto w = random_floats(K, 702 + K, 0.5f, 1.5f);
-            DevVec<float> dx(x), dref(x), dkeep(x), dw8(w), y_ref(N), y_fold(N);
-            const float* nw = kind == 1 ? nullptr : dw8.get();
-            ActHolder ref(K), keep(K);
-            const cuda::DevAct a = cuda::rms_norm_q8_0(dref.get(), K, 1, uint32_t(K), 1e-6f, nw, ref.buf, nullptr);
-            cuda::matvec(dw.w, a, 1, y_ref.get(), N, N, 0, nullptr);
-            cuda::rms_norm_q8_0(dkeep.get(), K, 1, uint32_t(K), 1e-6f, nw, keep.buf, nullptr, false);
-            cuda::matvec_norm_q8_0(dw.w, dx.get(), 1e-6f, nw, y_fold.get(), N, nullptr);
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            const auto ya = y_ref.download(), yb = y_fold.download();
-            EXPECT_EQ(0, std::memcmp(ya.data(), yb.data(), N * sizeof(float))) << "products";
-            EXPECT_EQ(x, dx.download()) << "the raw row changed (fold)";
-            EXPECT_EQ(x, dkeep.download()) << "the raw row changed (in_place = false)";
-            const auto qa = ref.q.download(), qb = keep.q.download();
-            EXPECT_EQ(0, std::memcmp(qa.data(), qb.data(), K)) << "codes";
-            const auto da = ref.d.download(), db = keep.d.download();
-            EXPECT_EQ(0, std::memcmp(da.data(), db.data(), K / 32 * sizeof(float))) << "scales";
-            if (kind != 2) {
-                EXPECT_NE(x, dref.download());   // (the in-place norm did run)
-            }
-        }
-    }
-}
-
 TEST_F(CudaKernels, MatvecTailEqualsSeparateLaunches) {
     // A one-row product whose last block runs the next row step (matvec_tail) against the
     // product and the step's own kernel, bit for bit: q_a's product with the query norm and
@@ -1240,46 +1201,6 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                             << "tc " << tc << " loop " << loop << " D " << sh.D << " ratio " << ratio << " row " << i
                             << " pos " << rows[i].pos << " (reversed)";
                     }
-                }
-            }
-        }
-    }
-}
-
-TEST_F(CudaKernels, AttentionQueryNormInKernelEqualsHeadNormRope) {
-    // attention() with AttnQNorm: the raw queries normalised and rotated inside the split
-    // kernel (fewer than 32 rows, FP32 kernel, D a multiple of 128), or by head_norm_rope first
-    // otherwise, must give head_norm_rope then attention's bits: one row, a few, and a batch of
-    // 40 (head_norm_rope first); every shape (D = 64 and 96 take head_norm_rope too), both kernels.
-    constexpr float eps = 1e-6f;
-    for (int tc : {0, 1}) {
-        const AttnKernel kernel(tc);
-        for (const AttnShape& sh : kAttnShapes) {
-            for (uint32_t ratio : {0u, 4u, 128u}) {
-                const auto base = attn_positions(sh, ratio);
-                for (uint32_t R : {1u, 3u, 40u}) {
-                    std::vector<int64_t> pos;
-                    for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 5 + 1) % base.size()] + (i % 2));
-                    const AttnCase c(sh, ratio, pos, 5 * sh.D + ratio, 29 + R);
-                    const auto& [P, rows, q, sel] = c;
-                    const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
-                    DevVec<cuda::DevRow> drows(rows);
-                    DevVec<uint32_t> dsel(sel);
-                    auto go = [&](bool fold) {
-                        DevVec<float> dq(q), dout(n);
-                        if (!fold)
-                            cuda::head_norm_rope(dq.get(), R, sh.n_head, sh.D, sh.n_rot, eps, true, false,
-                                                 P.dinv->get(), drows.get(), nullptr);
-                        cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, ratio, sh.top_k,
-                                        dsel.get(), drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot,
-                                        P.dinv->get(), dout.get(), nullptr, nullptr,
-                                        fold ? cuda::AttnQNorm{true, eps} : cuda::AttnQNorm{});
-                        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                        return dout.download();
-                    };
-                    const auto a = go(false), b = go(true);
-                    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), n * sizeof(float)))
-                        << "tc " << tc << " heads " << sh.n_head << " D " << sh.D << " ratio " << ratio << " R " << R;
                 }
             }
         }
