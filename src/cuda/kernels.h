@@ -127,7 +127,7 @@ void matvec(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t 
 
 struct DevRow;
 // The router's (§5.13) inputs and outputs, for router() and for the kernels that run it
-// inside themselves (router_row / router_pick, tails.cuh): the scores, the selection's
+// inside themselves (router_row, tails.cuh): the scores, the selection's
 // inputs, and where the picks and weights go.
 struct RouterArgs {
     float* logits = nullptr;         // row r's NE scores at r * NE

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
-#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/tails.cuh"
@@ -749,7 +748,6 @@ __device__ __forceinline__ void kq_body(const MV& p) {
     pdl_wait();
     Slots<RB> sl;
     const bool live = get_slots<RB>(p, sl);   // (one slot: get_slots always succeeds)
-    const float* ew = p.ew;
     const uint64_t nsb = p.K / 256, AL = p.act_len;
     const uint64_t stride = uint64_t(gridDim.x) * kKqWarps * RW;
     for (uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW; live && nsb && n0 < p.N;
@@ -921,7 +919,7 @@ __device__ __forceinline__ void kq_body(const MV& p) {
                 if constexpr (NW == 2) {
                     float u = warp_sum(acc[r][NW - 1][i]);
                     if (T == T_IQ2_XXS) u *= 0.125f;
-                    v = swiglu_pair(v, u, p.clamp, ew, sl.out[i]);
+                    v = swiglu_pair(v, u, p.clamp, p.ew, sl.out[i]);
                 }
                 if (lane == 0) p.y[uint64_t(sl.out[i]) * p.y_stride + n0 + r] = v;
             }

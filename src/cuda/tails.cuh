@@ -58,32 +58,30 @@ __device__ __forceinline__ void rms_norm_q8_0_row(float* xr, uint32_t n, float e
     }
 }
 
-// The router's shared memory: probs [NE], picks [K], weights [K], taken [NE], carved from
-// one buffer of router_scratch_bytes(NE, K) (router_kernel's dynamic shared memory,
-// matvec_tail's static array).
+// The router's shared memory: probs [NE], picks [K], taken [NE], carved from one buffer of
+// router_scratch_bytes(NE, K) (router_kernel's dynamic shared memory, matvec_tail's static
+// array).
 struct RouterScratch {
     float* prob;
     int32_t* sel;
-    float* w;
     uint8_t* taken;
 };
-__host__ __device__ constexpr uint32_t router_scratch_bytes(uint32_t NE, uint32_t K) { return NE * 4 + K * 8 + NE; }
+__host__ __device__ constexpr uint32_t router_scratch_bytes(uint32_t NE, uint32_t K) { return NE * 4 + K * 4 + NE; }
 __device__ __forceinline__ RouterScratch router_scratch(void* base, uint32_t NE, uint32_t K) {
     RouterScratch s;
     s.prob = reinterpret_cast<float*>(base);
     s.sel = reinterpret_cast<int32_t*>(s.prob + NE);
-    s.w = reinterpret_cast<float*>(s.sel + K);
-    s.taken = reinterpret_cast<uint8_t*>(s.w + K);
+    s.taken = reinterpret_cast<uint8_t*>(s.sel + K);
     return s;
 }
 
-// The router (§5.13) of row r of a: probs (sqrt(softplus)) into s.prob and in place into
-// a.logits; the selection (hash table or biased top-K, ties to the lower id)
-// into s.sel and the weights into s.w. The probabilities and the picks live in shared memory
-// because the weights read them back one after another, which from global memory was a chain
-// of dependent loads. Every thread of the block calls it; warp 0 makes the picks and lane 0
-// the weights (a barrier before other threads read s.sel or s.w).
-__device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, const RouterScratch& s) {
+// The router (§5.13) of row r of a: probs (sqrt(softplus)) in place into a.logits, the
+// selection (hash table or biased top-K, ties to the lower id) and the weights into
+// a.experts / a.weights [r][K]. The probabilities and the picks live in shared memory because
+// the weights read them back one after another, which from global memory was a chain of
+// dependent loads. Every thread of the block calls it; warp 0 makes the picks and lane 0 the
+// weights.
+__device__ __forceinline__ void router_row(const RouterArgs& a, uint32_t r, const RouterScratch& s) {
     const uint32_t NE = a.NE, K = a.K, lane = threadIdx.x;
     const float* bias = a.bias;
     float* prob_s = s.prob;
@@ -159,18 +157,11 @@ __device__ __forceinline__ void router_pick(const RouterArgs& a, uint32_t r, con
         float sum = 0;
         for (uint32_t k = 0; k < K; ++k) sum += prob_s[sel[k]];
         const float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t k = 0; k < K; ++k) s.w[k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), a.scale);
-    }
-}
-
-// router_pick, then lane 0 stores row r's picks and weights: a.experts/a.weights [r][K].
-__device__ __forceinline__ void router_row(const RouterArgs& a, uint32_t r, const RouterScratch& s) {
-    router_pick(a, r, s);
-    if (threadIdx.x == 0)
-        for (uint32_t k = 0; k < a.K; ++k) {
-            a.weights[uint64_t(r) * a.K + k] = s.w[k];
-            a.experts[uint64_t(r) * a.K + k] = s.sel[k];
+        for (uint32_t k = 0; k < K; ++k) {
+            a.weights[uint64_t(r) * K + k] = __fmul_rn(__fmul_rn(prob_s[sel[k]], nrm), a.scale);
+            a.experts[uint64_t(r) * K + k] = sel[k];
         }
+    }
 }
 
 }  // namespace dsv4::cuda
