@@ -1257,16 +1257,6 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
 }  // namespace
 
 namespace {
-int sm_count() {
-    static const int n = [] {
-        int dev = 0, c = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) !=
-                                                       cudaSuccess)
-            c = 132;
-        return c > 0 ? c : 132;
-    }();
-    return n;
-}
 
 // DSV4_CUDA_TC=0 keeps every product on the decode kernels (measurements).
 bool tensor_cores_on() {

@@ -28,6 +28,8 @@ bool pdl_early_weights();
 // once: the grid of a persistent kernel. Asked once per shape; a kernel whose shared memory is
 // above 48 KB must have its attribute raised before the first call.
 uint32_t resident_blocks(const void* kernel, uint32_t threads, size_t smem);
+// The GPU's multiprocessors (132 on the H200; 132 if the query fails).
+int sm_count();
 
 // ---- weights ---------------------------------------------------------------------------
 // A weight matrix on the device: `rows` rows of K values (a 3-D expert tensor is flattened:
@@ -218,10 +220,14 @@ void kq_smem_select(int mode);
 // Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per
 // warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3) and
 // DSV4_Q8_ROWS_V for the one-row Q8_0 products (0 q8_rows_kernel, 1 loads issued first +
-// evict-first, 2 the same with twice the rows per warp); -1 (initially) follows the
+// evict-first, 2 the same with twice the rows per warp, 3 q8_stream_kernel: a resident grid,
+// the next rows' loads in flight during a row's arithmetic); -1 (initially) follows the
 // environment.
 void q2k_select(int v);
 void q8_rows_select(int v);
+// The read floor of a product: `bytes` at p read and nothing else (benchmarks; matvec.cu),
+// mode 0 one wave of 8 KB a warp, 1 / 2 a resident grid with 4 / 8 loads a thread in flight.
+void read_floor(const void* p, uint64_t bytes, int mode, uint32_t* sink, cudaStream_t s);
 
 // Gate and up products of one SwiGLU in one pass (same type and shape, quantised types):
 // mid[r*mid_stride + n] = silu(clamp(Wg[n]·act)) * clamp(Wu[n]·act) (* ew[r]), every

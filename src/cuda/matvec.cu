@@ -595,6 +595,159 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
         if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
 }
 
+// ---- Q8_0 decode, persistent and pipelined ---------------------------------------------
+// q8_rows_kernel is one wave of short-lived warps: every load is issued at the start and the
+// product ends when the last warp's bytes arrive. Here a grid the GPU holds at once walks the
+// row groups (RW rows of a warp: group g, g + warps, ...) with the next group's weight loads
+// issued before the current group's arithmetic, so each warp keeps a steady stream of loads
+// in flight instead of one burst. A row's sum is q8_rows_kernel's (the same blocks per lane,
+// the same dp4a and fmaf chain, the same warp butterfly): the same bits. DSV4_Q8_ROWS_V=3
+// selects it (one weight, one activation row); DSV4_Q8S_BPS sets the blocks per SM (4).
+template <int RW, int NB>
+struct Q8Group {
+    int4 w0[RW][NB], w1[RW][NB];
+    uint16_t wd[RW][NB];
+};
+
+template <int RW, int NB>
+__device__ __forceinline__ void q8_group_load(Q8Group<RW, NB>& G, const MV& p, uint64_t n0, uint32_t lane,
+                                              uint64_t pol) {
+    const int nrow = int(min(uint64_t(RW), p.N - n0));
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        const uint64_t wrow = p.row0 + n0 + uint64_t(min(r, nrow - 1));
+        const int8_t* wq = p.wqs + wrow * p.K;
+        const uint16_t* wdr = p.wd + wrow * (p.K / 32);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            const int8_t* q = wq + (lane + 32 * b) * 32;
+            G.w0[r][b] = ld_stream16(q, pol);
+            G.w1[r][b] = ld_stream16(q + 16, pol);
+            G.wd[r][b] = ld_stream2(wdr + lane + 32 * b, pol);
+        }
+    }
+}
+
+template <int RW, int NB>
+__device__ __forceinline__ void q8_group_finish(const Q8Group<RW, NB>& G, const MV& p, uint64_t n0, uint32_t lane) {
+    const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * p.K : 0;
+    int4 a0[NB], a1[NB];
+    float da[NB];
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+        const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
+        a0[b] = a4[0];
+        a1[b] = a4[1];
+        da[b] = p.ad[goff / 32 + lane + 32 * b];
+    }
+    const int nrow = int(min(uint64_t(RW), p.N - n0));
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            int sm = __dp4a(G.w0[r][b].x, a0[b].x, 0);
+            sm = __dp4a(G.w0[r][b].y, a0[b].y, sm);
+            sm = __dp4a(G.w0[r][b].z, a0[b].z, sm);
+            sm = __dp4a(G.w0[r][b].w, a0[b].w, sm);
+            sm = __dp4a(G.w1[r][b].x, a1[b].x, sm);
+            sm = __dp4a(G.w1[r][b].y, a1[b].y, sm);
+            sm = __dp4a(G.w1[r][b].z, a1[b].z, sm);
+            sm = __dp4a(G.w1[r][b].w, a1[b].w, sm);
+            acc = fmaf(f16_to_f32(G.wd[r][b]) * da[b], float(sm), acc);
+        }
+        const float v = warp_sum(acc);
+        if (r < nrow && lane == 0) p.y[n0 + r] = v;
+    }
+}
+
+template <int RW, int NB>
+__global__ void __launch_bounds__(32 * kQ8Warps) q8_stream_kernel(MV p) {
+    pdl_launch();
+    const uint32_t lane = threadIdx.x & 31;
+    const uint64_t groups = (p.N + RW - 1) / RW, warps = uint64_t(gridDim.x) * kQ8Warps;
+    uint64_t g = uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5);
+    if (g >= groups) return;
+    const uint64_t pol = evict_first_policy();
+    Q8Group<RW, NB> A, B;
+    q8_group_load(A, p, g * RW, lane, pol);
+    pdl_wait();   // the activation is the previous kernel's output; the first weights are in flight
+    // Two buffers walked alternately (unrolled by two, so no register copies).
+    for (;;) {
+        uint64_t gn = g + warps;
+        if (gn < groups) q8_group_load(B, p, gn * RW, lane, pol);
+        q8_group_finish(A, p, g * RW, lane);
+        if (gn >= groups) break;
+        g = gn;
+        gn = g + warps;
+        if (gn < groups) q8_group_load(A, p, gn * RW, lane, pol);
+        q8_group_finish(B, p, g * RW, lane);
+        if (gn >= groups) break;
+        g = gn;
+    }
+}
+
+bool launch_q8_stream(const MV& p, cudaStream_t s) {
+    static const int bps_env = env_int("DSV4_Q8S_BPS", 4);
+    static const int rw_env = env_int("DSV4_Q8S_RW", 4);
+    const int nb = int(p.K / 1024);
+    int rw = std::max(1, rw_env / nb);
+    while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
+#define DSV4_Q8S(RW, NB)                                                                                     \
+    if (rw == RW && nb == NB) {                                                                              \
+        const uint32_t res = resident_blocks(reinterpret_cast<const void*>(q8_stream_kernel<RW, NB>),        \
+                                             32 * kQ8Warps, 0);                                              \
+        const uint32_t per_sm = std::max(1u, res / std::max(1, sm_count()));                                 \
+        const uint32_t want = uint32_t(std::min<int>(int(per_sm), std::max(1, bps_env))) * sm_count();        \
+        const uint64_t need = (p.N / RW + kQ8Warps - 1) / kQ8Warps + 1;                                      \
+        const dim3 grid(uint32_t(std::min<uint64_t>(want, need)));                                           \
+        q8_stream_kernel<RW, NB><<<grid, 32 * kQ8Warps, 0, s>>>(p);                                          \
+        return true;                                                                                         \
+    }
+    DSV4_Q8S(8, 1) DSV4_Q8S(4, 1) DSV4_Q8S(2, 1) DSV4_Q8S(1, 1)
+    DSV4_Q8S(4, 2) DSV4_Q8S(2, 2) DSV4_Q8S(1, 2)
+    DSV4_Q8S(2, 4) DSV4_Q8S(1, 4) DSV4_Q8S(1, 8)
+#undef DSV4_Q8S
+    return false;
+}
+
+// ---- the read floor (a benchmark's reference, not a product) ------------------------------
+// How fast a product of this many weight bytes could be: the bytes read and xor-ed, nothing
+// else. mode 0: one wave of warps each loading its own 8 KB at once (q8_rows_kernel's
+// pattern); mode 1 / 2: a resident grid walking the bytes with 4 / 8 16-byte loads a thread
+// in flight.
+template <int MODE>
+__global__ void __launch_bounds__(128) read_floor_kernel(const int4* p, uint64_t n16, uint32_t* sink) {
+    const uint32_t lane = threadIdx.x & 31;
+    uint32_t x = 0;
+    if constexpr (MODE == 0) {
+        const uint64_t base = (uint64_t(blockIdx.x) * 4 + (threadIdx.x >> 5)) * 512;   // 8 KB a warp
+        int4 v[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const uint64_t k = base + 32 * i + lane;
+            v[i] = k < n16 ? ld_stream16(p + k, evict_first_policy()) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) x ^= uint32_t(v[i].x ^ v[i].y ^ v[i].z ^ v[i].w);
+    } else {
+        constexpr int U = MODE == 1 ? 4 : 8;
+        const uint64_t pol = evict_first_policy(), stride = uint64_t(gridDim.x) * blockDim.x;
+        for (uint64_t k0 = uint64_t(blockIdx.x) * blockDim.x * U + threadIdx.x; k0 < n16; k0 += stride * U) {
+            int4 v[U];
+#pragma unroll
+            for (int i = 0; i < U; ++i) {
+                const uint64_t k = k0 + uint64_t(i) * blockDim.x;
+                v[i] = k < n16 ? ld_stream16(p + k, pol) : make_int4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int i = 0; i < U; ++i) x ^= uint32_t(v[i].x ^ v[i].y ^ v[i].z ^ v[i].w);
+        }
+    }
+    if (x == 0x9E3779B9u) sink[0] = x;   // (keeps the loads)
+}
+
+
 int g_q8_rows_select = -1;   // q8_rows_select
 
 // One activation row (decode), rows of 1,024..8,192 values read by a warp each (not the
@@ -615,6 +768,7 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
         decode_row_threads(p.K, p.N, false) != 32)
         return false;
     const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
+    if (v == 3 && nw == 1 && launch_q8_stream(p, s)) return true;
     const int nb = int(p.K / 1024);
     int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
     while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
@@ -1369,6 +1523,18 @@ void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, cons
 
 void kq_smem_select(int mode) { g_kq_smem_select = mode; }
 void q2k_select(int v) { g_q2k_select = v; }
+void read_floor(const void* p, uint64_t bytes, int mode, uint32_t* sink, cudaStream_t s) {
+    const uint64_t n16 = bytes / 16;
+    if (mode == 0) {
+        read_floor_kernel<0><<<uint32_t((n16 + 2047) / 2048), 128, 0, s>>>(static_cast<const int4*>(p), n16, sink);
+    } else {
+        const uint32_t grid = uint32_t(sm_count()) * 8;
+        if (mode == 1) read_floor_kernel<1><<<grid, 128, 0, s>>>(static_cast<const int4*>(p), n16, sink);
+        else read_floor_kernel<2><<<grid, 128, 0, s>>>(static_cast<const int4*>(p), n16, sink);
+    }
+    check_launch("read_floor");
+}
+
 void q8_rows_select(int v) { g_q8_rows_select = v; }
 
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {

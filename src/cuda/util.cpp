@@ -45,6 +45,17 @@ bool pdl_early_weights() {
     return on;
 }
 
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, c = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) !=
+                                                       cudaSuccess)
+            c = 132;
+        return c > 0 ? c : 132;
+    }();
+    return n;
+}
+
 uint32_t resident_blocks(const void* kernel, uint32_t threads, size_t smem) {
     static std::mutex mu;
     static std::vector<std::tuple<const void*, uint32_t, size_t, uint32_t>> seen;

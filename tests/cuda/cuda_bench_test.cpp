@@ -240,17 +240,25 @@ TEST(CudaBench, FlashDecodePrefillKv) {
 // product 4 times larger. Says how much of a 35 MB product is bandwidth and how much fixed
 // cost (ramp-up, tail). An L2 prefetch of the weight measured the same as warm (run 23), and
 // warm barely beats HBM: L2 residency is not what these products lack.
+// The one-row Q8_0 products of decode beside their read floor: device µs by events (median of
+// 15), cold = after a 256 MB write (the weight not in L2: as in a decode step, where 9 GB pass
+// between two uses of a weight), warm = the same product just before. floor 0 / 1 / 2: the
+// weight's bytes read and nothing else (read_floor: one wave of 8 KB a warp; a resident grid
+// with 4 / 8 loads a thread in flight); rows v0 / v3: DSV4_Q8_ROWS_V 0 (q8_rows_kernel, the
+// default) and 3 (q8_stream_kernel).
 TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
     DevVec<uint8_t> flush(256u << 20);
+    DevVec<uint32_t> sink(1);
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    std::printf("\n== Q8_0 decode product, one row: device us (median of 15) ==\n");
-    std::printf("%-22s %8s %10s %8s %10s\n", "rows x K", "MB", "cold", "warm", "warm TB/s");
-    const std::pair<uint64_t, uint64_t> shapes[] = {{32768, 1024}, {8192, 4096}, {4096, 8192}, {2048, 4096},
-                                                    {32768, 4096}};
+    std::printf("\n== Q8_0 decode product, one row: device us (median of 15), cold unless marked ==\n");
+    std::printf("%-16s %6s %8s %8s %8s %8s %8s %8s %8s %9s\n", "rows x K", "MB", "floor0", "floor1", "floor2",
+                "v0", "v0 warm", "v3", "v3 warm", "v3 TB/s");
+    const std::pair<uint64_t, uint64_t> shapes[] = {{32768, 1024}, {8192, 4096}, {4096, 8192}, {1024, 4096},
+                                                    {2048, 4096}, {32768, 4096}};
     for (auto [N, K] : shapes) {
         const SynthQ8_0 sw(N, K, false);
         const cuda::DevWeight& w = sw.w;
@@ -261,14 +269,14 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
         const cuda::ActBuf buf{aq.get(), ad.get(), ab.get(), K};
         DevVec<float> y(N);
         const cuda::DevAct a = cuda::quantize_act(w.type, x.get(), K, 1, K, buf, nullptr);
-        auto timed = [&](int mode) {
+        auto timed = [&](auto&& launch, bool warm) {
             std::vector<float> v;
             for (int i = 0; i < 15; ++i) {
                 cudaMemsetAsync(flush.get(), i, 256u << 20);
-                if (mode == 1) cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr);
+                if (warm) launch();
                 cudaDeviceSynchronize();
                 cudaEventRecord(e0);
-                cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr);
+                launch();
                 cudaEventRecord(e1);
                 cudaEventSynchronize(e1);
                 float ms = 0;
@@ -279,10 +287,20 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
             return v[v.size() / 2];
         };
         const double mb = double(N) * K * 34 / 32 / 1e6;
-        const double cold = timed(0), warm = timed(1);
+        double floor_us[3];
+        for (int m = 0; m < 3; ++m)
+            floor_us[m] = timed([&] { cuda::read_floor(sw.q.get(), N * K, m, sink.get(), nullptr); }, false);
+        double rows[2][2];
+        for (int vi = 0; vi < 2; ++vi) {
+            cuda::q8_rows_select(vi == 0 ? 0 : 3);
+            for (int warm = 0; warm < 2; ++warm)
+                rows[vi][warm] = timed([&] { cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr); }, warm);
+        }
+        cuda::q8_rows_select(-1);
         char shape[32];
         std::snprintf(shape, sizeof shape, "%llu x %llu", (unsigned long long)N, (unsigned long long)K);
-        std::printf("%-22s %8.1f %10.2f %8.2f %10.2f\n", shape, mb, cold, warm, mb / warm);
+        std::printf("%-16s %6.1f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", shape, mb, floor_us[0],
+                    floor_us[1], floor_us[2], rows[0][0], rows[0][1], rows[1][0], rows[1][1], mb / rows[1][0]);
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

@@ -247,9 +247,17 @@ TEST_F(CudaKernels, Q8_0OneRowEqualsTheRowInABatch) {
     // two takes matvec_kernel. Row 0 must be the same bits either way (and so equal the
     // tensor-core prefill products, which reproduce matvec_kernel's order): plain, grouped
     // (out_a) and gate+up with SwiGLU, rows of 1,024 to 8,192 values, row counts that leave a
-    // warp partly filled.
-    const std::pair<uint64_t, uint64_t> shapes[] = {{45, 1024}, {37, 2048}, {20, 4096}, {9, 8192}, {64, 1024}};
+    // warp partly filled. Each decode variant (DSV4_Q8_ROWS_V: 0 the default, 3 the resident
+    // pipelined grid, whose warps walk several row groups only on the two long shapes).
+    const std::pair<uint64_t, uint64_t> shapes[] = {{45, 1024}, {37, 2048}, {20, 4096}, {9, 8192}, {64, 1024},
+                                                    {20011, 1024}, {16384, 2048}};
+    struct Reset {
+        ~Reset() { cuda::q8_rows_select(-1); }
+    } reset;
+    for (int v : {0, 3})
     for (auto [N, K] : shapes) {
+        cuda::q8_rows_select(v);
+        SCOPED_TRACE("DSV4_Q8_ROWS_V " + std::to_string(v));
         const HostWeight hw = random_weight(Type::Q8_0, K, N, 900 + K + N);
         const HostWeight hu = random_weight(Type::Q8_0, K, N, 1900 + K + N);
         DevWeightHolder dw(hw), du(hu);
