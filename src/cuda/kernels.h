@@ -218,10 +218,11 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
 void kq_smem_select(int mode);
 
 // Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per
-// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3) and
+// warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3, 4 / 5
+// pipelined (the next rows' loads in flight during a group's arithmetic; K <= 2,048): two rows
+// a warp with 3 blocks per SM / four rows with 2) and
 // DSV4_Q8_ROWS_V for the one-row Q8_0 products (0 q8_rows_kernel, 1 loads issued first +
-// evict-first, 2 the same with twice the rows per warp, 3 q8_stream_kernel: a resident grid,
-// the next rows' loads in flight during a row's arithmetic); -1 (initially) follows the
+// evict-first, 2 the same with twice the rows per warp); -1 (initially) follows the
 // environment.
 void q2k_select(int v);
 void q8_rows_select(int v);
@@ -329,6 +330,16 @@ struct HcQuant {
 };
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
                      float* xn, cudaStream_t s, const HcQuant& qa = {});
+// hc_pre_mix then hc_pre_collapse of one row (decode) in one launch: a cluster of 16 blocks
+// whose barriers replace the mix's finished-block counter and the second launch, the same
+// bits (mix, post, gate, xn and its codes). False (nothing launched) where it does not apply:
+// R != 1, H != 4, E != 4,096, a GPU that cannot hold the cluster, or DSV4_HC_CLUSTER=0.
+bool hc_pre_cluster(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R,
+                    uint32_t H, uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate,
+                    const float* norm_w, float* xn, cudaStream_t s, const HcQuant& qa = {},
+                    const HcPostIn& post_in = {});
+// Tests: 1 / 0 forces hc_pre_cluster on / off, -1 (initially) follows DSV4_HC_CLUSTER.
+void hc_cluster_override(int on);
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
                  uint32_t iters, float* comb, cudaStream_t s);
 // X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place. With moe_down ([R*K][E], the routed

@@ -595,122 +595,6 @@ __global__ void __launch_bounds__(32 * kQ8Warps) q8_rows_kernel(MV p) {
         if (r < nrow && lane == 0) p.y[n0 + r] = out[r];
 }
 
-// ---- Q8_0 decode, persistent and pipelined ---------------------------------------------
-// q8_rows_kernel is one wave of short-lived warps: every load is issued at the start and the
-// product ends when the last warp's bytes arrive. Here a grid the GPU holds at once walks the
-// row groups (RW rows of a warp: group g, g + warps, ...) with the next group's weight loads
-// issued before the current group's arithmetic, so each warp keeps a steady stream of loads
-// in flight instead of one burst. A row's sum is q8_rows_kernel's (the same blocks per lane,
-// the same dp4a and fmaf chain, the same warp butterfly): the same bits. DSV4_Q8_ROWS_V=3
-// selects it (one weight, one activation row); DSV4_Q8S_BPS sets the blocks per SM (4).
-template <int RW, int NB>
-struct Q8Group {
-    int4 w0[RW][NB], w1[RW][NB];
-    uint16_t wd[RW][NB];
-};
-
-template <int RW, int NB>
-__device__ __forceinline__ void q8_group_load(Q8Group<RW, NB>& G, const MV& p, uint64_t n0, uint32_t lane,
-                                              uint64_t pol) {
-    const int nrow = int(min(uint64_t(RW), p.N - n0));
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        const uint64_t wrow = p.row0 + n0 + uint64_t(min(r, nrow - 1));
-        const int8_t* wq = p.wqs + wrow * p.K;
-        const uint16_t* wdr = p.wd + wrow * (p.K / 32);
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            const int8_t* q = wq + (lane + 32 * b) * 32;
-            G.w0[r][b] = ld_stream16(q, pol);
-            G.w1[r][b] = ld_stream16(q + 16, pol);
-            G.wd[r][b] = ld_stream2(wdr + lane + 32 * b, pol);
-        }
-    }
-}
-
-template <int RW, int NB>
-__device__ __forceinline__ void q8_group_finish(const Q8Group<RW, NB>& G, const MV& p, uint64_t n0, uint32_t lane) {
-    const uint64_t goff = p.rpg ? ((p.row0 + n0) / p.rpg) * p.K : 0;
-    int4 a0[NB], a1[NB];
-    float da[NB];
-#pragma unroll
-    for (int b = 0; b < NB; ++b) {
-        const int4* a4 = reinterpret_cast<const int4*>(p.aq + goff + (lane + 32 * b) * 32);
-        a0[b] = a4[0];
-        a1[b] = a4[1];
-        da[b] = p.ad[goff / 32 + lane + 32 * b];
-    }
-    const int nrow = int(min(uint64_t(RW), p.N - n0));
-#pragma unroll
-    for (int r = 0; r < RW; ++r) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int b = 0; b < NB; ++b) {
-            int sm = __dp4a(G.w0[r][b].x, a0[b].x, 0);
-            sm = __dp4a(G.w0[r][b].y, a0[b].y, sm);
-            sm = __dp4a(G.w0[r][b].z, a0[b].z, sm);
-            sm = __dp4a(G.w0[r][b].w, a0[b].w, sm);
-            sm = __dp4a(G.w1[r][b].x, a1[b].x, sm);
-            sm = __dp4a(G.w1[r][b].y, a1[b].y, sm);
-            sm = __dp4a(G.w1[r][b].z, a1[b].z, sm);
-            sm = __dp4a(G.w1[r][b].w, a1[b].w, sm);
-            acc = fmaf(f16_to_f32(G.wd[r][b]) * da[b], float(sm), acc);
-        }
-        const float v = warp_sum(acc);
-        if (r < nrow && lane == 0) p.y[n0 + r] = v;
-    }
-}
-
-template <int RW, int NB>
-__global__ void __launch_bounds__(32 * kQ8Warps) q8_stream_kernel(MV p) {
-    pdl_launch();
-    const uint32_t lane = threadIdx.x & 31;
-    const uint64_t groups = (p.N + RW - 1) / RW, warps = uint64_t(gridDim.x) * kQ8Warps;
-    uint64_t g = uint64_t(blockIdx.x) * kQ8Warps + (threadIdx.x >> 5);
-    if (g >= groups) return;
-    const uint64_t pol = evict_first_policy();
-    Q8Group<RW, NB> A, B;
-    q8_group_load(A, p, g * RW, lane, pol);
-    pdl_wait();   // the activation is the previous kernel's output; the first weights are in flight
-    // Two buffers walked alternately (unrolled by two, so no register copies).
-    for (;;) {
-        uint64_t gn = g + warps;
-        if (gn < groups) q8_group_load(B, p, gn * RW, lane, pol);
-        q8_group_finish(A, p, g * RW, lane);
-        if (gn >= groups) break;
-        g = gn;
-        gn = g + warps;
-        if (gn < groups) q8_group_load(A, p, gn * RW, lane, pol);
-        q8_group_finish(B, p, g * RW, lane);
-        if (gn >= groups) break;
-        g = gn;
-    }
-}
-
-bool launch_q8_stream(const MV& p, cudaStream_t s) {
-    static const int bps_env = env_int("DSV4_Q8S_BPS", 4);
-    static const int rw_env = env_int("DSV4_Q8S_RW", 4);
-    const int nb = int(p.K / 1024);
-    int rw = std::max(1, rw_env / nb);
-    while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
-#define DSV4_Q8S(RW, NB)                                                                                     \
-    if (rw == RW && nb == NB) {                                                                              \
-        const uint32_t res = resident_blocks(reinterpret_cast<const void*>(q8_stream_kernel<RW, NB>),        \
-                                             32 * kQ8Warps, 0);                                              \
-        const uint32_t per_sm = std::max(1u, res / std::max(1, sm_count()));                                 \
-        const uint32_t want = uint32_t(std::min<int>(int(per_sm), std::max(1, bps_env))) * sm_count();        \
-        const uint64_t need = (p.N / RW + kQ8Warps - 1) / kQ8Warps + 1;                                      \
-        const dim3 grid(uint32_t(std::min<uint64_t>(want, need)));                                           \
-        q8_stream_kernel<RW, NB><<<grid, 32 * kQ8Warps, 0, s>>>(p);                                          \
-        return true;                                                                                         \
-    }
-    DSV4_Q8S(8, 1) DSV4_Q8S(4, 1) DSV4_Q8S(2, 1) DSV4_Q8S(1, 1)
-    DSV4_Q8S(4, 2) DSV4_Q8S(2, 2) DSV4_Q8S(1, 2)
-    DSV4_Q8S(2, 4) DSV4_Q8S(1, 4) DSV4_Q8S(1, 8)
-#undef DSV4_Q8S
-    return false;
-}
-
 // ---- the read floor (a benchmark's reference, not a product) ------------------------------
 // How fast a product of this many weight bytes could be: the bytes read and xor-ed, nothing
 // else. mode 0: one wave of warps each loading its own 8 KB at once (q8_rows_kernel's
@@ -768,10 +652,14 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
         decode_row_threads(p.K, p.N, false) != 32)
         return false;
     const int v = g_q8_rows_select >= 0 ? g_q8_rows_select : v_env;
-    if (v == 3 && nw == 1 && launch_q8_stream(p, s)) return true;
     const int nb = int(p.K / 1024);
     int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
     while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
+    // DSV4_Q8_SPREAD=S (read once; 0, the default, off): fewer rows a warp until the product
+    // has S blocks an SM (q_a's 1,024 rows of 4,096 values are 128 blocks of 8 rows, the kv
+    // product's 512 rows 64: fewer blocks than SMs, each warp waiting for 8 KB).
+    static const int spread = env_int("DSV4_Q8_SPREAD", 0);
+    while (spread > 0 && rw > 1 && p.N / uint64_t(kQ8Warps * rw) < uint64_t(spread) * uint64_t(sm_count())) rw /= 2;
     const uint32_t rows_per_block = uint32_t(kQ8Warps * rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
 #define DSV4_Q8(RW, NB, NW)                                                            \
@@ -872,6 +760,39 @@ __device__ __forceinline__ int iq2_group_smem(uint32_t a0, uint32_t a1, int4 x0,
 #pragma unroll
     for (int l = 0; l < 8; ++l) sm = __dp4a(int(w[l]), aw[l], sm);
     return sm * int(2 * (a1 >> 28) + 1);
+}
+
+// One Q2_K super-block of one weight row for this lane (quarter q: half h = q >> 1, sub-block
+// parity s = q & 1; values 128h + 32j + 16s + t (t < 16) of plane j = 0..3 sit at bits 2j of
+// its 16 code bytes w, with its 8 scale bytes sc): the four lanes' integer sums added exactly
+// (two shuffles: every lane of the warp calls it), then lane q = 0 (`lead`, and the super-block
+// in the row) adds the CPU's float step for the super-block to acc. x, bs: the activation's
+// codes and 16-value sums for this lane's values; dx its super-block scale.
+__device__ __forceinline__ void q2k_lane_step(const uint4 w, const uint2 sc, uint32_t dv, const int4 (&x)[4],
+                                              const int (&bs)[4], uint32_t s, bool lead, float dx, float& acc) {
+    const uint64_t scb = uint64_t(sc.x) | (uint64_t(sc.y) << 32);
+    int isum = 0, mins = 0;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+        const uint32_t sh = 2 * jj;
+        int sm = __dp4a(int((w.x >> sh) & 0x03030303u), x[jj].x, 0);
+        sm = __dp4a(int((w.y >> sh) & 0x03030303u), x[jj].y, sm);
+        sm = __dp4a(int((w.z >> sh) & 0x03030303u), x[jj].z, sm);
+        sm = __dp4a(int((w.w >> sh) & 0x03030303u), x[jj].w, sm);
+        const uint32_t scv = uint32_t(scb >> (8 * (2 * jj + s))) & 0xFF;
+        isum += int(scv & 0xF) * sm;
+        mins += int(scv >> 4) * bs[jj];
+    }
+    isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+    isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+    mins += __shfl_xor_sync(0xffffffffu, mins, 1);
+    mins += __shfl_xor_sync(0xffffffffu, mins, 2);
+    if (lead) {
+        const float dw = f16_to_f32(uint16_t(dv));
+        const float dmw = f16_to_f32(uint16_t(dv >> 16));
+        const float dall = dx * dw, dmin = dx * dmw;
+        acc += fmaf(dall, float(isum), -(dmin * float(mins)));
+    }
 }
 
 // SM: 0 tables in global memory (iq2_expand, kq_kernel); 1 in shared memory (iq2_expand_smem,
@@ -1033,32 +954,9 @@ __device__ __forceinline__ void kq_body(const MV& p) {
 #pragma unroll
                         for (int r = 0; r < RW; ++r)
 #pragma unroll
-                            for (int j = 0; j < NW; ++j) {
-                                const uint4 w = wv[st][r][j];
-                                const uint64_t scb = uint64_t(sc[st][r][j].x) | (uint64_t(sc[st][r][j].y) << 32);
-                                int isum = 0, mins = 0;
-#pragma unroll
-                                for (int jj = 0; jj < 4; ++jj) {
-                                    const uint32_t sh = 2 * jj;
-                                    int sm = __dp4a(int((w.x >> sh) & 0x03030303u), x[jj].x, 0);
-                                    sm = __dp4a(int((w.y >> sh) & 0x03030303u), x[jj].y, sm);
-                                    sm = __dp4a(int((w.z >> sh) & 0x03030303u), x[jj].z, sm);
-                                    sm = __dp4a(int((w.w >> sh) & 0x03030303u), x[jj].w, sm);
-                                    const uint32_t scv = uint32_t(scb >> (8 * (2 * jj + s))) & 0xFF;
-                                    isum += int(scv & 0xF) * sm;
-                                    mins += int(scv >> 4) * bs[jj];
-                                }
-                                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-                                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-                                mins += __shfl_xor_sync(0xffffffffu, mins, 1);
-                                mins += __shfl_xor_sync(0xffffffffu, mins, 2);
-                                if (ok && q == 0) {
-                                    const float dw = f16_to_f32(uint16_t(dv[st][r][j]));
-                                    const float dmw = f16_to_f32(uint16_t(dv[st][r][j] >> 16));
-                                    const float dall = dx * dw, dmin = dx * dmw;
-                                    acc[r][j][i] += fmaf(dall, float(isum), -(dmin * float(mins)));
-                                }
-                            }
+                            for (int j = 0; j < NW; ++j)
+                                q2k_lane_step(wv[st][r][j], sc[st][r][j], dv[st][r][j], x, bs, s, ok && q == 0, dx,
+                                              acc[r][j][i]);
                     }
                 }
             }
@@ -1118,6 +1016,88 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
     pdl_launch();   // (kq_body waits)
     kq_body<T, 1, NW, RW, PS, 0>(p);
 }
+// Q2_K with one slot and rows of at most one step (K <= 2,048: the routed experts' down
+// product), pipelined (DSV4_Q2K_V=4 and 5): kq_kernel_mb's warps load a group of RW rows,
+// wait for it, do its arithmetic and only then load the next group; here the next group's
+// loads are issued before the current group's arithmetic, so each warp keeps loads in flight
+// while it computes (two buffers of RW rows). A row's sum is kq_body's (the same lanes,
+// q2k_lane_step, the same warp butterfly): the same bits.
+template <int RW>
+struct Q2kRows {
+    uint4 w[RW];
+    uint2 sc[RW];
+    uint32_t dv[RW];
+};
+
+template <int RW>
+__device__ __forceinline__ void q2k_rows_load(Q2kRows<RW>& B, const MV& p, uint64_t wbase, uint64_t n0, uint64_t sb,
+                                              bool ok, uint32_t q) {
+    const uint64_t nsb = p.K / 256;
+    const int nrow = int(min(uint64_t(RW), p.N - n0));
+#pragma unroll
+    for (int r = 0; r < RW; ++r) {
+        const uint64_t wrow = wbase + p.row0 + n0 + uint64_t(min(r, nrow - 1));
+        if (ok) {
+            const uint8_t* blk = reinterpret_cast<const uint8_t*>(p.wqs) + (wrow * nsb + sb) * 80;
+            B.w[r] = *reinterpret_cast<const uint4*>(blk + 16 + 16 * q);
+            B.sc[r] = *reinterpret_cast<const uint2*>(blk + 8 * (q >> 1));
+            B.dv[r] = *reinterpret_cast<const uint32_t*>(p.wd + (wrow * nsb + sb) * 2);
+        } else {
+            B.w[r] = make_uint4(0, 0, 0, 0);
+            B.sc[r] = make_uint2(0, 0);
+            B.dv[r] = 0;
+        }
+    }
+}
+
+template <int RW, int MINB>
+__global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_q2k_pipe_kernel(MV p) {
+    pdl_launch();
+    pdl_wait();   // the expert of the block row (and the activation) come from the kernels before
+    Slots<1> sl;
+    get_slots<1>(p, sl);
+    const uint32_t lane = threadIdx.x & 31, q = lane & 3, h = q >> 1, s = q & 1;
+    const uint64_t nsb = p.K / 256, AL = p.act_len, sb = lane >> 2;
+    const bool ok = sb < nsb;
+    uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW;
+    if (n0 >= p.N) return;
+    const uint64_t stride = uint64_t(gridDim.x) * kKqWarps * RW;
+    Q2kRows<RW> A, B;
+    q2k_rows_load(A, p, sl.wbase, n0, sb, ok, q);
+    // this lane's activation codes and sums (one slot, one step: the same for every group)
+    const int8_t* a = p.aq + sl.act[0] * AL + (ok ? sb : 0) * 256;
+    const float dx = ok ? p.ad[sl.act[0] * (AL / 256) + sb] : 0.0f;
+    int4 x[4];
+    int bs[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+        x[jj] = *reinterpret_cast<const int4*>(a + 128 * h + 32 * jj + 16 * s);
+        bs[jj] = ok ? p.absum[sl.act[0] * (AL / 16) + sb * 16 + 8 * h + 2 * jj + s] : 0;
+    }
+    auto finish = [&](const Q2kRows<RW>& G, uint64_t g0) {
+        const int nrow = int(min(uint64_t(RW), p.N - g0));
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+            float acc = 0.0f;
+            q2k_lane_step(G.w[r], G.sc[r], G.dv[r], x, bs, s, ok && q == 0, dx, acc);
+            const float v = warp_sum(acc);
+            if (r < nrow && lane == 0) p.y[uint64_t(sl.out[0]) * p.y_stride + g0 + r] = v;
+        }
+    };
+    // two buffers walked alternately (unrolled by two: no register copies)
+    for (;;) {
+        uint64_t nn = n0 + stride;
+        if (nn < p.N) q2k_rows_load(B, p, sl.wbase, nn, sb, ok, q);
+        finish(A, n0);
+        if (nn >= p.N) break;
+        n0 = nn;
+        nn = n0 + stride;
+        if (nn < p.N) q2k_rows_load(A, p, sl.wbase, nn, sb, ok, q);
+        finish(B, n0);
+        if (nn >= p.N) break;
+        n0 = nn;
+    }
+}
 int g_q2k_select = -1;   // q2k_select
 
 // Slots per block and rows per warp: one slot per block row for expert pairs (their weight
@@ -1173,6 +1153,13 @@ void launch_kq(const MV& p, cudaStream_t s) {
     }
     if constexpr (T == T_Q2_K && NW == 1) {
         const int v = g_q2k_select >= 0 ? g_q2k_select : q2k_env;
+        if (rb == 1 && !rw_env && (v == 4 || v == 5) && p.K <= 2048) {
+            const uint32_t rw2 = v == 4 ? 2 : 4, rpb = kKqWarps * rw2;
+            const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
+            if (v == 4) launch_kq_grid(kq_q2k_pipe_kernel<2, 3>, grid2, block, 0, s, p);
+            else launch_kq_grid(kq_q2k_pipe_kernel<4, 2>, grid2, block, 0, s, p);
+            return;
+        }
         if (rb == 1 && !rw_env && v >= 1 && v <= 3) {
             const uint32_t rw2 = v == 2 ? 4 : 8, rpb = kKqWarps * rw2;
             const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);

@@ -189,14 +189,18 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         }
         std::printf("total %.2f us/token (profiled, no graphs)\n", 1000.0 * total / n);
     };
+    // DSV4_BENCH_AB=1 (settings compared process by process): the 1M lazy run alone, no profiles.
+    const bool ab = std::getenv("DSV4_BENCH_AB") != nullptr;
     std::vector<Run> runs;
-    runs.push_back(run("ctx 8K lazy", 8192, false));
+    if (!ab) runs.push_back(run("ctx 8K lazy", 8192, false));
     runs.push_back(run("ctx 1M lazy", 1 << 20, false));
-    runs.push_back(run("ctx 1M eager", 1 << 20, true));
-    // The same decode with plain graph edges instead of programmatic ones (A/B in one run).
-    setenv("DSV4_CUDA_PDL", "0", 1);
-    runs.push_back(run("ctx 1M no PDL", 1 << 20, false));
-    unsetenv("DSV4_CUDA_PDL");
+    if (!ab) {
+        runs.push_back(run("ctx 1M eager", 1 << 20, true));
+        // The same decode with plain graph edges instead of programmatic ones (A/B in one run).
+        setenv("DSV4_CUDA_PDL", "0", 1);
+        runs.push_back(run("ctx 1M no PDL", 1 << 20, false));
+        unsetenv("DSV4_CUDA_PDL");
+    }
 
     // KV of the full 43-layer model at a 1M context holding a 4K conversation (accounting
     // only: regions are committed, no forward pass).
@@ -228,8 +232,8 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     std::printf("prefill per layer %.2f us/token -> projected 43-layer prefill %.0f tokens/s\n", pre_layer_us,
                 1e6 / (pre_layer_us * 43));
     const char* ncu_env = std::getenv("DSV4_NCU");
-    if (!ncu_env || std::strcmp(ncu_env, "prefill") != 0) profile(false);
-    if (!ncu_env || std::strcmp(ncu_env, "prefill") == 0) profile(true);
+    if (!ab && (!ncu_env || std::strcmp(ncu_env, "prefill") != 0)) profile(false);
+    if (!ab && (!ncu_env || std::strcmp(ncu_env, "prefill") == 0)) profile(true);
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
 }
@@ -244,8 +248,7 @@ TEST(CudaBench, FlashDecodePrefillKv) {
 // 15), cold = after a 256 MB write (the weight not in L2: as in a decode step, where 9 GB pass
 // between two uses of a weight), warm = the same product just before. floor 0 / 1 / 2: the
 // weight's bytes read and nothing else (read_floor: one wave of 8 KB a warp; a resident grid
-// with 4 / 8 loads a thread in flight); rows v0 / v3: DSV4_Q8_ROWS_V 0 (q8_rows_kernel, the
-// default) and 3 (q8_stream_kernel).
+// with 4 / 8 loads a thread in flight); product: the decode kernel (q8_rows_kernel).
 TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
@@ -255,8 +258,8 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     std::printf("\n== Q8_0 decode product, one row: device us (median of 15), cold unless marked ==\n");
-    std::printf("%-16s %6s %8s %8s %8s %8s %8s %8s %8s %9s\n", "rows x K", "MB", "floor0", "floor1", "floor2",
-                "v0", "v0 warm", "v3", "v3 warm", "v3 TB/s");
+    std::printf("%-16s %6s %8s %8s %8s %8s %8s %9s\n", "rows x K", "MB", "floor0", "floor1", "floor2", "product",
+                "warm", "cold TB/s");
     const std::pair<uint64_t, uint64_t> shapes[] = {{32768, 1024}, {8192, 4096}, {4096, 8192}, {1024, 4096},
                                                     {2048, 4096}, {32768, 4096}};
     for (auto [N, K] : shapes) {
@@ -290,17 +293,13 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
         double floor_us[3];
         for (int m = 0; m < 3; ++m)
             floor_us[m] = timed([&] { cuda::read_floor(sw.q.get(), N * K, m, sink.get(), nullptr); }, false);
-        double rows[2][2];
-        for (int vi = 0; vi < 2; ++vi) {
-            cuda::q8_rows_select(vi == 0 ? 0 : 3);
-            for (int warm = 0; warm < 2; ++warm)
-                rows[vi][warm] = timed([&] { cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr); }, warm);
-        }
-        cuda::q8_rows_select(-1);
+        double prod[2];
+        for (int warm = 0; warm < 2; ++warm)
+            prod[warm] = timed([&] { cuda::matvec(w, a, 1, y.get(), N, N, 0, nullptr); }, warm);
         char shape[32];
         std::snprintf(shape, sizeof shape, "%llu x %llu", (unsigned long long)N, (unsigned long long)K);
-        std::printf("%-16s %6.1f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", shape, mb, floor_us[0],
-                    floor_us[1], floor_us[2], rows[0][0], rows[0][1], rows[1][0], rows[1][1], mb / rows[1][0]);
+        std::printf("%-16s %6.1f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", shape, mb, floor_us[0], floor_us[1],
+                    floor_us[2], prod[0], prod[1], mb / prod[0]);
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

@@ -247,17 +247,9 @@ TEST_F(CudaKernels, Q8_0OneRowEqualsTheRowInABatch) {
     // two takes matvec_kernel. Row 0 must be the same bits either way (and so equal the
     // tensor-core prefill products, which reproduce matvec_kernel's order): plain, grouped
     // (out_a) and gate+up with SwiGLU, rows of 1,024 to 8,192 values, row counts that leave a
-    // warp partly filled. Each decode variant (DSV4_Q8_ROWS_V: 0 the default, 3 the resident
-    // pipelined grid, whose warps walk several row groups only on the two long shapes).
-    const std::pair<uint64_t, uint64_t> shapes[] = {{45, 1024}, {37, 2048}, {20, 4096}, {9, 8192}, {64, 1024},
-                                                    {20011, 1024}, {16384, 2048}};
-    struct Reset {
-        ~Reset() { cuda::q8_rows_select(-1); }
-    } reset;
-    for (int v : {0, 3})
+    // warp partly filled.
+    const std::pair<uint64_t, uint64_t> shapes[] = {{45, 1024}, {37, 2048}, {20, 4096}, {9, 8192}, {64, 1024}};
     for (auto [N, K] : shapes) {
-        cuda::q8_rows_select(v);
-        SCOPED_TRACE("DSV4_Q8_ROWS_V " + std::to_string(v));
         const HostWeight hw = random_weight(Type::Q8_0, K, N, 900 + K + N);
         const HostWeight hu = random_weight(Type::Q8_0, K, N, 1900 + K + N);
         DevWeightHolder dw(hw), du(hu);
@@ -548,6 +540,84 @@ TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
             same(a.gate, b.gate, "gate");
             EXPECT_NE(0, std::memcmp(a.X.data(), X.data(), X.size() * sizeof(float)));   // the post did run
         }
+    }
+}
+TEST_F(CudaKernels, HcPreClusterEqualsMixThenCollapse) {
+    // Decode's mHC pre in one cluster launch (hc_pre_cluster) against hc_pre_mix then
+    // hc_pre_collapse: the same state X, mix, post gates, collapse gates, xn and its Q8_0 and
+    // Q8_K codes, bit for bit: with no folded post, after an attention sublayer and after an
+    // MoE sublayer; with a norm weight with a zero and ties of magnitude (Q8_K's sign pick),
+    // and a 256-value block of zeros.
+    constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, K = 6, R = 1;
+    constexpr uint64_t HD = HcMix::HD;
+    HcMix hm(1777, 171, 172);
+    auto nw = random_floats(E, 173, 0.5f, 1.5f);
+    nw[7] = 0.0f;
+    DevVec<float> dnw(nw);
+    struct Reset {
+        ~Reset() { cuda::hc_cluster_override(-1); }
+    } reset;
+    for (int kind = -1; kind < 2; ++kind) {   // -1 no post, 0 attention, 1 MoE + shared
+        SCOPED_TRACE(testing::Message() << "kind " << kind);
+        auto X = random_floats(HD, 180 + kind, -3.0f, 3.0f);
+        if (kind == -1)
+            for (uint32_t h = 0; h < H; ++h) {
+                for (uint32_t e = 1024; e < 1280; ++e) X[h * E + e] = 0.0f;   // a Q8_K block of zeros
+                X[h * E + 300] = -X[h * E + 301];                             // equal magnitudes
+            }
+        const auto y = random_floats(E, 181, -2.0f, 2.0f);
+        const auto down = random_floats(uint64_t(K) * E, 182, -1.0f, 1.0f);
+        const auto post0 = random_floats(H, 183, 0.0f, 2.0f);
+        const auto comb = random_floats(H * H, 184, 0.0f, 1.0f);
+        DevVec<float> dy(y), ddown(down), dcomb(comb);
+        struct Out {
+            std::vector<float> X, mix, post, gate, xn, d0, dk;
+            std::vector<int8_t> q0, qk;
+            std::vector<int32_t> bk;
+        };
+        auto run = [&](bool cluster) {
+            DevVec<float> dX(X), post(post0), mix(M), gate(H + 1), xn(E);
+            DevVec<double> part(cuda::hc_pre_partials(R, H, E));
+            DevVec<uint32_t> count(cuda::hc_pre_counters(R));
+            EXPECT_EQ(cudaMemset(count.get(), 0, count.size() * sizeof(uint32_t)), cudaSuccess);
+            ActHolder f0(E), fk(E);
+            const cuda::HcQuant qa{f0.buf.q, f0.buf.d, fk.buf.q, fk.buf.d, fk.buf.bsum};
+            cuda::HcPostIn pin;
+            if (kind >= 0) pin = cuda::HcPostIn{true, dy.get(), post.get(), dcomb.get(), kind ? ddown.get() : nullptr,
+                                                kind ? K : 0, true};
+            cuda::hc_cluster_override(cluster ? 1 : 0);
+            const bool one = cuda::hc_pre_cluster(hm.dw.w, dX.get(), hm.scale.get(), hm.base.get(), R, H, E, 1e-6f,
+                                                  1e-6f, mix.get(), post.get(), gate.get(), dnw.get(), xn.get(),
+                                                  nullptr, qa, pin);
+            EXPECT_EQ(one, cluster);
+            if (!one) {
+                cuda::hc_pre_mix(hm.dw.w, dX.get(), hm.scale.get(), hm.base.get(), R, H, E, 1e-6f, 1e-6f,
+                                 mix.get(), post.get(), gate.get(), part.get(), count.get(), nullptr, pin);
+                cuda::hc_pre_collapse(dX.get(), gate.get(), dnw.get(), R, H, E, xn.get(), nullptr, qa);
+            }
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            Out o{dX.download(), mix.download(), post.download(), gate.download(), xn.download(),
+                  f0.d.download(), fk.d.download(), f0.q.download(), fk.q.download(), fk.b.download()};
+            o.d0.resize(E / 32);   // (the holders' last entries are never written)
+            o.dk.resize(E / 256);
+            o.bk.resize(E / 16);
+            return o;
+        };
+        const Out a = run(false), b = run(true);
+        auto same = [](const auto& u, const auto& v, const char* what) {
+            ASSERT_EQ(u.size(), v.size()) << what;
+            EXPECT_EQ(0, std::memcmp(u.data(), v.data(), u.size() * sizeof(u[0]))) << what;
+        };
+        same(a.X, b.X, "X");
+        same(a.mix, b.mix, "mix");
+        same(a.post, b.post, "post");
+        same(a.gate, b.gate, "gate");
+        same(a.xn, b.xn, "xn");
+        same(a.q0, b.q0, "Q8_0 codes");
+        same(a.d0, b.d0, "Q8_0 scales");
+        same(a.qk, b.qk, "Q8_K codes");
+        same(a.dk, b.dk, "Q8_K scales");
+        same(a.bk, b.bk, "Q8_K sums");
     }
 }
 TEST_F(CudaKernels, MatvecShortRowsLargeBatchStrided) {
@@ -1447,8 +1517,9 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
 
 TEST_F(CudaKernels, Q2KDecodeVariantsEqual) {
     // Q2_K decode with one slot per block row runs 4 rows per warp (DSV4_Q2K_V = 0), 8 rows
-    // per warp with 2 blocks per SM (1), 4 rows with 3 blocks per SM (2) or 8 rows with 3
-    // blocks per SM (3): the same bits
+    // per warp with 2 blocks per SM (1), 4 rows with 3 blocks per SM (2), 8 rows with 3
+    // blocks per SM (3), or pipelined (4, 5: two or four rows a warp, the next group's loads
+    // during a group's arithmetic; its warps walk ~4 groups on the first shape): the same bits
     // for plain rows and expert pairs (the routed experts' down product: K = 2,048, 4,096
     // rows per expert), row counts that leave warps partly filled or without rows, K of a
     // partial to two full steps.
@@ -1466,7 +1537,7 @@ TEST_F(CudaKernels, Q2KDecodeVariantsEqual) {
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::Q2_K), dx.get(), K, AR, K, ah.buf, nullptr);
         const uint64_t N = RPE;
         std::vector<float> ref[3];
-        for (int v : {0, 1, 2, 3}) {
+        for (int v : {0, 1, 2, 3, 4, 5}) {
             cuda::q2k_select(v);
             DevVec<float> y1(N), y2(P * N), y3(P * N);
             cuda::matvec(dw.w, a, 1, y1.get(), N, N, 0, nullptr);
