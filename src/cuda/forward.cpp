@@ -704,7 +704,13 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
     const bool side_sinkhorn = branches_on_;
     // The choice depends on the model alone (never on R): prefill and decode rows must agree.
     if (g_hc_spread_on && hc_pre_spread_ok(H, E, fn, X_.get(), xn_.get(), norm_w)) {
-        // xn's activation codes for the sublayer's products come out of the collapse
+        hc_pre_mix(fn, X_.get(), scale, base, R, H, E, c_.hc_eps, c_.rms_eps, mix_.get(), post_.get(),
+                   hc_gate_.get(), hc_part_.get(), hc_count_.get(), stream_, post_pending_);
+        post_pending_ = {};
+        const cudaStream_t ss = side_sinkhorn ? side_[kSinkhorn] : stream_;
+        if (side_sinkhorn) fork(kSinkhorn);
+        hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
+        // xn's activation codes for the sublayer's products come out of the same kernel
         xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
         HcQuant qa;
         if (E % 256 == 0 && uint64_t(R) * E <= xn8_.cap_values && uint64_t(R) * E <= xnk_.cap_values)
@@ -718,17 +724,7 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
                 xn_acts_[k] = codes_in(ActKind(k), E, b);
                 xn_have_[k] = true;
             }
-        // one row: mix and collapse in one cluster launch where it applies (the same bits)
-        const bool one = hc_pre_cluster(fn, X_.get(), scale, base, R, H, E, c_.hc_eps, c_.rms_eps, mix_.get(),
-                                        post_.get(), hc_gate_.get(), norm_w, xn_.get(), stream_, qa, post_pending_);
-        if (!one)
-            hc_pre_mix(fn, X_.get(), scale, base, R, H, E, c_.hc_eps, c_.rms_eps, mix_.get(), post_.get(),
-                       hc_gate_.get(), hc_part_.get(), hc_count_.get(), stream_, post_pending_);
-        post_pending_ = {};
-        const cudaStream_t ss = side_sinkhorn ? side_[kSinkhorn] : stream_;
-        if (side_sinkhorn) fork(kSinkhorn);
-        hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
-        if (!one) hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);
+        hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);
         mark("hc_pre", double(M) * fn.row_bytes);
         return;
     }

@@ -330,16 +330,6 @@ struct HcQuant {
 };
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
                      float* xn, cudaStream_t s, const HcQuant& qa = {});
-// hc_pre_mix then hc_pre_collapse of one row (decode) in one launch: a cluster of 16 blocks
-// whose barriers replace the mix's finished-block counter and the second launch, the same
-// bits (mix, post, gate, xn and its codes). False (nothing launched) where it does not apply:
-// R != 1, H != 4, E != 4,096, a GPU that cannot hold the cluster, or DSV4_HC_CLUSTER=0.
-bool hc_pre_cluster(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R,
-                    uint32_t H, uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate,
-                    const float* norm_w, float* xn, cudaStream_t s, const HcQuant& qa = {},
-                    const HcPostIn& post_in = {});
-// Tests: 1 / 0 forces hc_pre_cluster on / off, -1 (initially) follows DSV4_HC_CLUSTER.
-void hc_cluster_override(int on);
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
                  uint32_t iters, float* comb, cudaStream_t s);
 // X'[j] = post[j]·y + Σ_i comb[i][j]·X[i], in place. With moe_down ([R*K][E], the routed

@@ -655,11 +655,6 @@ bool launch_q8_rows(const MV& p, int nw, cudaStream_t s) {
     const int nb = int(p.K / 1024);
     int rw = std::max(1, (nw == 2 ? 4 : 8) * (v >= 2 ? 2 : 1) / nb);
     while (p.rpg && p.rpg % uint64_t(rw) != 0) rw /= 2;
-    // DSV4_Q8_SPREAD=S (read once; 0, the default, off): fewer rows a warp until the product
-    // has S blocks an SM (q_a's 1,024 rows of 4,096 values are 128 blocks of 8 rows, the kv
-    // product's 512 rows 64: fewer blocks than SMs, each warp waiting for 8 KB).
-    static const int spread = env_int("DSV4_Q8_SPREAD", 0);
-    while (spread > 0 && rw > 1 && p.N / uint64_t(kQ8Warps * rw) < uint64_t(spread) * uint64_t(sm_count())) rw /= 2;
     const uint32_t rows_per_block = uint32_t(kQ8Warps * rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block)), block(32 * kQ8Warps);
 #define DSV4_Q8(RW, NB, NW)                                                            \

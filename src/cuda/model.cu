@@ -15,8 +15,6 @@
 #include "cuda/common.cuh"
 #include "cuda/tails.cuh"
 
-#include <cooperative_groups.h>
-
 namespace dsv4::cuda {
 namespace {
 
@@ -345,19 +343,20 @@ __device__ __forceinline__ float hc_post_out(const float* in, uint32_t H, float 
     return acc;
 }
 
-// One mix block's share (hc_mix_kernel's block b of NB, threads q + kHcQuads g) for rows r0 ..
-// r0+nr-1: the folded post (pp) on its quads, then its partials into part[(r * NB + b) * P
-// ...]; x: the thread's quads of X (after the post), for a collapse in the same kernel. The
-// PDL wait is here (after the weights' loads when `early`).
 // RB: rows of a block (1, 2 or kHcRows; registers grow with it: x and the sums are per row).
 template <uint32_t H, uint32_t WT, uint32_t RB>
-__device__ __forceinline__ void hc_mix_block(const uint8_t* fn, uint64_t fn_row_bytes, const float* X, uint32_t E,
-                                             uint32_t b, uint32_t NB, uint32_t r0, uint32_t nr, uint32_t q,
-                                             uint32_t g, bool early, const HcPostIn& pp, double* part,
-                                             float4 (&x)[RB][H]) {
+__global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
+                                                            uint32_t R, uint32_t E, const float* scale,
+                                                            const float* base, float hc_eps, float rms_eps, float* mix,
+                                                            float* post, float* gate, double* part, uint32_t* count,
+                                                            bool early, HcPostIn pp) {
+    pdl_launch();
     if (!early) pdl_wait();
     using S = HcShape<H>;
     constexpr uint32_t M = S::M, P = S::P;
+    const uint32_t q = threadIdx.x % kHcQuads, g = threadIdx.x / kHcQuads;
+    const uint32_t NB = gridDim.x, b = blockIdx.x;
+    const uint32_t r0 = blockIdx.y * RB, nr = min(RB, R - r0);
     const uint32_t u = b * kHcQuads + q;  // this thread's quad: values 4u..4u+3 of every stream
     const bool have = u < E / 4;
     const uint64_t HD = uint64_t(H) * E;
@@ -373,6 +372,7 @@ __device__ __forceinline__ void hc_mix_block(const uint8_t* fn, uint64_t fn_row_
                                     : make_float4(0, 0, 0, 0);
     }
     if (early) pdl_wait();   // fn is a weight (loaded above meanwhile); X is the previous kernel's
+    float4 x[RB][H];
 #pragma unroll
     for (uint32_t i = 0; i < RB; ++i)
 #pragma unroll
@@ -483,21 +483,13 @@ __device__ __forceinline__ void hc_mix_block(const uint8_t* fn, uint64_t fn_row_
                 if (g + k * kHcGroups < S::NG) pr[M + g + k * kHcGroups] = dg[i][k];
         }
     }
-}
 
-// The rows' finish from all NB blocks' partials (part: GLOBAL, written by other blocks of the
-// grid, so read past L1; else this block's shared memory): mix, post, gate (and gate_s, when
-// given: row r0's gates, for a cluster's other blocks). Every thread of the block calls it.
-// Each partial is summed over NS consecutive runs of blocks by NS threads (loads of a run
-// issued together: the sum is bound by L2 latency), then the runs in order. The split
-// depends on (H, E) only.
-template <uint32_t H, uint32_t RB, bool GLOBAL>
-__device__ void hc_mix_finish(const double* part, uint32_t NB, uint32_t r0, uint32_t nr, const float* scale,
-                              const float* base, float hc_eps, float rms_eps, uint32_t E, float* mix, float* post,
-                              float* gate, float* gate_s) {
-    using S = HcShape<H>;
-    constexpr uint32_t M = S::M, P = S::P;
-    const uint64_t HD = uint64_t(H) * E;
+    // The last block of this grid column finishes the rows.
+    if (!last_block_done(&count[blockIdx.y], NB)) return;
+
+    // Each partial is summed over NS consecutive runs of blocks by NS threads (loads of a run
+    // issued together: the sum is bound by L2 latency), then the runs in order. The split
+    // depends on (H, E) only.
     constexpr uint32_t NS = kHcThreads / P > 0 ? kHcThreads / P : 1;
     __shared__ double sub[RB][P][NS], tot[RB][P];
     __shared__ float rx[RB], pre_s[RB][H];
@@ -513,8 +505,7 @@ __device__ void hc_mix_finish(const double* part, uint32_t NB, uint32_t r0, uint
         for (uint32_t b0 = lo; b0 < hi; b0 += kBatch) {
             double v[kBatch];
 #pragma unroll
-            for (uint32_t j = 0; j < kBatch; ++j)
-                v[j] = b0 + j < hi ? (GLOBAL ? __ldcg(pr + uint64_t(b0 + j) * P) : pr[uint64_t(b0 + j) * P]) : 0.0;
+            for (uint32_t j = 0; j < kBatch; ++j) v[j] = b0 + j < hi ? __ldcg(pr + uint64_t(b0 + j) * P) : 0.0;
 #pragma unroll
             for (uint32_t j = 0; j < kBatch; ++j) s += v[j];
         }
@@ -556,70 +547,46 @@ __device__ void hc_mix_finish(const double* part, uint32_t NB, uint32_t r0, uint
             for (uint32_t h2 = h + 1; h2 < H; ++h2) ss += 2.0 * ph * double(pre_s[i][h2]) * tot[i][M + gram_index(h, h2, H)];
         }
         float* gr = gate + uint64_t(r0 + i) * (H + 1);
-        const float rs = float(1.0 / sqrt(ss / double(E) + double(rms_eps)));
 #pragma unroll
         for (uint32_t h = 0; h < H; ++h) gr[h] = pre_s[i][h];
-        gr[H] = rs;
-        if (gate_s && i == 0) {
-#pragma unroll
-            for (uint32_t h = 0; h < H; ++h) gate_s[h] = pre_s[i][h];
-            gate_s[H] = rs;
-        }
+        gr[H] = float(1.0 / sqrt(ss / double(E) + double(rms_eps)));
     }
 }
 
-template <uint32_t H, uint32_t WT, uint32_t RB>
-__global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
-                                                            uint32_t R, uint32_t E, const float* scale,
-                                                            const float* base, float hc_eps, float rms_eps, float* mix,
-                                                            float* post, float* gate, double* part, uint32_t* count,
-                                                            bool early, HcPostIn pp) {
-    pdl_launch();
-    const uint32_t NB = gridDim.x, r0 = blockIdx.y * RB, nr = min(RB, R - r0);
-    float4 x[RB][H];
-    hc_mix_block<H, WT, RB>(fn, fn_row_bytes, X, E, blockIdx.x, NB, r0, nr, threadIdx.x % kHcQuads,
-                            threadIdx.x / kHcQuads, early, pp, part, x);
-    // The last block of this grid column finishes the rows.
-    if (!last_block_done(&count[blockIdx.y], NB)) return;
-    hc_mix_finish<H, RB, true>(part, NB, r0, nr, scale, base, hc_eps, rms_eps, E, mix, post, gate, nullptr);
-}
-
-// xn = x_sub·r_sub·norm_w, x_sub = Σ_h pre[h]·X[h] formed as hc_pre_finish_kernel forms it,
-// for column quad u of row r (xv: its quads of the H streams; gr: the row's pre gates and
-// r_sub), and the next products' activation codes as quantize_act makes them from xn, bit
-// for bit (a launch and a read of xn fewer on the critical path). The quads u of a 256-value
-// block are 64 threads of the block, in groups of G consecutive lanes (32: two whole warps;
-// 16: lanes 0-15 of four warps) holding consecutive quads; every thread of the block calls it
-// (a barrier), `active` the 64 that have a quad.
-template <uint32_t H, uint32_t G>
-__device__ __forceinline__ void hc_collapse_quad(bool active, const float4 (&xv)[H], const float* gr,
-                                                 const float* norm_w, uint32_t E, uint32_t r, uint32_t u, float* xn,
-                                                 const HcQuant& qa) {
-    static_assert(G == 32 || G == 16, "lane groups");
-    constexpr uint32_t kMask = G == 32 ? 0xffffffffu : 0x0000ffffu, NG = 64 / G;
-    float o[4] = {0, 0, 0, 0};
-    if (active) {
-        const float4 gw = norm_w ? reinterpret_cast<const float4*>(norm_w)[u] : make_float4(1, 1, 1, 1);
-        float4 v = make_float4(0, 0, 0, 0);
+// xn = x_sub·r_sub·norm_w, x_sub = Σ_h pre[h]·X[h] formed as hc_pre_finish_kernel forms it.
+template <uint32_t H>
+__global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(const float* X, const float* gate,
+                                                                             const float* norm_w, uint32_t E,
+                                                                             float* xn, HcQuant qa) {
+    pdl_begin();
+    const uint32_t r = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
+    if (u >= E / 4) return;
+    const float* gr = gate + uint64_t(r) * (H + 1);
+    const float4* X4 = reinterpret_cast<const float4*>(X + uint64_t(r) * H * E);
+    float4 xv[H];
 #pragma unroll
-        for (uint32_t h = 0; h < H; ++h) {
-            const float ph = gr[h];
-            v.x = __fadd_rn(v.x, __fmul_rn(ph, xv[h].x));
-            v.y = __fadd_rn(v.y, __fmul_rn(ph, xv[h].y));
-            v.z = __fadd_rn(v.z, __fmul_rn(ph, xv[h].z));
-            v.w = __fadd_rn(v.w, __fmul_rn(ph, xv[h].w));
-        }
-        const float rr = gr[H];
-        o[0] = __fmul_rn(__fmul_rn(v.x, rr), gw.x);
-        o[1] = __fmul_rn(__fmul_rn(v.y, rr), gw.y);
-        o[2] = __fmul_rn(__fmul_rn(v.z, rr), gw.z);
-        o[3] = __fmul_rn(__fmul_rn(v.w, rr), gw.w);
-        reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] = make_float4(o[0], o[1], o[2], o[3]);
+    for (uint32_t h = 0; h < H; ++h) xv[h] = X4[h * (E / 4) + u];
+    const float4 gw = norm_w ? reinterpret_cast<const float4*>(norm_w)[u] : make_float4(1, 1, 1, 1);
+    float4 v = make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (uint32_t h = 0; h < H; ++h) {
+        const float ph = gr[h];
+        v.x = __fadd_rn(v.x, __fmul_rn(ph, xv[h].x));
+        v.y = __fadd_rn(v.y, __fmul_rn(ph, xv[h].y));
+        v.z = __fadd_rn(v.z, __fmul_rn(ph, xv[h].z));
+        v.w = __fadd_rn(v.w, __fmul_rn(ph, xv[h].w));
     }
-    if (qa.q0 && active) {
+    const float rr = gr[H];
+    const float o[4] = {__fmul_rn(__fmul_rn(v.x, rr), gw.x), __fmul_rn(__fmul_rn(v.y, rr), gw.y),
+                        __fmul_rn(__fmul_rn(v.z, rr), gw.z), __fmul_rn(__fmul_rn(v.w, rr), gw.w)};
+    reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] = make_float4(o[0], o[1], o[2], o[3]);
+    // The next products' activation codes, as quantize_act makes them from xn, bit for bit
+    // (a launch and a read of xn fewer on the critical path).
+    const uint32_t lane = threadIdx.x & 31;
+    if (qa.q0) {
         // Q8_0: 32 values = 8 threads; the max of magnitudes is exact in any order
         float am = fmaxf(fmaxf(fabsf(o[0]), fabsf(o[1])), fmaxf(fabsf(o[2]), fabsf(o[3])));
-        for (int x = 1; x < 8; x <<= 1) am = fmaxf(am, __shfl_xor_sync(kMask, am, x));
+        for (int x = 1; x < 8; x <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, x));
         const float dd = am / 127.0f;
         const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
         char4 c;
@@ -628,15 +595,18 @@ __device__ __forceinline__ void hc_collapse_quad(bool active, const float4 (&xv)
         c.z = q_clamp(o[2] * id);
         c.w = q_clamp(o[3] * id);
         reinterpret_cast<char4*>(qa.q0 + uint64_t(r) * E)[u] = c;
-        if ((u & 7) == 0) qa.d0[uint64_t(r) * (E / 32) + u / 8] = f16_round(dd);
+        if ((lane & 7) == 0) qa.d0[uint64_t(r) * (E / 32) + u / 8] = f16_round(dd);
     }
     if (qa.qk) {
-        // Q8_K: 256 values = 64 quads. The scale's sign is that of the first value of the
-        // largest magnitude (lowest index on ties), as quant_q8_k_kernel picks it: the pick
-        // does not depend on the order the candidates are compared in.
-        const uint32_t at = u % 64;   // the quad's place in its 256-value block
+        // Q8_K: 256 values = this block of 64 threads. The scale's sign is that of the first
+        // value of the largest magnitude (lowest index on ties), as quant_q8_k_kernel picks it.
         float amax = 0.0f, mx = 0.0f;
-        uint32_t who = at;
+        for (int t = 0; t < 4; ++t)
+            if (fabsf(o[t]) > amax) {
+                amax = fabsf(o[t]);
+                mx = o[t];
+            }
+        uint32_t who = threadIdx.x;
         auto take = [&](float oa, float om, uint32_t ow) {
             if (oa > amax || (oa == amax && ow < who)) {
                 amax = oa;
@@ -644,104 +614,40 @@ __device__ __forceinline__ void hc_collapse_quad(bool active, const float4 (&xv)
                 who = ow;
             }
         };
-        __shared__ float s_am[NG], s_mx[NG];
-        __shared__ uint32_t s_who[NG];
-        if (active) {
-            for (int t = 0; t < 4; ++t)
-                if (fabsf(o[t]) > amax) {
-                    amax = fabsf(o[t]);
-                    mx = o[t];
-                }
-            for (int x = G / 2; x > 0; x >>= 1)
-                take(__shfl_xor_sync(kMask, amax, x), __shfl_xor_sync(kMask, mx, x), __shfl_xor_sync(kMask, who, x));
-            if (at % G == 0) {
-                s_am[at / G] = amax;
-                s_mx[at / G] = mx;
-                s_who[at / G] = who;
-            }
+        for (int x = 16; x > 0; x >>= 1)
+            take(__shfl_xor_sync(0xffffffffu, amax, x), __shfl_xor_sync(0xffffffffu, mx, x),
+                 __shfl_xor_sync(0xffffffffu, who, x));
+        __shared__ float s_am[2], s_mx[2];
+        __shared__ uint32_t s_who[2];
+        if (lane == 0) {
+            s_am[threadIdx.x >> 5] = amax;
+            s_mx[threadIdx.x >> 5] = mx;
+            s_who[threadIdx.x >> 5] = who;
         }
         __syncthreads();
-        if (active) {
-#pragma unroll
-            for (uint32_t k = 0; k < NG; ++k)
-                if (k != at / G) take(s_am[k], s_mx[k], s_who[k]);
-            const uint64_t sb = uint64_t(r) * (E / 256) + u / 64;
-            int8_t* qb = qa.qk + uint64_t(r) * E + 4 * u;
-            int sm = 0;
-            if (amax == 0.0f) {
-                for (int t = 0; t < 4; ++t) qb[t] = 0;
-            } else {
-                const float iscale = -127.0f / mx;
-                char4 c;
-                c.x = q_clamp(iscale * o[0]);
-                c.y = q_clamp(iscale * o[1]);
-                c.z = q_clamp(iscale * o[2]);
-                c.w = q_clamp(iscale * o[3]);
-                *reinterpret_cast<char4*>(qb) = c;
-                sm = int(c.x) + int(c.y) + int(c.z) + int(c.w);
-                if (at == 0) qa.dk[sb] = 1.0f / iscale;
-            }
-            if (amax == 0.0f && at == 0) qa.dk[sb] = 0.0f;
-            sm += __shfl_xor_sync(kMask, sm, 1);
-            sm += __shfl_xor_sync(kMask, sm, 2);
-            if ((u & 3) == 0) qa.bk[uint64_t(r) * (E / 16) + u / 4] = sm;
+        const uint32_t other = (threadIdx.x >> 5) ^ 1;
+        take(s_am[other], s_mx[other], s_who[other]);
+        const uint64_t sb = uint64_t(r) * (E / 256) + blockIdx.x;
+        int8_t* qb = qa.qk + uint64_t(r) * E + 4 * u;
+        int sm = 0;
+        if (amax == 0.0f) {
+            for (int t = 0; t < 4; ++t) qb[t] = 0;
+        } else {
+            const float iscale = -127.0f / mx;
+            char4 c;
+            c.x = q_clamp(iscale * o[0]);
+            c.y = q_clamp(iscale * o[1]);
+            c.z = q_clamp(iscale * o[2]);
+            c.w = q_clamp(iscale * o[3]);
+            *reinterpret_cast<char4*>(qb) = c;
+            sm = int(c.x) + int(c.y) + int(c.z) + int(c.w);
+            if (threadIdx.x == 0) qa.dk[sb] = 1.0f / iscale;
         }
+        if (amax == 0.0f && threadIdx.x == 0) qa.dk[sb] = 0.0f;
+        sm += __shfl_xor_sync(0xffffffffu, sm, 1);
+        sm += __shfl_xor_sync(0xffffffffu, sm, 2);
+        if ((threadIdx.x & 3) == 0) qa.bk[uint64_t(r) * (E / 16) + u / 4] = sm;
     }
-}
-
-template <uint32_t H>
-__global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(const float* X, const float* gate,
-                                                                             const float* norm_w, uint32_t E,
-                                                                             float* xn, HcQuant qa) {
-    pdl_begin();
-    const uint32_t r = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
-    if (blockIdx.x * blockDim.x >= E / 4) return;   // (whole blocks: E / 4 is a multiple of 64 with codes)
-    const bool active = u < E / 4;
-    const float* gr = gate + uint64_t(r) * (H + 1);
-    const float4* X4 = reinterpret_cast<const float4*>(X + uint64_t(r) * H * E);
-    float4 xv[H];
-#pragma unroll
-    for (uint32_t h = 0; h < H; ++h) xv[h] = active ? X4[h * (E / 4) + u] : make_float4(0, 0, 0, 0);
-    hc_collapse_quad<H, 32>(active, xv, gr, norm_w, E, r, u, xn, qa);
-}
-
-// mHC pre of one row (decode) in one launch: a cluster of kHcCluster blocks, each playing
-// kHcMixBlocks / kHcCluster of hc_mix_kernel's blocks (threads t = 128 v + q + 16 g: block
-// rank * 4 + v's thread q + 16 g) with hc_mix_block's operations, writes its partials into
-// block 0's shared memory; block 0 finishes the row as hc_mix_kernel's last block does
-// (hc_mix_finish: the same sums in the same order, from shared memory); then every block
-// collapses its own 256 values of each stream from the X quads it holds in registers
-// (hc_collapse_quad, by the threads with g = 0), with the gates read from block 0. The
-// cluster's barriers replace the global counter and the second launch: the same bits as
-// hc_mix_kernel then hc_collapse_norm_kernel. E = 4,096 (64 mix blocks of 16 quads).
-constexpr uint32_t kHcCluster = 16, kHcMixBlocks = 64, kHcClusterThreads = kHcThreads * (kHcMixBlocks / kHcCluster);
-
-template <uint32_t H, uint32_t WT>
-__global__ void __launch_bounds__(kHcClusterThreads) hc_pre_cluster_kernel(
-    const uint8_t* fn, uint64_t fn_row_bytes, const float* X, uint32_t E, const float* scale, const float* base,
-    float hc_eps, float rms_eps, float* mix, float* post, float* gate, bool early, HcPostIn pp, const float* norm_w,
-    float* xn, HcQuant qa) {
-    pdl_launch();
-    using S = HcShape<H>;
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    __shared__ double part_s[kHcMixBlocks * S::P];   // block 0's: every block's partials
-    __shared__ float gate_s[H + 1];                  // block 0's: the row's gates
-    const uint32_t rank = cl.block_rank(), v = threadIdx.x / kHcThreads, t = threadIdx.x % kHcThreads;
-    const uint32_t b = rank * (kHcMixBlocks / kHcCluster) + v, q = t % kHcQuads, g = t / kHcQuads;
-    float4 x[1][H];
-    hc_mix_block<H, WT, 1>(fn, fn_row_bytes, X, E, b, kHcMixBlocks, 0, 1, q, g, early, pp,
-                           cl.map_shared_rank(part_s, 0), x);
-    cl.sync();   // every block's partials are in block 0
-    if (rank == 0) hc_mix_finish<H, 1, false>(part_s, kHcMixBlocks, 0, 1, scale, base, hc_eps, rms_eps, E, mix, post,
-                                              gate, gate_s);
-    cl.sync();   // the gates are in block 0
-    const float* g0 = cl.map_shared_rank(gate_s, 0);
-    float gr[H + 1];
-#pragma unroll
-    for (uint32_t h = 0; h <= H; ++h) gr[h] = g0[h];
-    hc_collapse_quad<H, 16>(g == 0, x[0], gr, norm_w, E, 0, b * kHcQuads + q, xn, qa);
-    cl.sync();   // block 0's shared memory stays until every block has read its gates
 }
 
 __global__ void hc_sinkhorn_kernel(const float* mix, const float* scale, const float* base, uint32_t H, float eps,
@@ -2200,68 +2106,6 @@ void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uin
     const dim3 grid((E / 4 + kHcCollapseThreads - 1) / kHcCollapseThreads, R);
     hc_collapse_norm_kernel<4><<<grid, kHcCollapseThreads, 0, s>>>(X, gate, norm_w, E, xn, qa);
     check_launch("hc_pre_collapse");
-}
-
-namespace {
-// DSV4_HC_CLUSTER (read once; 1 by default): decode's mHC pre as one cluster launch where the
-// shape and the GPU allow it; hc_cluster_override (tests) wins.
-int g_hc_cluster_override = -1;
-
-template <uint32_t WT>
-bool hc_pre_cluster_launch(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t E,
-                           float hc_eps, float rms_eps, float* mix, float* post, float* gate, const float* norm_w,
-                           float* xn, cudaStream_t s, const HcQuant& qa, const HcPostIn& post_in) {
-    auto kernel = hc_pre_cluster_kernel<4, WT>;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(kHcCluster);
-    cfg.blockDim = dim3(kHcClusterThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kHcCluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    // Whether a cluster of 16 blocks of 512 threads fits this GPU (asked once per kernel).
-    static const bool fits = [&] {
-        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-            cudaGetLastError();
-            return false;
-        }
-        int n = 0;
-        const bool ok = cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n > 0;
-        cudaGetLastError();
-        return ok;
-    }();
-    if (!fits) return false;
-    check(cudaLaunchKernelEx(&cfg, kernel, fn.data, fn.row_bytes, X, E, scale, base, hc_eps, rms_eps, mix, post, gate,
-                             pdl_early_weights(), post_in, norm_w, xn, qa),
-          "hc_pre_cluster");
-    return true;
-}
-}  // namespace
-
-void hc_cluster_override(int on) { g_hc_cluster_override = on; }
-
-bool hc_pre_cluster(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R,
-                    uint32_t H, uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate,
-                    const float* norm_w, float* xn, cudaStream_t s, const HcQuant& qa, const HcPostIn& post_in) {
-    static const bool env = env_switch("DSV4_HC_CLUSTER", true);
-    const bool on = g_hc_cluster_override >= 0 ? g_hc_cluster_override != 0 : env;
-    if (!on || R != 1 || H != 4 || E != kHcMixBlocks * kHcQuads * 4) return false;
-    switch (fn.type) {
-        case T_F32:
-            return hc_pre_cluster_launch<T_F32>(fn, X, scale, base, E, hc_eps, rms_eps, mix, post, gate, norm_w, xn, s,
-                                                qa, post_in);
-        case T_F16:
-            return hc_pre_cluster_launch<T_F16>(fn, X, scale, base, E, hc_eps, rms_eps, mix, post, gate, norm_w, xn, s,
-                                                qa, post_in);
-        case T_BF16:
-            return hc_pre_cluster_launch<T_BF16>(fn, X, scale, base, E, hc_eps, rms_eps, mix, post, gate, norm_w, xn, s,
-                                                qa, post_in);
-        default: return false;
-    }
 }
 
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,
