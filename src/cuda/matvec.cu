@@ -997,7 +997,7 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
 // flight per warp (4 rows x 8 super-blocks x 84 bytes): ~43 KB per SM. DSV4_Q2K_V (read
 // once; launch_kq) selects: 0 that kernel; 1 8 rows per warp, capped at 2 blocks per SM (122
 // registers, no spills): ~5.4 KB per warp, ~86 KB per SM, 1.45 waves of warps for 6 experts
-// x 4,096 rows; 2 (default) four rows per warp with 3 blocks per SM (80 registers, ~24 bytes
+// x 4,096 rows; 2 four rows per warp with 3 blocks per SM (80 registers, ~24 bytes
 // of spills): ~65 KB per SM, 1.94 waves; 3 eight rows with 3 blocks per SM (~190 bytes of
 // spills): ~130 KB per SM, one wave. Rows per warp change nothing in a row's sum
 // (the same lanes, blocks and operations), so every variant gives the same bits. On the H200
@@ -1005,7 +1005,8 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
 // on 43 layers (run 50, one call) 2 gave 155.1 tok/s against 151.1 for 1: more warps to
 // overlap one warp's arithmetic with the others' loads beat more bytes in flight per warp.
 // Run 51 (one call): 2 152.0, 1 149.8, and (since removed) two or four rows per warp with 4
-// blocks per SM 149.4 and 146.0: 3 blocks of 4 rows is the best of those measured.
+// blocks per SM 149.4 and 146.0: 3 blocks of 4 rows is the best of those measured. 4 and 5
+// (kq_q2k_pipe_kernel, below) pipeline the groups; 4 is the default since run 59.
 template <uint32_t T, int NW, int RW, int PS, int MINB>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
     pdl_launch();   // (kq_body waits)
@@ -1016,7 +1017,10 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_mb(MV p) {
 // wait for it, do its arithmetic and only then load the next group; here the next group's
 // loads are issued before the current group's arithmetic, so each warp keeps loads in flight
 // while it computes (two buffers of RW rows). A row's sum is kq_body's (the same lanes,
-// q2k_lane_step, the same warp butterfly): the same bits.
+// q2k_lane_step, the same warp butterfly): the same bits. On 43 layers (run 59, one call,
+// each setting twice after a warm-up run) 4 (two rows a warp, 3 blocks an SM, no spills)
+// took 5.937 / 5.958 ms a token for the layers against 5.982 / 5.974 for 2: 0.5 %, the
+// default since (run 58, without the warm-up: 5 slower than 4).
 template <int RW>
 struct Q2kRows {
     uint4 w[RW];
@@ -1122,7 +1126,7 @@ template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
     static const int rw_env = env_int("DSV4_KQ_RW", 0);
     static const int smem_env = env_int("DSV4_KQ_SMEM", 1);
-    static const int q2k_env = env_int("DSV4_Q2K_V", 2);
+    static const int q2k_env = env_int("DSV4_Q2K_V", 4);
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
     const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;
