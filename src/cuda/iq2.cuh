@@ -82,24 +82,54 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // one shift).
 __device__ __forceinline__ uint32_t shift_right(uint32_t x, int s) { return s >= 0 ? x >> s : x << -s; }
 
-// The 8 signed code words of one group (a0: grid indices, a1: signs and scale). gb: this
-// lane's grid copy (tables + 8 (lane & 15)); sb: its selector copy (selectors + 4 copy);
-// SEL_COPIES: the selector table's copies (its entries are 4 SEL_COPIES bytes apart).
+// Row l (0..3) of one group (a0: grid indices, a1: signs and scale): its 8 grid magnitudes g
+// and its prmt sign selector sel. gb: this lane's grid copy (tables + 8 (lane & 15)); sb: its
+// selector copy (selectors + 4 copy); SEL_COPIES: the selector table's copies (its entries
+// are 4 SEL_COPIES bytes apart).
+template <uint32_t SEL_COPIES>
+__device__ __forceinline__ void iq2_row_rep(uint32_t a0, uint32_t a1, int l, const uint8_t* gb, const uint8_t* sb,
+                                            uint2& g, uint32_t& sel) {
+    static_assert(SEL_COPIES == 16 || SEL_COPIES == 32, "selector copies: 16 or 32");
+    constexpr int kSelShift = SEL_COPIES == 32 ? 7 : 6;   // log2 of the selector entry stride
+    // 128 × grid index (byte l of a0); 4 SEL_COPIES × sign index (bits 7l..7l+6 of a1)
+    const uint32_t go = shift_right(a0, 8 * l - 7) & 0x7F80u;
+    const uint32_t so = shift_right(a1, 7 * l - kSelShift) & (127u << kSelShift);
+    g = *reinterpret_cast<const uint2*>(gb + go);
+    sel = *reinterpret_cast<const uint32_t*>(sb + so);
+}
+
+// The 8 signed code words of one group (iq2_row_rep's arguments).
 template <uint32_t SEL_COPIES>
 __device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const uint8_t* gb, const uint8_t* sb,
                                                uint32_t* w) {
-    static_assert(SEL_COPIES == 16 || SEL_COPIES == 32, "selector copies: 16 or 32");
-    constexpr int kSelShift = SEL_COPIES == 32 ? 7 : 6;   // log2 of the selector entry stride
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        // 128 × grid index (byte l of a0); 4 SEL_COPIES × sign index (bits 7l..7l+6 of a1)
-        const uint32_t go = shift_right(a0, 8 * l - 7) & 0x7F80u;
-        const uint32_t so = shift_right(a1, 7 * l - kSelShift) & (127u << kSelShift);
-        const uint2 g = *reinterpret_cast<const uint2*>(gb + go);
-        const uint32_t sel = *reinterpret_cast<const uint32_t*>(sb + so);
+        uint2 g;
+        uint32_t sel;
+        iq2_row_rep<SEL_COPIES>(a0, a1, l, gb, sb, g, sel);
         w[2 * l] = prmt(g.x, 0x01010100u - g.x, sel);
         w[2 * l + 1] = prmt(g.y, 0x01010100u - g.y, sel >> 16);
     }
+}
+
+// The same group's integer sum against its 32 activation codes with the signs put on the
+// activations instead (decode, DSV4_KQ_NEG): aw the codes, an their negations (quantisers never
+// make -128, so -x is exact), byte t of prmt(aw, an, sel) = ±x_t by the same selector that
+// picks ±g_t above, and dp4a(g, ±x) = dp4a(±g, x): the same integers, so the same sum, with
+// the two byte-wise negations of the grid words gone (11 operations per 8 values instead of 13).
+template <uint32_t SEL_COPIES>
+__device__ __forceinline__ int iq2_dot_rep_neg(uint32_t a0, uint32_t a1, const uint8_t* gb, const uint8_t* sb,
+                                               const int (&aw)[8], const int (&an)[8]) {
+    int sm = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        uint2 g;
+        uint32_t sel;
+        iq2_row_rep<SEL_COPIES>(a0, a1, l, gb, sb, g, sel);
+        sm = __dp4a(int(g.x), int(prmt(uint32_t(aw[2 * l]), uint32_t(an[2 * l]), sel)), sm);
+        sm = __dp4a(int(g.y), int(prmt(uint32_t(aw[2 * l + 1]), uint32_t(an[2 * l + 1]), sel >> 16)), sm);
+    }
+    return sm;
 }
 
 }  // namespace dsv4::cuda

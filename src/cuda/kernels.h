@@ -76,6 +76,9 @@ struct DevAct {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* bsum = nullptr;
+    // Q8_K only, optional: the codes negated (-q), which the IQ2_XXS decode kernel takes to put
+    // the signs on the activations (DSV4_KQ_NEG; the same bits). Set only by whoever wrote them.
+    const int8_t* qn = nullptr;
 };
 
 // Scratch for quantised activations (device memory, owned by the caller).
@@ -84,6 +87,7 @@ struct ActBuf {
     float* d = nullptr;
     int32_t* bsum = nullptr;
     uint64_t cap_values = 0;   // q holds cap_values; d cap_values/32; bsum cap_values/16
+    int8_t* qn = nullptr;      // optional: cap_values negated Q8_K codes (DevAct::qn)
 };
 
 // The activation of rows of K values whose codes (of a quantised kind) are, or are about to
@@ -298,6 +302,9 @@ uint32_t hc_pre_counters(uint32_t R);
 // Rows per block of hc_pre_mix's product (1, 2 or 4; the same bits): tests force one, -1 for
 // the default (1 for a single row, else DSV4_HC_ROWS, 4).
 void hc_mix_rows_override(int rows);
+// hc_pre_mix's tile kernel for rounds of 32 rows or more (prefill; the same bits): tests force it
+// on (1) or off (0), -1 for the default (DSV4_HC_TILE, off by default; never with a rows override).
+void hc_mix_tile_override(int on);
 // The query path's norms (rms_norm_q8_0, head_norm_rope) with the row in registers (1) or
 // walking it in memory (0; the same bits): tests force one, -1 for the default (DSV4_NORM_REG).
 void norm_reg_override(int on);
@@ -327,6 +334,7 @@ struct HcQuant {
     int8_t* qk = nullptr;
     float* dk = nullptr;
     int32_t* bk = nullptr;
+    int8_t* qkn = nullptr;   // with qk, optional: the Q8_K codes negated (DevAct::qn)
 };
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
                      float* xn, cudaStream_t s, const HcQuant& qa = {});

@@ -343,6 +343,83 @@ __device__ __forceinline__ float hc_post_out(const float* in, uint32_t H, float 
     return acc;
 }
 
+// The rows r0 .. r0+nr-1 from their partials (NB blocks of P each): the sums over the blocks in
+// a fixed order, then the RMSNorm's scale, the mix, the gates and the sublayer norm's scale
+// (hc_mix_kernel's last block of a grid column, or hc_mix_finish_kernel). Every thread of a
+// block of kHcThreads or more calls it.
+template <uint32_t H, uint32_t RB>
+__device__ __forceinline__ void hc_mix_finish(const double* part, uint32_t r0, uint32_t nr, uint32_t NB,
+                                              uint32_t E, const float* scale, const float* base, float hc_eps,
+                                              float rms_eps, float* mix, float* post, float* gate) {
+    using S = HcShape<H>;
+    constexpr uint32_t M = S::M, P = S::P;
+    const uint64_t HD = uint64_t(H) * E;
+    // Each partial is summed over NS consecutive runs of blocks by NS threads (loads of a run
+    // issued together: the sum is bound by L2 latency), then the runs in order. The split
+    // depends on (H, E) only.
+    constexpr uint32_t NS = kHcThreads / P > 0 ? kHcThreads / P : 1;
+    __shared__ double sub[RB][P][NS], tot[RB][P];
+    __shared__ float rx[RB], pre_s[RB][H];
+    const uint32_t run = (NB + NS - 1) / NS;
+    for (uint32_t t = threadIdx.x; t < nr * P * NS; t += blockDim.x) {
+        const uint32_t i = t / (P * NS), p = t / NS % P, sr = t % NS;
+        const double* pr = part + uint64_t(r0 + i) * NB * P + p;
+        const uint32_t lo = sr * run, hi = min(NB, lo + run);
+        double s = 0;
+        // Batches of 24 loads: a whole run at E = 4096 (64 blocks, runs of 22). The batch size
+        // does not change the sum (the blocks are added one by one in order; past hi, +0).
+        constexpr uint32_t kBatch = 24;
+        for (uint32_t b0 = lo; b0 < hi; b0 += kBatch) {
+            double v[kBatch];
+#pragma unroll
+            for (uint32_t j = 0; j < kBatch; ++j) v[j] = b0 + j < hi ? __ldcg(pr + uint64_t(b0 + j) * P) : 0.0;
+#pragma unroll
+            for (uint32_t j = 0; j < kBatch; ++j) s += v[j];
+        }
+        sub[i][p][sr] = s;
+    }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < nr * P; t += blockDim.x) {
+        const uint32_t i = t / P, p = t % P;
+        double s = 0;
+#pragma unroll
+        for (uint32_t sr = 0; sr < NS; ++sr) s += sub[i][p][sr];
+        tot[i][p] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const uint32_t i = threadIdx.x;
+        double ss = 0;
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h) ss += tot[i][M + gram_index(h, h, H)];
+        rx[i] = float(1.0 / sqrt(ss / double(HD) + double(rms_eps)));
+    }
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < nr * M; t += blockDim.x) {
+        const uint32_t i = t / M, m = t % M, r = r0 + i;
+        const float v = float(tot[i][m] * double(rx[i]));
+        mix[uint64_t(r) * M + m] = v;
+        if (m < H) pre_s[i][m] = sigmoid_cr(__fadd_rn(__fmul_rn(v, scale[0]), base[m])) + hc_eps;
+        else if (m < 2 * H) post[uint64_t(r) * H + m - H] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(v, scale[1]), base[m]));
+    }
+    __syncthreads();
+    if (threadIdx.x < nr) {
+        const uint32_t i = threadIdx.x;
+        double ss = 0;
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h) {
+            const double ph = pre_s[i][h];
+            ss += ph * ph * tot[i][M + gram_index(h, h, H)];
+#pragma unroll
+            for (uint32_t h2 = h + 1; h2 < H; ++h2) ss += 2.0 * ph * double(pre_s[i][h2]) * tot[i][M + gram_index(h, h2, H)];
+        }
+        float* gr = gate + uint64_t(r0 + i) * (H + 1);
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h) gr[h] = pre_s[i][h];
+        gr[H] = float(1.0 / sqrt(ss / double(E) + double(rms_eps)));
+    }
+}
+
 // RB: rows of a block (1, 2 or kHcRows; registers grow with it: x and the sums are per row).
 template <uint32_t H, uint32_t WT, uint32_t RB>
 __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, uint64_t fn_row_bytes, const float* X,
@@ -486,71 +563,120 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
 
     // The last block of this grid column finishes the rows.
     if (!last_block_done(&count[blockIdx.y], NB)) return;
+    hc_mix_finish<H, RB>(part, r0, nr, NB, E, scale, base, hc_eps, rms_eps, mix, post, gate);
+}
 
-    // Each partial is summed over NS consecutive runs of blocks by NS threads (loads of a run
-    // issued together: the sum is bound by L2 latency), then the runs in order. The split
-    // depends on (H, E) only.
-    constexpr uint32_t NS = kHcThreads / P > 0 ? kHcThreads / P : 1;
-    __shared__ double sub[RB][P][NS], tot[RB][P];
-    __shared__ float rx[RB], pre_s[RB][H];
-    const uint32_t run = (NB + NS - 1) / NS;
-    for (uint32_t t = threadIdx.x; t < nr * P * NS; t += blockDim.x) {
-        const uint32_t i = t / (P * NS), p = t / NS % P, sr = t % NS;
-        const double* pr = part + uint64_t(r0 + i) * NB * P + p;
-        const uint32_t lo = sr * run, hi = min(NB, lo + run);
-        double s = 0;
-        // Batches of 24 loads: a whole run at E = 4096 (64 blocks, runs of 22). The batch size
-        // does not change the sum (the blocks are added one by one in order; past hi, +0).
-        constexpr uint32_t kBatch = 24;
-        for (uint32_t b0 = lo; b0 < hi; b0 += kBatch) {
-            double v[kBatch];
+// hc_mix_tile_kernel (prefill: rounds of kHcTileRows rows or more without a folded post):
+// hc_mix_kernel's partials, the same bits, for kHcTileRows rows a block. hc_mix_kernel loads a
+// block's fn slice (24 KB) for at most 4 rows and adds its 16 quads by a half-warp butterfly,
+// half its instructions shuffles: ~0.59 ms a 2,048-row call on the H200, about 10x the FP64
+// rate. Here a block stages its fn slice and 32 rows' column quads in shared memory, a lane
+// takes a row and a warp its share of the row's partials, and the thread adds the 16 quads
+// itself in the butterfly's tree: lane 0 of the xor 8, 4, 2, 1 butterfly ends with
+//   ((a0+a8) + (a4+a12)) + ((a2+a10) + (a6+a14))  +  ((a1+a9) + (a5+a13)) + ((a3+a11) + (a7+a15))
+// (each addition's operands in either order: IEEE addition commutes), with a_q the quad's
+// chain over the streams from 0 as there. The sums over blocks and the rest are hc_mix_finish
+// in hc_mix_finish_kernel.
+constexpr uint32_t kHcTileRows = 32;                      // = warp width: a lane per row
+constexpr uint32_t kHcTileThreads = 256;
+constexpr uint32_t kHcTileWarps = kHcTileThreads / 32;   // = kHcGroups: a warp takes group g's partials
+static_assert(kHcTileWarps == kHcGroups && kHcQuads == 16, "hc tile layout");
+
+template <uint32_t H>
+constexpr size_t hc_tile_smem() {   // fn slice [M][H][16] + rows [32][H·16 + 1] (the pad: lanes on distinct banks)
+    return (size_t(HcShape<H>::M) * H * kHcQuads + size_t(kHcTileRows) * (H * kHcQuads + 1)) * sizeof(float4);
+}
+
+template <uint32_t H, uint32_t WT>
+__global__ void __launch_bounds__(kHcTileThreads) hc_mix_tile_kernel(const uint8_t* fn, uint64_t fn_row_bytes,
+                                                                     const float* X, uint32_t R, uint32_t E,
+                                                                     double* part) {
+    pdl_launch();
+    using S = HcShape<H>;
+    constexpr uint32_t M = S::M, P = S::P, NQ = H * kHcQuads, XS = NQ + 1;
+    extern __shared__ float4 hct_s[];
+    float4* fn_s = hct_s;              // [m][h][q]
+    float4* x_s = hct_s + M * NQ;      // [row][h][q], rows XS apart
+    const uint32_t NB = gridDim.x, b = blockIdx.x, r0 = blockIdx.y * kHcTileRows, nq = E / 4;
+    const uint64_t HD = uint64_t(H) * E;
+    const float4 zero = make_float4(0, 0, 0, 0);
+    for (uint32_t t = threadIdx.x; t < M * NQ; t += kHcTileThreads) {   // a weight: before the wait
+        const uint32_t m = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
+        fn_s[t] = u < nq ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u) : zero;
+    }
+    pdl_wait();
+    for (uint32_t t = threadIdx.x; t < kHcTileRows * NQ; t += kHcTileThreads) {
+        const uint32_t i = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
+        x_s[i * XS + t % NQ] =
+            r0 + i < R && u < nq ? reinterpret_cast<const float4*>(X + (r0 + i) * HD + uint64_t(h) * E)[u] : zero;
+    }
+    __syncthreads();
+
+    const uint32_t i = threadIdx.x & 31, g = threadIdx.x >> 5;   // row, partial group (hc_mix_kernel's g)
+    const float4* xr = x_s + i * XS;
+    double tot[S::MT + S::GT], half[S::MT + S::GT];
 #pragma unroll
-            for (uint32_t j = 0; j < kBatch; ++j) v[j] = b0 + j < hi ? __ldcg(pr + uint64_t(b0 + j) * P) : 0.0;
+    for (uint32_t n = 0; n < 4; ++n) {
+        const uint32_t c = (n & 1) * 2 + (n >> 1);   // quads c, c+8, c+4, c+12: n = 0..3 takes c = 0, 2, 1, 3
+        double lf[S::MT + S::GT][4];
 #pragma unroll
-            for (uint32_t j = 0; j < kBatch; ++j) s += v[j];
+        for (uint32_t l = 0; l < 4; ++l) {
+            const uint32_t q = c + (l & 1) * 8 + (l >> 1) * 4;
+            float4 x[H];
+#pragma unroll
+            for (uint32_t h = 0; h < H; ++h) x[h] = xr[h * kHcQuads + q];
+#pragma unroll
+            for (uint32_t k = 0; k < S::MT; ++k) {
+                const uint32_t m = g + k * kHcGroups;
+                double a = 0;
+                if (m < M) {
+#pragma unroll
+                    for (uint32_t h = 0; h < H; ++h) a = dot4_d(fn_s[(m * H + h) * kHcQuads + q], x[h], a);
+                }
+                lf[k][l] = a;
+            }
+#pragma unroll
+            for (uint32_t k = 0; k < S::GT; ++k) {
+                const uint32_t j = g + k * kHcGroups;
+                uint32_t h = 0, h2 = 0;
+                gram_pair(j < S::NG ? j : 0, H, h, h2);
+                float4 xa = x[0], xb = x[0];
+#pragma unroll
+                for (uint32_t t = 1; t < H; ++t) {
+                    if (h == t) xa = x[t];
+                    if (h2 == t) xb = x[t];
+                }
+                lf[S::MT + k][l] = dot4_d(xa, xb, 0.0);
+            }
         }
-        sub[i][p][sr] = s;
-    }
-    __syncthreads();
-    for (uint32_t t = threadIdx.x; t < nr * P; t += blockDim.x) {
-        const uint32_t i = t / P, p = t % P;
-        double s = 0;
 #pragma unroll
-        for (uint32_t sr = 0; sr < NS; ++sr) s += sub[i][p][sr];
-        tot[i][p] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < nr) {
-        const uint32_t i = threadIdx.x;
-        double ss = 0;
-#pragma unroll
-        for (uint32_t h = 0; h < H; ++h) ss += tot[i][M + gram_index(h, h, H)];
-        rx[i] = float(1.0 / sqrt(ss / double(HD) + double(rms_eps)));
-    }
-    __syncthreads();
-    for (uint32_t t = threadIdx.x; t < nr * M; t += blockDim.x) {
-        const uint32_t i = t / M, m = t % M, r = r0 + i;
-        const float v = float(tot[i][m] * double(rx[i]));
-        mix[uint64_t(r) * M + m] = v;
-        if (m < H) pre_s[i][m] = sigmoid_cr(__fadd_rn(__fmul_rn(v, scale[0]), base[m])) + hc_eps;
-        else if (m < 2 * H) post[uint64_t(r) * H + m - H] = 2.0f * sigmoid_cr(__fadd_rn(__fmul_rn(v, scale[1]), base[m]));
-    }
-    __syncthreads();
-    if (threadIdx.x < nr) {
-        const uint32_t i = threadIdx.x;
-        double ss = 0;
-#pragma unroll
-        for (uint32_t h = 0; h < H; ++h) {
-            const double ph = pre_s[i][h];
-            ss += ph * ph * tot[i][M + gram_index(h, h, H)];
-#pragma unroll
-            for (uint32_t h2 = h + 1; h2 < H; ++h2) ss += 2.0 * ph * double(pre_s[i][h2]) * tot[i][M + gram_index(h, h2, H)];
+        for (uint32_t k = 0; k < S::MT + S::GT; ++k) {
+            const double nd = (lf[k][0] + lf[k][1]) + (lf[k][2] + lf[k][3]);
+            if (n == 0 || n == 2) half[k] = nd;
+            else if (n == 1) tot[k] = half[k] + nd;
+            else tot[k] = tot[k] + (half[k] + nd);
         }
-        float* gr = gate + uint64_t(r0 + i) * (H + 1);
-#pragma unroll
-        for (uint32_t h = 0; h < H; ++h) gr[h] = pre_s[i][h];
-        gr[H] = float(1.0 / sqrt(ss / double(E) + double(rms_eps)));
     }
+    if (r0 + i < R) {
+        double* pr = part + (uint64_t(r0 + i) * NB + b) * P;
+#pragma unroll
+        for (uint32_t k = 0; k < S::MT; ++k)
+            if (g + k * kHcGroups < M) pr[g + k * kHcGroups] = tot[k];
+#pragma unroll
+        for (uint32_t k = 0; k < S::GT; ++k)
+            if (g + k * kHcGroups < S::NG) pr[M + g + k * kHcGroups] = tot[S::MT + k];
+    }
+}
+
+// The rows of hc_mix_tile_kernel's partials, kHcRows a block of kHcThreads.
+template <uint32_t H>
+__global__ void __launch_bounds__(kHcThreads) hc_mix_finish_kernel(const double* part, uint32_t R, uint32_t NB,
+                                                                   uint32_t E, const float* scale, const float* base,
+                                                                   float hc_eps, float rms_eps, float* mix,
+                                                                   float* post, float* gate) {
+    pdl_begin();
+    const uint32_t r0 = blockIdx.x * kHcRows;
+    hc_mix_finish<H, kHcRows>(part, r0, min(kHcRows, R - r0), NB, E, scale, base, hc_eps, rms_eps, mix, post, gate);
 }
 
 // xn = x_sub·r_sub·norm_w, x_sub = Σ_h pre[h]·X[h] formed as hc_pre_finish_kernel forms it.
@@ -629,9 +755,11 @@ __global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(co
         take(s_am[other], s_mx[other], s_who[other]);
         const uint64_t sb = uint64_t(r) * (E / 256) + blockIdx.x;
         int8_t* qb = qa.qk + uint64_t(r) * E + 4 * u;
+        int8_t* qnb = qa.qkn ? qa.qkn + uint64_t(r) * E + 4 * u : nullptr;
         int sm = 0;
         if (amax == 0.0f) {
             for (int t = 0; t < 4; ++t) qb[t] = 0;
+            if (qnb) *reinterpret_cast<char4*>(qnb) = make_char4(0, 0, 0, 0);
         } else {
             const float iscale = -127.0f / mx;
             char4 c;
@@ -640,6 +768,7 @@ __global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(co
             c.z = q_clamp(iscale * o[2]);
             c.w = q_clamp(iscale * o[3]);
             *reinterpret_cast<char4*>(qb) = c;
+            if (qnb) *reinterpret_cast<char4*>(qnb) = make_char4(-c.x, -c.y, -c.z, -c.w);   // (never -128)
             sm = int(c.x) + int(c.y) + int(c.z) + int(c.w);
             if (threadIdx.x == 0) qa.dk[sb] = 1.0f / iscale;
         }
@@ -2065,9 +2194,35 @@ uint32_t hc_mix_rows(uint32_t R) {
     if (R == 1 && g_hc_rows_override <= 0) return 1;
     return v >= 4 ? 4 : v >= 2 ? 2 : 1;
 }
+
+// Whether hc_pre_mix takes hc_mix_tile_kernel: rounds of kHcTileRows rows or more without a
+// folded post, with DSV4_HC_TILE=1 (default 0 until it has run on the GPU: written when the
+// session's device time was spent, compile-checked only), or hc_mix_tile_override (tests: any
+// round; a rows override selects hc_mix_kernel). Its shared memory limit is raised once, outside a capture; a captured
+// round before that takes hc_mix_kernel (the same bits).
+int g_hc_tile_override = -1;
+bool hc_mix_tile(uint32_t R, const HcPostIn& pp, cudaStream_t s) {
+    static const bool env = env_switch("DSV4_HC_TILE", false);
+    static bool raised = false;
+    const bool on = g_hc_tile_override >= 0 ? g_hc_tile_override != 0
+                                            : env && g_hc_rows_override <= 0 && R >= kHcTileRows;
+    if (!on || pp.active) return false;
+    if (!raised) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
+        for (const void* k : {reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_F32>),
+                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_F16>),
+                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_BF16>)})
+            check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(hc_tile_smem<4>())),
+                  "hc_pre_mix (tiles) shared memory");
+        raised = true;
+    }
+    return true;
+}
 }  // namespace
 
 void hc_mix_rows_override(int rows) { g_hc_rows_override = rows; }
+void hc_mix_tile_override(int on) { g_hc_tile_override = on; }
 void norm_reg_override(int on) { g_norm_reg_override = on; }
 
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
@@ -2075,8 +2230,26 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
                 uint32_t* count, cudaStream_t s, const HcPostIn& post_in) {
     if (!R) return;
     if (H != 4) throw std::runtime_error("hc_pre_mix: n_hc != 4");
+    const uint32_t NB = (E / 4 + kHcQuads - 1) / kHcQuads;
+    if (hc_mix_tile(R, post_in, s)) {
+        auto tile = [&](auto kernel) {
+            kernel<<<dim3(NB, (R + kHcTileRows - 1) / kHcTileRows), kHcTileThreads, hc_tile_smem<4>(), s>>>(
+                fn.data, fn.row_bytes, X, R, E, part);
+        };
+        switch (fn.type) {
+            case T_F32: tile(hc_mix_tile_kernel<4, T_F32>); break;
+            case T_F16: tile(hc_mix_tile_kernel<4, T_F16>); break;
+            case T_BF16: tile(hc_mix_tile_kernel<4, T_BF16>); break;
+            default: throw std::runtime_error("hc_pre_mix: fn type");
+        }
+        check_launch("hc_pre_mix (tiles)");
+        hc_mix_finish_kernel<4><<<(R + kHcRows - 1) / kHcRows, kHcThreads, 0, s>>>(part, R, NB, E, scale, base, hc_eps,
+                                                                                 rms_eps, mix, post, gate);
+        check_launch("hc_pre_mix (finish)");
+        return;
+    }
     const uint32_t RB = hc_mix_rows(R);
-    const dim3 grid((E / 4 + kHcQuads - 1) / kHcQuads, (R + RB - 1) / RB);
+    const dim3 grid(NB, (R + RB - 1) / RB);
     const bool early = pdl_early_weights();
     auto go = [&](auto kernel) {
         kernel<<<grid, kHcThreads, 0, s>>>(fn.data, fn.row_bytes, X, R, E, scale, base, hc_eps, rms_eps, mix, post,
