@@ -33,16 +33,27 @@ __device__ void rms_norm_block(const float* x, float* y, uint32_t n, float eps, 
     __syncthreads();
 }
 
+// The rotation of RoPE pair i at pos (or -pos): its cosine and sine, from the angle in double.
+__device__ __forceinline__ void rope_angle(int64_t pos, const double* inv_freq, uint32_t i, bool inverse, float& c,
+                                           float& s) {
+    const double th = double(pos) * inv_freq[i];
+    c = float(cos(th));
+    s = inverse ? -float(sin(th)) : float(sin(th));
+}
+// Pair (t[2i], t[2i+1]) rotated by (c, s).
+__device__ __forceinline__ void rope_pair(float* t, uint32_t i, float c, float s) {
+    const float x0 = t[2 * i], x1 = t[2 * i + 1];
+    t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 // Rotates the last n_rot dims of x (width D) by pos (or -pos), interleaved pairs.
 __device__ void rope_block(float* x, uint32_t D, uint32_t n_rot, int64_t pos, const double* inv_freq, bool inverse) {
     float* t = x + (D - n_rot);
     for (uint32_t i = threadIdx.x; i < n_rot / 2; i += blockDim.x) {
-        const double th = double(pos) * inv_freq[i];
-        const float c = float(cos(th));
-        const float s = inverse ? -float(sin(th)) : float(sin(th));
-        const float x0 = t[2 * i], x1 = t[2 * i + 1];
-        t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        float c, s;
+        rope_angle(pos, inv_freq, i, inverse, c, s);
+        rope_pair(t, i, c, s);
     }
     __syncthreads();
 }
@@ -865,24 +876,24 @@ __global__ void head_norm_rope_kernel(float* q, uint32_t n_head, uint32_t D, uin
 // instead of the norm's two walks and the rotation's reads of what the norm just wrote. The
 // sum of squares takes each thread's terms in rms_norm_block's order, and the rotation is
 // rope_block's on the pair (t, t ^ 1) exchanged by a shuffle. Same bits.
+// early (DSV4_ATTN_EARLY): the rotation's angle (rows are uploaded before the step's kernels)
+// is made before the programmatic-launch wait, beside the kernel before; the same values.
 template <uint32_t VPT>
 __global__ void head_norm_rope_reg_kernel(float* q, uint32_t D, uint32_t n_rot, float eps, bool norm, bool inverse,
-                                          const double* inv_freq, const DevRow* rows, uint32_t n_head) {
-    pdl_begin();
+                                          const double* inv_freq, const DevRow* rows, uint32_t n_head, bool early) {
+    pdl_launch();
+    if (!early) pdl_wait();
     const uint32_t r = blockIdx.x / n_head, bd = blockDim.x, t = threadIdx.x;
-    float* qh = q + uint64_t(blockIdx.x) * D;
-    float v[VPT];
-#pragma unroll
-    for (uint32_t j = 0; j < VPT; ++j) v[j] = qh[t + j * bd];
     // this thread's tail value: pair i, even (x0) or odd (x1) member
     const uint32_t e = t + (VPT - 1) * bd, tail0 = D - n_rot;
     const bool in_tail = e >= tail0;
     float c = 0.0f, sn = 0.0f;
-    if (in_tail) {
-        const double th = double(rows[r].pos) * inv_freq[(e - tail0) / 2];
-        c = float(cos(th));
-        sn = inverse ? -float(sin(th)) : float(sin(th));
-    }
+    if (in_tail) rope_angle(rows[r].pos, inv_freq, (e - tail0) / 2, inverse, c, sn);
+    if (early) pdl_wait();
+    float* qh = q + uint64_t(blockIdx.x) * D;
+    float v[VPT];
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j) v[j] = qh[t + j * bd];
     if (norm) {
         const float rr = rms_scale_reg<VPT>(v, D, eps);
 #pragma unroll
@@ -1698,13 +1709,30 @@ __device__ __forceinline__ void attn_store_partials(const float4 (&acc)[kAttnHB]
 // keys once for all of them instead of once per group (8 times for 64 heads). Each (row,
 // split, group) is computed with the same operations either way, so the partials are the
 // same bits; decode keeps an item per group (its few rows need the items for parallelism).
+// early (DSV4_ATTN_EARLY, decode): the work that reads no output of this step's kernels runs
+// before the programmatic-launch wait, beside the kernels before it: the item list (rows and
+// the KV descriptors are uploaded before the step's kernels, in stream order), the first
+// item's key range, and L2 prefetches of those of its keys whose rows are known without the
+// indexer's selection (the window ring, a ratio-128 layer's compressed rows). A prefetch is
+// only a cache hint (a row rewritten by this step's KV store is read after the wait), so the
+// arithmetic and its bits are the same.
+__device__ __forceinline__ void attn_prefetch_keys(const AttnKeys& ks, const DevLayerKV& L, uint64_t t0, uint32_t nt,
+                                                   uint32_t D) {
+    const uint32_t j = threadIdx.x >> 3, sub = threadIdx.x & 7;
+    if (j >= nt || (ks.use_sel && t0 + j >= ks.n_raw)) return;   // a selected row: not known yet
+    const char* kp = reinterpret_cast<const char*>(attn_key_row_sel(ks, L, t0 + j, 0u, D));
+    for (uint32_t o = 128 * sub; o < D * sizeof(float); o += 8 * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(kp + o));
+}
+
 __global__ void __launch_bounds__(kAttnThreads, 2)
     attn_split_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
                       const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
                       uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml,
-                      bool loop_groups) {
-    pdl_begin();
+                      bool loop_groups, bool early) {
+    pdl_launch();
+    bool waited = !early;
+    if (!early) pdl_wait();
     extern __shared__ float4 sm4[];
     const uint32_t DP = D + kAttnPad, D4 = D / 4;
     float* q_s = reinterpret_cast<float*>(sm4);      // kAttnHB * DP
@@ -1731,6 +1759,11 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
         const uint64_t kb = uint64_t(split) * ks.NK / ns, ke = uint64_t(split + 1) * ks.NK / ns;
         const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
         const bool one_tile = ke - kb <= kAttnKT;   // its keys stay in k_s across the groups
+        if (!waited) {   // (early: the first item) its first tile's known key rows toward L2, then the wait
+            attn_prefetch_keys(ks, L, kb, uint32_t(min(ke - kb, uint64_t(kAttnKT))), D);
+            pdl_wait();
+            waited = true;
+        }
         bool staged = false;
         for (uint32_t grp = g0; grp < g0 + per_item; ++grp) {
             const uint32_t h0 = grp * kAttnHB, nh = min(kAttnHB, n_head - h0);
@@ -1825,6 +1858,7 @@ __global__ void __launch_bounds__(kAttnThreads, 2)
             __syncthreads();   // the next group or item overwrites q_s (and k_s)
         }
     }
+    if (!waited) pdl_wait();   // (a block without items: its end still follows the kernels before)
 }
 
 // attn_split_wide_kernel (DSV4_ATTN_LOOP=3, prefill slices of ratio-0 and ratio-4 layers,
@@ -1970,14 +2004,23 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
                       uint32_t top_k, const DevRow* __restrict__ rows, uint32_t r0, uint32_t max_split,
                       const float* __restrict__ part_o, const float2* __restrict__ part_ml, uint32_t n_rot,
                       const double* __restrict__ inv_freq, float* __restrict__ o, int8_t* __restrict__ oq,
-                      float* __restrict__ od) {
-    pdl_begin();
+                      float* __restrict__ od, bool early) {
+    pdl_launch();
+    if (!early) pdl_wait();
     __shared__ float4 v_s[kAttnMaxD / 4];
     __shared__ float w_s[kAttnMaxSplit];
     __shared__ float inv_s;
     const uint32_t rl = blockIdx.x / n_head, h = blockIdx.x % n_head, r = r0 + rl;
     const int64_t p = rows[r].pos;
     const uint32_t ns = attn_nsplit(attn_keys(p, n_swa, ratio, top_k).NK);
+    // The inverse RoPE's angle of this thread's pair (where the block has a thread a pair) and
+    // the sink (a weight): with early (DSV4_ATTN_EARLY) made before the wait, beside the split
+    // kernel; rows are uploaded before the step's kernels. The same values either way.
+    const bool pre = n_rot / 2 <= blockDim.x;
+    float rc = 0.0f, rs = 0.0f;
+    if (pre && threadIdx.x < n_rot / 2) rope_angle(p, inv_freq, threadIdx.x, true, rc, rs);
+    const float sink = sinks[h];
+    if (early) pdl_wait();
     const uint64_t base = (uint64_t(rl) * n_head + h) * max_split;
     const uint32_t D4 = D / 4, c = threadIdx.x;
     const float4* src = reinterpret_cast<const float4*>(part_o + base * D) + c;
@@ -1989,7 +2032,6 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
     for (uint32_t i = 0; i < kBatch; ++i) v[i] = c < D4 && i < ns ? src[uint64_t(i) * D4] : make_float4(0, 0, 0, 0);
     if (threadIdx.x < 32) {   // one warp: lane s = split s (ns <= 32)
         const uint32_t s = threadIdx.x;
-        const float sink = sinks[h];
         const float2 ml = s < ns ? part_ml[base + s] : make_float2(-INFINITY, 0.0f);
         const float M = fmaxf(sink, warp_max(ml.x));
         const float ws = s < ns ? exp_cr(ml.x - M) : 0.0f;
@@ -2015,7 +2057,12 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
     }
     __syncthreads();
     float* x = reinterpret_cast<float*>(v_s);
-    rope_block(x, D, n_rot, p, inv_freq, true);
+    if (pre) {   // rope_block's rotation with the angles made above
+        if (threadIdx.x < n_rot / 2) rope_pair(x + (D - n_rot), threadIdx.x, rc, rs);
+        __syncthreads();
+    } else {
+        rope_block(x, D, n_rot, p, inv_freq, true);
+    }
     float* oh = o + (uint64_t(r) * n_head + h) * D;
     if (c < D4) reinterpret_cast<float4*>(oh)[c] = v_s[c];
     if (oq && c < D4) {
@@ -2308,15 +2355,28 @@ void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, 
     check_launch("gather_rows");
 }
 
+namespace {
+// DSV4_ATTN_EARLY (default 0: written when the session's device time was spent, not yet
+// measured) or attn_early_override (tests): the attention path's work that reads no output of
+// the step's kernels before the programmatic-launch wait: head_norm_rope_reg_kernel's and
+// attn_merge_kernel's RoPE angles, attn_split_kernel's item list and key prefetches.
+int g_attn_early_override = -1;
+bool attn_early() {
+    static const bool env = env_switch("DSV4_ATTN_EARLY", false);
+    return g_attn_early_override >= 0 ? g_attn_early_override != 0 : env;
+}
+}  // namespace
+
 void head_norm_rope(float* q, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_rot, float eps, bool norm,
                     bool inverse, const double* inv_freq, const DevRow* rows, cudaStream_t s) {
     if (!R) return;
     const uint32_t vpt = D % 128 == 0 ? D / 128 : 0;
     const bool reg = norm_reg_on() && n_rot % 2 == 0 && n_rot <= 128 && n_rot <= D;
-    if (reg && vpt == 4) head_norm_rope_reg_kernel<4><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
-    else if (reg && vpt == 1) head_norm_rope_reg_kernel<1><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
-    else if (reg && vpt == 2) head_norm_rope_reg_kernel<2><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
-    else if (reg && vpt == 8) head_norm_rope_reg_kernel<8><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head);
+    const bool early = attn_early();
+    if (reg && vpt == 4) head_norm_rope_reg_kernel<4><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
+    else if (reg && vpt == 1) head_norm_rope_reg_kernel<1><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
+    else if (reg && vpt == 2) head_norm_rope_reg_kernel<2><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
+    else if (reg && vpt == 8) head_norm_rope_reg_kernel<8><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
     else head_norm_rope_kernel<<<R * n_head, 128, 0, s>>>(q, n_head, D, n_rot, eps, norm, inverse, inv_freq, rows);
     check_launch("head_norm_rope");
 }
@@ -2555,15 +2615,18 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
             const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
                                                                  n_layer, il, r0, n, max_split, part_o, part_ml,
-                                                                 loop);
+                                                                 loop, attn_early());
             check_launch("attention");
         }
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,
                                                                    max_split, part_o, part_ml, n_rot, inv_freq, o,
-                                                                   o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr);
+                                                                   o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr,
+                                                                   attn_early());
         check_launch("attention merge");
     }
 }
+
+void attn_early_override(int on) { g_attn_early_override = on; }
 
 void router(float* logits, uint32_t R, uint32_t NE, uint32_t K, const float* bias, const int32_t* tid2eid,
             const DevRow* rows, bool norm, float scale, int32_t* experts, float* weights, int32_t* bad,

@@ -796,8 +796,9 @@ TEST_F(CudaKernels, MatvecTailEqualsSeparateLaunches) {
 
 TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
     // The query heads' norm + RoPE with the head in registers against the kernel that walks
-    // it in memory, bit for bit: flash's heads (512, tail 64), small's (128, 64), tiny's (64,
-    // 16), forward and inverse rotation, with and without the norm, positions up to 1M.
+    // it in memory, bit for bit (and with its angles made before the programmatic-launch wait):
+    // flash's heads (512, tail 64), small's (128, 64), tiny's (64, 16), forward and inverse
+    // rotation, with and without the norm, positions up to 1M.
     struct Shape {
         uint32_t D, n_rot, n_head;
     };
@@ -811,17 +812,21 @@ TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
         const auto q = random_floats(uint64_t(R) * sh.n_head * sh.D, sh.D + sh.n_rot, -3.0f, 3.0f);
         for (bool norm : {true, false})
             for (bool inverse : {false, true}) {
-                std::vector<float> got[2];
-                for (int reg : {0, 1}) {
-                    cuda::norm_reg_override(reg);
+                std::vector<float> got[3];
+                for (int reg : {0, 1, 2}) {   // (2: in registers, the angles before the wait: DSV4_ATTN_EARLY)
+                    cuda::norm_reg_override(reg ? 1 : 0);
+                    cuda::attn_early_override(reg == 2 ? 1 : 0);
                     DevVec<float> dq(q);
                     cuda::head_norm_rope(dq.get(), R, sh.n_head, sh.D, sh.n_rot, 1e-6f, norm, inverse, dinv.get(),
                                          drows.get(), nullptr);
                     got[reg] = dq.download();
                 }
                 cuda::norm_reg_override(-1);
-                ASSERT_EQ(0, std::memcmp(got[0].data(), got[1].data(), q.size() * sizeof(float)))
-                    << "D " << sh.D << " n_rot " << sh.n_rot << " norm " << norm << " inverse " << inverse;
+                cuda::attn_early_override(-1);
+                for (int reg : {1, 2})
+                    ASSERT_EQ(0, std::memcmp(got[0].data(), got[reg].data(), q.size() * sizeof(float)))
+                        << "D " << sh.D << " n_rot " << sh.n_rot << " norm " << norm << " inverse " << inverse
+                        << " variant " << reg;
                 EXPECT_NE(0, std::memcmp(got[1].data(), q.data(), q.size() * sizeof(float)));
             }
     }
@@ -1210,6 +1215,27 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                             << "tc " << tc << " loop " << loop << " D " << sh.D << " ratio " << ratio << " row " << i
                             << " pos " << rows[i].pos << " (reversed)";
                     }
+                }
+                if (!tc) {
+                    // The FP32 kernel with its early work before the programmatic-launch wait
+                    // (DSV4_ATTN_EARLY: item list and L2 prefetches first): the same bits.
+                    cuda::attn_early_override(1);
+                    const AttnLoop looped(0);
+                    const auto batch = P.run(rows, q, sel);
+                    for (uint32_t i = 0; i < R; ++i) {
+                        ASSERT_EQ(std::memcmp(alone[i].data(), &batch[i * HD], HD * sizeof(float)), 0)
+                            << "early, D " << sh.D << " ratio " << ratio << " row " << i;
+                        if (i < 3) {
+                            const std::vector<cuda::DevRow> one = {rows[i]};
+                            const std::vector<float> q1(q.begin() + i * HD, q.begin() + (i + 1) * HD);
+                            const std::vector<uint32_t> s1(sel.begin() + i * sh.top_k,
+                                                           sel.begin() + (i + 1) * sh.top_k);
+                            const auto a1 = P.run(one, q1, s1);
+                            ASSERT_EQ(std::memcmp(alone[i].data(), a1.data(), HD * sizeof(float)), 0)
+                                << "early alone, D " << sh.D << " ratio " << ratio << " row " << i;
+                        }
+                    }
+                    cuda::attn_early_override(-1);
                 }
             }
         }
