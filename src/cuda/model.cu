@@ -1310,8 +1310,10 @@ __device__ uint32_t block_excl_scan(uint32_t v, uint32_t* total) {
 // keys matching prefix; the digit where the count of larger-or-equal keys reaches what
 // remains (*s_remaining) extends the prefix (*s_prefix) and leaves what remains below it.
 // above[d] = keys in bins > d, by a block scan (one thread walking 256 bins was slow).
+// s_all (optional): set when the chosen bin's keys are all still needed (its count is what
+// remains to pick).
 __device__ __forceinline__ void radix_pick_digit(uint32_t h, int shift, uint32_t prefix, uint32_t* s_prefix,
-                                                 uint32_t* s_remaining) {
+                                                 uint32_t* s_remaining, uint32_t* s_all = nullptr) {
     const uint32_t rem = *s_remaining;
     uint32_t total;
     const uint32_t below = block_excl_scan(h, &total);   // bins < d
@@ -1319,6 +1321,7 @@ __device__ __forceinline__ void radix_pick_digit(uint32_t h, int shift, uint32_t
     if (above < rem && above + h >= rem) {
         *s_prefix = prefix | (threadIdx.x << shift);
         *s_remaining = rem - above;
+        if (s_all && above + h == rem) *s_all = 1;
     }
 }
 
@@ -1416,17 +1419,22 @@ __device__ uint2 block_excl_scan2(uint32_t lo, uint32_t hi, bool packed, uint2* 
 // a few binades, so plain atomics serialise); the output pass is one scan: thread t owns
 // the contiguous keys [t*seg, (t+1)*seg) and the output slot of key i is
 // (#gt before i) + min(#eq before i, need_eq).
-__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out) {
+// early_exit (DSV4_ATTN_EARLY): the passes stop once every key of the chosen bin is needed
+// (the bin's count equals the keys still to pick): the selection is then every key whose
+// digits so far are above the prefix or equal to it, which is what the remaining passes would
+// select (T, the k-th largest key, is the bin's smallest, and all the bin's keys >= T are
+// taken), and the output lists the selected keys in index order either way: the same bytes.
+__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit) {
     __shared__ uint32_t hist[2][256];
-    __shared__ uint32_t s_prefix, s_remaining;
+    __shared__ uint32_t s_prefix, s_remaining, s_all;
     const uint32_t tid = threadIdx.x, lane = tid & 31;
     hist[0][tid] = 0;
     hist[1][tid] = 0;
-    if (tid == 0) s_remaining = k;
+    if (tid == 0) s_remaining = k, s_all = 0;
     __syncthreads();
     uint32_t prefix = 0, mask = 0;
     int b = 0;
-    for (int shift = 24; shift >= 0; shift -= 8, b ^= 1) {
+    for (int shift = 24; shift >= 0 && !s_all; shift -= 8, b ^= 1) {
         const uint32_t n_it = (n + kFusedThreads - 1) / kFusedThreads;
         for (uint32_t it = 0; it < n_it; ++it) {
             const uint32_t i = it * kFusedThreads + tid;
@@ -1440,7 +1448,7 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
         }
         hist[b ^ 1][tid] = 0;   // read last in the previous pass, before its final barrier
         __syncthreads();
-        radix_pick_digit(hist[b][tid], shift, prefix, &s_prefix, &s_remaining);
+        radix_pick_digit(hist[b][tid], shift, prefix, &s_prefix, &s_remaining, early_exit ? &s_all : nullptr);
         __syncthreads();
         prefix = s_prefix;
         mask |= 255u << shift;
@@ -1450,7 +1458,7 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
     const uint32_t lo = min(n, tid * seg), hi = min(n, lo + seg);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = lo; i < hi; ++i) {
-        const uint32_t u = keys[i];
+        const uint32_t u = keys[i] & mask;
         gt += u > T;
         eq += u == T;
     }
@@ -1458,7 +1466,7 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
     const uint2 ex = block_excl_scan2(gt, eq, n < 65536u, &tot);
     uint32_t gt_b = ex.x, eq_b = ex.y;
     for (uint32_t i = lo; i < hi; ++i) {
-        const uint32_t u = keys[i];
+        const uint32_t u = keys[i] & mask;
         if (u > T) {
             out[gt_b + min(eq_b, need_eq)] = i;
             ++gt_b;
@@ -1472,42 +1480,62 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
 __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
-                         uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel) {
-    pdl_begin();
+                         uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel,
+                         bool early) {
+    // early (DSV4_ATTN_EARLY): before the programmatic-launch wait, the row's position and KV
+    // descriptor (uploaded before the step's kernels), the RoPE angles and L2 prefetches of
+    // the block's compressed index rows (a hint: a row this step's compressor emits is read
+    // after the wait like all of them); the top-k's passes stop early (topk_staged). The same
+    // bits.
+    pdl_launch();
+    if (!early) pdl_wait();
     extern __shared__ __align__(16) float sm[];
     constexpr uint32_t NH = kFusedNH, DI = kFusedDI, P = kFusedP, D4 = DI / 4, HPW = NH / (kFusedThreads / 32);
     __shared__ float cs_s[DI / 2], sn_s[DI / 2];
     const uint32_t r = blockIdx.y;
     const int64_t pos = rows[r].pos;
     const uint64_t n_vis = uint64_t(pos + 1) / 4;
-    if (n_vis <= top_k) return;
     const uint64_t c0 = uint64_t(blockIdx.x) * kScoreTile;
-    if (c0 >= n_vis) return;
+    if (n_vis <= top_k || c0 >= n_vis) {
+        if (early) pdl_wait();   // (its end still follows the kernels before it)
+        return;
+    }
     float* q_s = sm;                      // [NH][P]
     float* k_s = sm + NH * P;             // [kScoreTile][P]
     float* w_s = k_s + kScoreTile * P;    // [NH]
     float* dot_s = w_s + NH;              // [kScoreTile][NH]
     const uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = kFusedThreads / 32;
     const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+    const uint32_t nt = uint32_t(n_vis - c0 < kScoreTile ? n_vis - c0 : kScoreTile);
+    const uint32_t half = n_rot / 2;
+    auto angles = [&] {   // rope_block's angles: cos on the first half of the threads, sin on the second
+        if (tid < 2 * half) {
+            const uint32_t i = tid < half ? tid : tid - half;
+            const double th = double(pos) * inv_freq[i];
+            if (tid < half) cs_s[i] = float(cos(th));
+            else sn_s[i] = float(sin(th));
+        }
+    };
+    if (early) {
+        const uint32_t lines = DI * sizeof(float) / 128;   // 128-byte lines a row
+        if (tid < nt * lines)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(
+                L.index + (c0 + tid / lines) * L.index_stride) + 128 * (tid % lines)));
+        angles();
+        pdl_wait();
+    }
     // Loads first (this warp's heads into registers: lane holds dims 4*lane .. 4*lane+3),
     // then the RoPE angles' double cos/sin, whose latency runs under them.
     float4 qv[HPW];
     const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
 #pragma unroll
     for (uint32_t j = 0; j < HPW; ++j) qv[j] = q4[(w * HPW + j) * D4 + lane];
-    const uint32_t nt = uint32_t(n_vis - c0 < kScoreTile ? n_vis - c0 : kScoreTile);
     for (uint32_t i = tid; i < nt * D4; i += kFusedThreads) {
         const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
         *reinterpret_cast<float4*>(k_s + (i / D4) * P + (i % D4) * 4) = v;
     }
     if (tid < NH) w_s[tid] = wi[uint64_t(r) * NH + tid] * wscale;   // indexer_q_prep's wi *= wscale
-    const uint32_t half = n_rot / 2;
-    if (tid < 2 * half) {   // rope_block's angles: cos on the first half of the threads, sin on the second
-        const uint32_t i = tid < half ? tid : tid - half;
-        const double th = double(pos) * inv_freq[i];
-        if (tid < half) cs_s[i] = float(cos(th));
-        else sn_s[i] = float(sin(th));
-    }
+    if (!early) angles();
     __syncthreads();
     // indexer_q_prep per head, one warp per head at a time: rope_block (tail pairs), then
     // hadamard_block's butterflies (strides 1, 2 inside the lane, 4..64 across lanes), its
@@ -1606,7 +1634,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     const float* sr = score + uint64_t(r) * ld;
     for (uint32_t i = tid; i < n; i += kFusedThreads) keys[i] = order_key(__ldcg(sr + i));
     __syncthreads();
-    topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k);
+    topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k, early);
 }
 
 // ---- sink attention (§5.12), split over keys (flash-decoding) -----------------------------
@@ -2358,8 +2386,10 @@ void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, 
 namespace {
 // DSV4_ATTN_EARLY (default 0: written when the session's device time was spent, not yet
 // measured) or attn_early_override (tests): the attention path's work that reads no output of
-// the step's kernels before the programmatic-launch wait: head_norm_rope_reg_kernel's and
-// attn_merge_kernel's RoPE angles, attn_split_kernel's item list and key prefetches.
+// the step's kernels before the programmatic-launch wait: head_norm_rope_reg_kernel's,
+// attn_merge_kernel's and indexer_fused_kernel's RoPE angles, attn_split_kernel's item list and
+// key prefetches, indexer_fused_kernel's index-row prefetches; and the indexer's top-k passes
+// stopping once the chosen bin is taken whole (topk_staged). All the same bits.
 int g_attn_early_override = -1;
 bool attn_early() {
     static const bool env = env_switch("DSV4_ATTN_EARLY", false);
@@ -2523,7 +2553,7 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     (void)raised;
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
-                                                           n_layer, il, top_k, score, ld, count, sel);
+                                                           n_layer, il, top_k, score, ld, count, sel, attn_early());
     check_launch("indexer_fused");
 }
 
