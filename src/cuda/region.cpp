@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "cuda/kernels.h"
@@ -74,6 +75,8 @@ std::string cu_error(CUresult r) {
 
 uint64_t round_up(uint64_t v, uint64_t m) { return (v + m - 1) / m * m; }
 
+std::atomic<int> g_vmm_override{-1};
+
 class CudaRegion final : public kv::Region {
 public:
     CudaRegion(uint64_t reserve_bytes, kv::Budget* budget, std::string label, uint64_t piece)
@@ -88,6 +91,7 @@ public:
         if (r != CUDA_SUCCESS) fail(label_, ": cuDeviceGet: ", cu_error(r));
         int vmm = 0;
         r = D.cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev_);
+        if (g_vmm_override.load() == 0) vmm = 0;
         if (r != CUDA_SUCCESS || !vmm) {
             char name[256] = {0};
             D.cuDeviceGetName(name, sizeof(name) - 1, dev_);
@@ -245,6 +249,8 @@ std::unique_ptr<kv::Region> make_cuda_region(uint64_t reserve_bytes, kv::Budget*
                                              uint64_t piece_bytes) {
     return std::make_unique<CudaRegion>(reserve_bytes, budget, std::move(label), piece_bytes);
 }
+
+void region_vmm_override(int supported) { g_vmm_override.store(supported); }
 
 kv::RegionFactory cuda_region_factory() {
     return [](uint64_t reserve_bytes, kv::Budget* budget, std::string label) {

@@ -21,6 +21,10 @@ std::unique_ptr<kv::Region> make_cuda_region(uint64_t reserve_bytes, kv::Budget*
                                              uint64_t piece_bytes = 64ull << 20);
 kv::RegionFactory cuda_region_factory();
 
+// Tests: 0 makes new regions treat the device as lacking virtual memory management (the
+// refusal a GPU without it gets); -1 (initially) asks the device.
+void region_vmm_override(int supported);
+
 // Device memory the region keeps free when committing (bytes).
 inline constexpr uint64_t kCommitHeadroom = 256ull << 20;
 

@@ -79,6 +79,34 @@ TEST(CudaRegion, RefusalsChangeNothing) {
     EXPECT_TRUE(big->commit(2 * MiB).ok) << "the region stays usable after a refusal";
 }
 
+TEST(CudaRegion, ADeviceWithoutVmmIsRefusedByName) {
+    // A GPU without the CUDA virtual memory API (simulated): a clear error naming the region,
+    // the device and what is missing, for a region and for a session's KV; nothing is
+    // counted, and regions work again once the device has it.
+    DSV4_REQUIRE_CUDA();
+    struct Reset {
+        ~Reset() { cuda::region_vmm_override(-1); }
+    } reset;
+    kv::Budget budget;
+    cuda::region_vmm_override(0);
+    try {
+        auto r = cuda::make_cuda_region(64 * MiB, &budget, "kv raw");
+        ADD_FAILURE() << "a region was made on a device without VMM";
+    } catch (const Error& e) {
+        const std::string m = e.what();
+        EXPECT_NE(m.find("kv raw"), std::string::npos) << m;
+        EXPECT_NE(m.find("CUDA device"), std::string::npos) << m;
+        EXPECT_NE(m.find("virtual memory management"), std::string::npos) << m;
+    }
+    const model::Config c = model::synth_config("small", 0, 320);
+    const kv::Layout layout = kv::Layout::make(c, 65536, 512);
+    EXPECT_THROW(kv::SessionKV(c, layout, kv::Options{}, &budget, cuda::cuda_region_factory()), Error);
+    EXPECT_EQ(budget.used(), 0u);
+    cuda::region_vmm_override(-1);
+    auto r = cuda::make_cuda_region(64 * MiB, &budget, "kv raw");
+    EXPECT_TRUE(r->commit(MiB).ok);
+}
+
 TEST(CudaRegion, DestructionReleasesDeviceMemory) {
     DSV4_REQUIRE_CUDA();
     size_t f0 = 0, f1 = 0, f2 = 0, t = 0;
