@@ -729,9 +729,12 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
                 const ActBuf& b = k == 1 ? xn8_ : xnk_;
                 (k == 1 ? qa.q0 : qa.qk) = b.q;
                 (k == 1 ? qa.d0 : qa.dk) = b.d;
-                if (k == 2) qa.bk = b.bsum, qa.qkn = b.qn;
                 xn_acts_[k] = codes_in(ActKind(k), E, b);
-                if (k == 2) xn_acts_[k].qn = b.qn;   // (written beside the codes by the same kernel)
+                if (k == 2) {   // (the negated codes, DSV4_KQ_NEG: written beside the codes by the same kernel)
+                    qa.bk = b.bsum;
+                    qa.qkn = b.qn;
+                    xn_acts_[k].qn = b.qn;
+                }
                 xn_have_[k] = true;
             }
         hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);

@@ -426,10 +426,11 @@ void attn_tc_override(int on);
 // per (row, split) for all heads, where every split is one tile; the tensor cores take it as
 // 1), or -1 for the variable's.
 void attn_loop_override(int mode);
-// The attention path's work that reads no output of the step's kernels (head_norm_rope's and
-// the merge's RoPE angles; the split kernel's item list, key ranges and L2 prefetches of known
-// key rows) before the programmatic-launch wait (1) or after it (0); the same bits. -1:
-// DSV4_ATTN_EARLY (default 0).
+// The attention path's work that reads no output of the step's kernels before the
+// programmatic-launch wait (1) or after it (0): head_norm_rope's, the merge's and
+// indexer_fused's RoPE angles; the split kernel's item list, key ranges and L2 prefetches of
+// known key rows; indexer_fused's index-row prefetches; and the indexer's top-k passes
+// stopping once the chosen bin is taken whole. The same bits. -1: DSV4_ATTN_EARLY (default 0).
 void attn_early_override(int on);
 
 // Router (§5.13): probs in place (sqrt(softplus)), selection (hash table or biased top-K,

@@ -632,7 +632,6 @@ __global__ void __launch_bounds__(128) read_floor_kernel(const int4* p, uint64_t
     if (x == 0x9E3779B9u) sink[0] = x;   // (keeps the loads)
 }
 
-
 int g_q8_rows_select = -1;   // q8_rows_select
 
 // One activation row (decode), rows of 1,024..8,192 values read by a warp each (not the

@@ -344,6 +344,22 @@ __device__ __forceinline__ double dot4_d(float4 a, float4 b, double acc) {
     return fma(double(a.w), double(b.w), acc);
 }
 
+// Gram entry j's term of one column quad, x[h]·x[h'] (j past the entries: entry 0's, never
+// stored). The streams of a runtime pair are picked by unrolled compares, so x stays in
+// registers.
+template <uint32_t H>
+__device__ __forceinline__ double gram_quad(const float4 (&x)[H], uint32_t j) {
+    uint32_t h = 0, h2 = 0;
+    gram_pair(j < H * (H + 1) / 2 ? j : 0, H, h, h2);
+    float4 xa = x[0], xb = x[0];
+#pragma unroll
+    for (uint32_t t = 1; t < H; ++t) {
+        if (h == t) xa = x[t];
+        if (h2 == t) xb = x[t];
+    }
+    return dot4_d(xa, xb, 0.0);
+}
+
 // mHC post (§5.5) of one value: stream j's new value from the H streams' values in[], the
 // sublayer's output yv, the post gates po and comb C of the row. hc_post_kernel and the post
 // folded into hc_mix_kernel both make it so.
@@ -533,19 +549,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
             dm[i][k] = a;
         }
 #pragma unroll
-        for (uint32_t k = 0; k < S::GT; ++k) {
-            uint32_t h = 0, h2 = 0;
-            const uint32_t j = g + k * kHcGroups;
-            gram_pair(j < S::NG ? j : 0, H, h, h2);
-            // x[i][h] with h from a runtime pair: selected by unrolled compares, so x stays in registers.
-            float4 xa = x[i][0], xb = x[i][0];
-#pragma unroll
-            for (uint32_t t = 1; t < H; ++t) {
-                if (h == t) xa = x[i][t];
-                if (h2 == t) xb = x[i][t];
-            }
-            dg[i][k] = dot4_d(xa, xb, 0.0);
-        }
+        for (uint32_t k = 0; k < S::GT; ++k) dg[i][k] = gram_quad<H>(x[i], g + k * kHcGroups);
     }
     // Sum over the block's quads (the 16 lanes of a half-warp), a fixed butterfly.
 #pragma unroll
@@ -647,18 +651,7 @@ __global__ void __launch_bounds__(kHcTileThreads) hc_mix_tile_kernel(const uint8
                 lf[k][l] = a;
             }
 #pragma unroll
-            for (uint32_t k = 0; k < S::GT; ++k) {
-                const uint32_t j = g + k * kHcGroups;
-                uint32_t h = 0, h2 = 0;
-                gram_pair(j < S::NG ? j : 0, H, h, h2);
-                float4 xa = x[0], xb = x[0];
-#pragma unroll
-                for (uint32_t t = 1; t < H; ++t) {
-                    if (h == t) xa = x[t];
-                    if (h2 == t) xb = x[t];
-                }
-                lf[S::MT + k][l] = dot4_d(xa, xb, 0.0);
-            }
+            for (uint32_t k = 0; k < S::GT; ++k) lf[S::MT + k][l] = gram_quad<H>(x, g + k * kHcGroups);
         }
 #pragma unroll
         for (uint32_t k = 0; k < S::MT + S::GT; ++k) {
@@ -2273,8 +2266,8 @@ uint32_t hc_mix_rows(uint32_t R) {
 // Whether hc_pre_mix takes hc_mix_tile_kernel: rounds of kHcTileRows rows or more without a
 // folded post, with DSV4_HC_TILE=1 (default 0 until it has run on the GPU: written when the
 // session's device time was spent, compile-checked only), or hc_mix_tile_override (tests: any
-// round; a rows override selects hc_mix_kernel). Its shared memory limit is raised once, outside a capture; a captured
-// round before that takes hc_mix_kernel (the same bits).
+// round; a rows override selects hc_mix_kernel). Its shared memory limit is raised once,
+// outside a capture; a captured round before that takes hc_mix_kernel (the same bits).
 int g_hc_tile_override = -1;
 bool hc_mix_tile(uint32_t R, const HcPostIn& pp, cudaStream_t s) {
     static const bool env = env_switch("DSV4_HC_TILE", false);
