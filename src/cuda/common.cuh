@@ -41,7 +41,11 @@ __device__ __forceinline__ void pdl_begin() {
 // A kernel that reads constant data (weights) may do so between pdl_launch and pdl_wait:
 // those bytes are written once, at load, so reading them while the kernels before it still
 // run is safe, and the loads then overlap their tails. Everything else (activations, any
-// buffer a kernel writes, and every store) only after pdl_wait.
+// buffer a kernel writes, and every store) only after pdl_wait. And no `const __restrict__`
+// on a pointer read after a pdl_wait that is not the kernel's first statement: the compiler
+// may treat such loads as invariant and move them above the wait's asm (its memory clobber
+// does not hold them back), reading what the kernels before have not yet written (the suspected
+// cause of run 61's failure: DSV4_ATTN_EARLY wrong with programmatic edges, right without).
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -69,6 +69,16 @@ const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
 // the same integers, the same bits). DSV4_KQ_NEG=1; off by default until measured (written
 // when the session's device time was spent).
 const bool g_kq_neg = env_switch("DSV4_KQ_NEG", false);
+// Prompt rounds (an input of more than one token) add their Q8_0 products' blocks in k order
+// (gemm_prefill_order): ~2.5x the tensor-core rate of decode's tree order, and no longer
+// decode's bits (validation.md: ~1e-5 where the order differs). Every chunking of a prompt,
+// chunks of one token included, takes the same order, so those stay bit-identical; decode
+// steps keep decode's order. DSV4_PREFILL_FLAT=1; prefill_flat_override (tests) wins.
+int g_prefill_flat_override = -1;
+bool prefill_flat() {
+    static const bool env = env_switch("DSV4_PREFILL_FLAT", false);
+    return g_prefill_flat_override >= 0 ? g_prefill_flat_override != 0 : env;
+}
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -508,7 +518,7 @@ private:
         uint64_t gen = 0;
         bool seen = false;
     };
-    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool>, Graphs> graphs_;
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool, bool>, Graphs> graphs_;
     uint64_t gen_ = 0;
     // Pinned staging for the per-round uploads.
     uint8_t* pinned_ = nullptr;
@@ -998,6 +1008,9 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             fail("forward: the session's KV is in host memory; the CUDA backend needs KV made with its "
                  "region_factory()");
     admit_step(inputs, c_.n_vocab);
+    struct OrderReset {   // products launched outside forward (tests, tools) keep decode's order
+        ~OrderReset() { gemm_prefill_order(false); }
+    } order_reset;
     const uint32_t V = c_.n_vocab;
     std::vector<size_t> done(inputs.size(), 0);
     first_pos_.resize(inputs.size());
@@ -1055,6 +1068,10 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 want_host_.push_back(r);
         }
         const uint32_t NW = uint32_t(want_host_.size());
+        bool prompt = false;
+        for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && inputs[i].tokens.size() > 1);
+        const bool flat = prefill_flat() && prompt;
+        gemm_prefill_order(flat);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.
         max_vis4_ = 0;
@@ -1104,7 +1121,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         const bool pdl = graphable && pdl_on();
         Graphs* gr = nullptr;
         if (graphable) {
-            gr = &graphs_[{R, S, NW, vis_ld_, pdl}];
+            gr = &graphs_[{R, S, NW, vis_ld_, pdl, flat}];
             if (gr->layers && gr->gen != gen_) {
                 cudaGraphExecDestroy(gr->layers);
                 if (gr->head) cudaGraphExecDestroy(gr->head);
@@ -1210,6 +1227,7 @@ StepTiming last_step_timing() { return g_timing; }
 std::vector<ProfileEntry> profile_snapshot() { return g_profile; }
 void profile_reset() { g_profile.clear(); }
 void profile_enable(bool on) { g_profile_on = on; }
+void prefill_flat_override(int on) { g_prefill_flat_override = on; }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {
     return std::make_unique<CudaBackend>(m, opt);

@@ -1254,6 +1254,150 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
     cp_async_wait_all();
 }
 
+
+// Prompt rounds' Q8_0 order (gemm_prefill_order: DSV4_PREFILL_FLAT). The kernels above add a
+// row's block sums in decode's tree, which costs a 5-deep stack of partial sums an output
+// and caps their tiles at 64 × 64 (4 MMAs a warp per 32-value block, ~110 TOPS of int8). A
+// prompt's rows need not equal decode's bits (docs/validation.md: ~1e-5 where the order
+// differs; the chunkings of a prompt stay bit-identical, see forward.cpp), so they take this
+// kernel: y = Σ_b (dw_b·da_b)·I_b with one fmaf a block in k order from 0 — the same
+// operations for a row in any tile, batch or chunk (the host mirrors them exactly in
+// TensorCoreQ8_0FlatOrder). Without the stack a warp holds 64 weight rows × 32 activation
+// rows (16 MMAs a block), a block 128 × 128; a stage is 4 blocks (128 values) of both, copied
+// by cp.async NS stages ahead; the scales go through registers a stage ahead and are stored
+// as floats in the order the MMA threads read them (two float4 each a block).
+constexpr int kFlatBM = 128;                                   // weight rows a tile
+constexpr int kFlatBN = 128;                                   // activation rows a tile
+constexpr int kFlatSlots = 4;                                  // 32-value blocks a stage
+constexpr int kFlatStride = kFlatSlots * 32 + 16;              // a staged row: 9 16-byte units (ldmatrix rows on distinct banks)
+constexpr int kFlatStageBytes = (kFlatBM + kFlatBN) * (kFlatStride + kFlatSlots * 4);
+constexpr int flat_smem(int stages) { return stages * kFlatStageBytes; }
+
+template <int NS, int MINB>
+__global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
+    pdl_begin();
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wmi = warp & 1, wni = warp >> 1;   // the warp's weight rows 64 wmi.., activation rows 32 wni..
+    const uint64_t m0 = uint64_t(blockIdx.y) * kFlatBM;
+    const uint32_t r0 = blockIdx.x * kFlatBN;
+    const uint32_t nb = uint32_t(p.K / 32), nst = (nb + kFlatSlots - 1) / kFlatSlots;
+    const uint64_t anb = p.AL / 32;
+    // a tile's weight rows lie in one group (kFlatBM divides rpg: checked by the launcher)
+    const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
+
+    // copies: 16-byte chunk c = t & 7 (block c / 2, half c & 1) of staged rows (t >> 3) + 32 u
+    auto issue = [&](uint32_t s) {
+        const uint32_t c = t & 7, b = s * kFlatSlots + c / 2;
+        if (b >= nb) return;   // past K: never read (the MMA loop stops at nb)
+        uint8_t* dst = sm + (s % NS) * kFlatStageBytes + (t >> 3) * kFlatStride + c * 16;
+        const uint64_t k = uint64_t(b) * 32 + (c & 1) * 16;
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const uint32_t r = (t >> 3) + 32 * (u & 3);
+            const int8_t* src = u < 4 ? p.wq + (p.row0 + min(m0 + r, p.N - 1)) * p.K + k   // rows past N, R:
+                                      : p.aq + uint64_t(min(r0 + r, p.R - 1)) * p.AL + goff + k;   // clamped
+            cp_async16(dst + (u < 4 ? 0 : kFlatBM * kFlatStride) + 32 * (u & 3) * kFlatStride, src);
+        }
+    };
+    // scales: block (t & 3) of the stage, rows (t >> 2) + 64 u (u < 2: weights, else activations)
+    float pre[4];
+    auto load_scales = [&](uint32_t s) {
+        const uint32_t b = s * kFlatSlots + (t & 3);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t r = (t >> 2) + 64 * (u & 1);
+            pre[u] = 0.0f;
+            if (b < nb)
+                pre[u] = u < 2 ? f16_to_f32(p.wd[(p.row0 + min(m0 + r, p.N - 1)) * nb + b])
+                               : p.ad[uint64_t(min(r0 + r, p.R - 1)) * anb + goff / 32 + b];
+        }
+    };
+    auto store_scales = [&](uint32_t s) {
+        float* sdw = reinterpret_cast<float*>(sm + (s % NS) * kFlatStageBytes + (kFlatBM + kFlatBN) * kFlatStride);
+        float* sda = sdw + kFlatSlots * kFlatBM;
+        const uint32_t slot = t & 3;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const uint32_t r = (t >> 2) + 64 * (u & 1);
+            // weight row r = 64 wmi + 16 mt + 8 h + gid -> 64 wmi + 8 gid + 2 mt + h;
+            // activation row r = 32 wni + 8 nt + 2 tig + c -> 32 wni + 8 tig + 2 nt + c
+            const uint32_t pw = (r & 64) + 8 * (r & 7) + 2 * ((r >> 4) & 3) + ((r >> 3) & 1);
+            const uint32_t pa = (r & 96) + 8 * ((r >> 1) & 3) + 2 * ((r >> 3) & 3) + (r & 1);
+            if (u < 2) sdw[slot * kFlatBM + pw] = pre[u];
+            else sda[slot * kFlatBN + pa] = pre[u];
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (uint32_t(s) < nst) issue(s);
+        cp_async_commit();
+    }
+    if (nst > 0) {
+        load_scales(0);
+        store_scales(0);
+    }
+    if (nst > 1) load_scales(1);
+
+    float acc[4][4][4];
+    each(acc, [](float& x) { x = 0.0f; });
+    // ldmatrix rows: A (rows 0-7 / 8-15, k 0-15 / 16-31), B (rows 0-7 / 8-15 of an n-tile pair, k 0-15 / 16-31)
+    const uint32_t aoff = (64 * wmi + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlatStride + (lane >> 4) * 16;
+    const uint32_t boff = kFlatBM * kFlatStride + (32 * wni + (lane & 7) + (lane >> 4) * 8) * kFlatStride +
+                          ((lane >> 3) & 1) * 16;
+    for (uint32_t s = 0; s < nst; ++s) {
+        cp_async_wait_group<NS - 2>();
+        __syncthreads();   // stage s landed for all; every warp is done with stage s - 1
+        if (s + NS - 1 < nst) issue(s + NS - 1);
+        cp_async_commit();
+        if (s + 1 < nst) store_scales(s + 1);   // its buffer's last reader was stage s + 1 - NS <= s - 1
+        if (s + 2 < nst) load_scales(s + 2);
+
+        const uint8_t* st = sm + (s % NS) * kFlatStageBytes;
+        const float* sdw = reinterpret_cast<const float*>(st + (kFlatBM + kFlatBN) * kFlatStride);
+        const float* sda = sdw + kFlatSlots * kFlatBM;
+#pragma unroll
+        for (int j = 0; j < kFlatSlots; ++j) {
+            if (s * kFlatSlots + j >= nb) break;   // (the block's last stage may be short)
+            uint32_t a[4][4], b[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt) ldmatrix_x4(a[mt], st + aoff + mt * 16 * kFlatStride + j * 32);
+#pragma unroll
+            for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], st + boff + np * 16 * kFlatStride + j * 32);
+            const float4* w4 = reinterpret_cast<const float4*>(sdw + j * kFlatBM + 64 * wmi + 8 * gid);
+            const float4* a4 = reinterpret_cast<const float4*>(sda + j * kFlatBN + 32 * wni + 8 * tig);
+            const float4 w0 = w4[0], w1 = w4[1], x0 = a4[0], x1 = a4[1];
+            const float dw[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+            const float da[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    int d[4];
+                    mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
+                    // d[e]: weight row 16 mt + gid + 8 (e >> 1), activation row 8 nt + 2 tig + (e & 1)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
+                        acc[mt][nt][e] = fmaf(dw[2 * mt + (e >> 1)] * da[2 * nt + (e & 1)], isum, acc[mt][nt][e]);
+                    }
+                }
+        }
+    }
+    cp_async_wait_all();
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t n = m0 + 64 * wmi + 16 * mt + gid + 8 * (e >> 1);
+                const uint32_t r = r0 + 32 * wni + 8 * nt + 2 * tig + (e & 1);
+                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = acc[mt][nt][e];
+            }
+}
+
 }  // namespace
 
 namespace {
@@ -1351,6 +1495,18 @@ bool q8_pipe_launch_cm(int cm, const Gemm& p, uint32_t tiles_r, uint32_t tiles, 
         default: return q8_pipe_launch<8, NS, MINB>(p, tiles_r, tiles, s);
     }
 }
+// Prompt rounds' Q8_0 order (gemm_q8_0_flat_kernel), set by the backend for each round;
+// DSV4_FLAT_STAGES (3 or 4, default 4) the kernel's stages in flight (one block an SM).
+thread_local bool g_flat_round = false;
+int flat_stages() {
+    static const int ns = env_int("DSV4_FLAT_STAGES", 4) == 3 ? 3 : 4;
+    return ns;
+}
+bool flat_ok(const DevWeight& W, const DevAct& a, uint64_t row0, uint64_t rpg) {
+    return g_flat_round && W.type == T_Q8_0 && a.kind == ActKind::Q8_0 && W.K % 32 == 0 && a.K % 32 == 0 &&
+           (rpg == 0 || (rpg % kFlatBM == 0 && row0 % kFlatBM == 0)) &&
+           reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0;
+}
 template <bool MMA_MINS>
 bool q2k_smem_ready(cudaStream_t s) {
     static bool ready = false;
@@ -1374,9 +1530,26 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) 
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 
+void gemm_prefill_order(bool flat) {
+    static bool raised = false;
+    if (flat && !raised) {   // (called before any capture of the round)
+        check(cudaFuncSetAttribute(reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1>),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, flat_smem(3)),
+              "gemm: dynamic shared memory of the flat Q8_0 kernel");
+        check(cudaFuncSetAttribute(reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1>),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, flat_smem(4)),
+              "gemm: dynamic shared memory of the flat Q8_0 kernel");
+        raised = true;
+    }
+    g_flat_round = flat;
+}
+bool gemm_prefill_order() { return g_flat_round; }
+
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
-    return tensor_cores_on() && W.type == T_Q8_0 && !expert && R >= uint32_t(kMinRows) && W.K % 32 == 0 &&
-           (rpg == 0 || rpg % kBM == 0);
+    if (!tensor_cores_on() || W.type != T_Q8_0 || expert || W.K % 32 != 0) return false;
+    // a prompt round's rows, however few, take the flat kernel (one order for every chunking)
+    if (g_flat_round && (rpg == 0 || rpg % kFlatBM == 0)) return R >= 1;
+    return R >= uint32_t(kMinRows) && (rpg == 0 || rpg % kBM == 0);
 }
 
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
@@ -1385,6 +1558,13 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || (rpg && rpg % kBM))
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
+    if (flat_ok(W, a, row0, rpg) && (N + kFlatBM - 1) / kFlatBM < 65536) {
+        const dim3 fgrid((R + kFlatBN - 1) / kFlatBN, uint32_t((N + kFlatBM - 1) / kFlatBM));
+        if (flat_stages() == 3) gemm_q8_0_flat_kernel<3, 1><<<fgrid, 256, flat_smem(3), s>>>(p);
+        else gemm_q8_0_flat_kernel<4, 1><<<fgrid, 256, flat_smem(4), s>>>(p);
+        check_launch("gemm_q8_0 (flat)");
+        return;
+    }
     const dim3 grid(uint32_t((N + kBM - 1) / kBM), (R + kBN - 1) / kBN);
     const uint32_t wt = decode_row_threads(W.K, N, false);
     const int cmax = int((W.K / 32 + 31) / 32);

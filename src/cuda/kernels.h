@@ -175,10 +175,20 @@ void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, cons
 uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert);
 
 // Q8_0 products of R >= 16 rows on the tensor cores, bit for bit what matvec gives (see
-// gemm.cu); matvec calls it itself where eligible. DSV4_CUDA_TC=0 turns it off.
+// gemm.cu); matvec calls it itself where eligible. DSV4_CUDA_TC=0 turns it off. In a prompt
+// round (gemm_prefill_order(true)) every Q8_0 product of any R instead adds its blocks in k
+// order (gemm_q8_0_flat_kernel): not decode's bits, the same for any chunking of the prompt.
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert);
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                uint64_t row0, uint64_t rpg, cudaStream_t s);
+// The order of the Q8_0 products launched next from this host thread: flat (a prompt round,
+// DSV4_PREFILL_FLAT) or decode's. Call it outside stream capture (it raises the kernel's
+// shared memory limit the first time).
+void gemm_prefill_order(bool flat);
+bool gemm_prefill_order();
+// Whether the backend's prompt rounds take that order: 1, 0, or -1 for DSV4_PREFILL_FLAT's
+// choice (tests).
+void prefill_flat_override(int on);
 
 // Float-weight (F16, BF16, F32) products of R >= 16 float activation rows as a tiled SIMT
 // GEMM, bit for bit what matvec's decode path gives each row (see gemm.cu): non-expert,

@@ -1746,10 +1746,10 @@ __device__ __forceinline__ void attn_prefetch_keys(const AttnKeys& ks, const Dev
 }
 
 __global__ void __launch_bounds__(kAttnThreads, 2)
-    attn_split_kernel(const float* __restrict__ q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
-                      uint32_t top_k, const uint32_t* __restrict__ sel, const DevRow* __restrict__ rows,
+    attn_split_kernel(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
+                      uint32_t top_k, const uint32_t* sel, const DevRow* __restrict__ rows,
                       const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t r0,
-                      uint32_t n_rows, uint32_t max_split, float* __restrict__ part_o, float2* __restrict__ part_ml,
+                      uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml,
                       bool loop_groups, bool early) {
     pdl_launch();
     bool waited = !early;
@@ -2023,9 +2023,8 @@ __global__ void __launch_bounds__(kAttnThreads, 1)
 __global__ void __launch_bounds__(kAttnMergeThreads)
     attn_merge_kernel(const float* __restrict__ sinks, uint32_t n_head, uint32_t D, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const DevRow* __restrict__ rows, uint32_t r0, uint32_t max_split,
-                      const float* __restrict__ part_o, const float2* __restrict__ part_ml, uint32_t n_rot,
-                      const double* __restrict__ inv_freq, float* __restrict__ o, int8_t* __restrict__ oq,
-                      float* __restrict__ od, bool early) {
+                      const float* part_o, const float2* part_ml, uint32_t n_rot,
+                      const double* __restrict__ inv_freq, float* o, int8_t* oq, float* od, bool early) {
     pdl_launch();
     if (!early) pdl_wait();
     __shared__ float4 v_s[kAttnMaxD / 4];
@@ -2383,10 +2382,14 @@ namespace {
 // attn_merge_kernel's and indexer_fused_kernel's RoPE angles, attn_split_kernel's item list and
 // key prefetches, indexer_fused_kernel's index-row prefetches; and the indexer's top-k passes
 // stopping once the chosen bin is taken whole (topk_staged). All the same bits.
+// DSV4_ATTN_EARLY_PARTS (a bit mask, default all) picks the kernels that take it: 1
+// head_norm_rope, 2 indexer_fused (with its top-k), 4 attn_split, 8 attn_merge (run 61 found
+// the whole wrong with programmatic edges and right without: the mask finds the part).
 int g_attn_early_override = -1;
-bool attn_early() {
+bool attn_early(int part) {
     static const bool env = env_switch("DSV4_ATTN_EARLY", false);
-    return g_attn_early_override >= 0 ? g_attn_early_override != 0 : env;
+    static const int parts = env_int("DSV4_ATTN_EARLY_PARTS", 15);
+    return (g_attn_early_override >= 0 ? g_attn_early_override != 0 : env) && (parts & part);
 }
 }  // namespace
 
@@ -2395,7 +2398,7 @@ void head_norm_rope(float* q, uint32_t R, uint32_t n_head, uint32_t D, uint32_t 
     if (!R) return;
     const uint32_t vpt = D % 128 == 0 ? D / 128 : 0;
     const bool reg = norm_reg_on() && n_rot % 2 == 0 && n_rot <= 128 && n_rot <= D;
-    const bool early = attn_early();
+    const bool early = attn_early(1);
     if (reg && vpt == 4) head_norm_rope_reg_kernel<4><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
     else if (reg && vpt == 1) head_norm_rope_reg_kernel<1><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
     else if (reg && vpt == 2) head_norm_rope_reg_kernel<2><<<R * n_head, 128, 0, s>>>(q, D, n_rot, eps, norm, inverse, inv_freq, rows, n_head, early);
@@ -2546,7 +2549,7 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     (void)raised;
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
-                                                           n_layer, il, top_k, score, ld, count, sel, attn_early());
+                                                           n_layer, il, top_k, score, ld, count, sel, attn_early(2));
     check_launch("indexer_fused");
 }
 
@@ -2638,13 +2641,13 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
             const uint32_t blocks = std::min(n * (loop ? 1 : n_groups) * max_split, resident);
             attn_split_kernel<<<blocks, kAttnThreads, smem, s>>>(q, n_head, D, n_swa, ratio, top_k, sel, rows, lkv,
                                                                  n_layer, il, r0, n, max_split, part_o, part_ml,
-                                                                 loop, attn_early());
+                                                                 loop, attn_early(4));
             check_launch("attention");
         }
         attn_merge_kernel<<<n * n_head, kAttnMergeThreads, 0, s>>>(sinks, n_head, D, n_swa, ratio, top_k, rows, r0,
                                                                    max_split, part_o, part_ml, n_rot, inv_freq, o,
                                                                    o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr,
-                                                                   attn_early());
+                                                                   attn_early(8));
         check_launch("attention merge");
     }
 }

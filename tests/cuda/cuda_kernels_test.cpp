@@ -1703,6 +1703,78 @@ TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
     }
 }
 
+TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
+    // A prompt round's Q8_0 products (gemm_prefill_order(true): gemm_q8_0_flat_kernel) add an
+    // output's 32-value blocks in k order, one fmaf a block: acc = fmaf(dw_b·da_b, I_b, acc)
+    // from 0, with I_b the block's integer dot product. The host below makes exactly those
+    // float operations, so every output must match it bit for bit, whatever its 128 × 128
+    // tile, the batch (R, and R - 3 with a strided output) or the stage layout (K of 3 blocks,
+    // 33, not a multiple of the 4-block stage); and lie within the float error bound of the
+    // CPU's Q8_0 dot product (an independent order). The model's shapes (q_b, shared expert,
+    // out_a grouped, out_b), R of 1, 3 and past the tile, N with tails.
+    for (const Q8_0Case c :
+         {Q8_0Case{1024, 32768, 0, 130}, Q8_0Case{4096, 2048, 0, 100}, Q8_0Case{2048, 4096, 0, 67},
+          Q8_0Case{4096, 8192, 1024, 50}, Q8_0Case{8192, 4096, 0, 45}, Q8_0Case{512, 1100, 0, 16},
+          Q8_0Case{1056, 1100, 0, 37}, Q8_0Case{96, 200, 0, 3}, Q8_0Case{2048, 2048, 128, 70},
+          Q8_0Case{4096, 1100, 0, 1}, Q8_0Case{1024, 130, 0, 260}}) {
+        const Q8_0Problem pr(c, 1970 + c.K + c.N, 143 + c.R);
+        const uint64_t AK = pr.AK, nb = c.K / 32;
+        std::vector<int8_t> aq(c.R * AK);
+        std::vector<float> ad(c.R * AK / 32);
+        ASSERT_EQ(cudaMemcpy(aq.data(), pr.a.q, aq.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(ad.data(), pr.a.d, ad.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
+        std::vector<float> ref(c.R * c.N);
+        std::vector<double> mag(c.R * c.N);
+        for (uint32_t r = 0; r < c.R; ++r)
+            for (uint64_t n = 0; n < c.N; ++n) {
+                const uint64_t g = c.rpg ? n / c.rpg : 0;
+                const uint8_t* wr = pr.hw.bytes.data() + n * rb;
+                float acc = 0.0f;
+                double m = 0;
+                for (uint64_t b = 0; b < nb; ++b) {
+                    const uint8_t* blk = wr + b * 34;
+                    const float dw = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
+                    const int8_t* x = aq.data() + r * AK + g * c.K + b * 32;
+                    int isum = 0;
+                    for (int i = 0; i < 32; ++i) isum += int(int8_t(blk[2 + i])) * int(x[i]);
+                    const float sc = dw * ad[(r * AK + g * c.K) / 32 + b];
+                    acc = std::fmaf(sc, float(isum), acc);
+                    m += std::fabs(double(sc) * isum);
+                }
+                ref[r * c.N + n] = acc;
+                mag[r * c.N + n] = m;
+            }
+        cuda::gemm_prefill_order(true);
+        ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
+                                             false));
+        DevVec<float> y(std::vector<float>(c.R * c.N, std::nanf("")));   // a skipped output shows
+        cuda::gemm_q8_0(pr.dw.w, pr.a, c.R, y.get(), c.N, c.N, 0, c.rpg, nullptr);
+        const uint32_t R2 = c.R > 3 ? c.R - 3 : c.R;
+        DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
+        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
+        cuda::gemm_prefill_order(false);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = y.download(), w2 = wide.download();
+        ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
+            << "K " << c.K << " N " << c.N << " R " << c.R << " rpg " << c.rpg;
+        for (uint32_t r = 0; r < R2; ++r) {
+            ASSERT_EQ(0, std::memcmp(w2.data() + r * (c.N + 8), ref.data() + r * c.N, c.N * 4))
+                << "strided, R " << R2 << " row " << r << " K " << c.K << " N " << c.N;
+            ASSERT_EQ(w2[r * (c.N + 8) + c.N], 7.0f) << "wrote past N";
+        }
+        // the CPU's dot product: a different order of the same terms, so within nb roundings
+        std::vector<uint8_t> act(quant::act_bytes(Type::Q8_0, c.K));
+        for (uint32_t r = 0; r < c.R; r += 5) {
+            const uint64_t n = (r * 131) % c.N, g = c.rpg ? n / c.rpg : 0;
+            quant::quantize_act(Type::Q8_0, &pr.x[r * AK + g * c.K], act.data(), c.K);
+            const float cpu = quant::vec_dot(Type::Q8_0, pr.hw.bytes.data() + n * rb, act.data(), c.K);
+            ASSERT_NEAR(got[r * c.N + n], cpu, 2.0 * double(nb + 1) * 0x1p-24 * mag[r * c.N + n] + 1e-30)
+                << "K " << c.K << " N " << c.N << " row " << r;
+        }
+    }
+}
+
 TEST_F(CudaKernels, FloatWeightGemmEqualsDecodeBitForBit) {
     // Prefill's tiled float-weight GEMM (gemm.cu, gemm_float) must give each row exactly what
     // decode gives it alone (matvec, one row): the same fmaf chains over the same chunks, the

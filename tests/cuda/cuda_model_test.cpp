@@ -3,6 +3,7 @@
 // (bit-identical), batched sessions = solo, lazy = eager KV (bit-identical), the guard.
 #include <cstdio>
 
+#include "cuda/kernels.h"
 #include "cuda_test_util.h"
 
 using namespace dsv4;
@@ -230,8 +231,13 @@ protected:
 class CudaConsistency : public SmallFlashOnGpu {};
 class CudaKv : public SmallFlashOnGpu {};
 
-// Every per-row computation is independent of the batch, so any chunking is bit-identical.
+// Every per-row computation is independent of the batch, so any chunking is bit-identical
+// (prompt rounds in decode's order: DSV4_PREFILL_FLAT off).
 TEST_F(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
+    cuda::prefill_flat_override(0);
+    struct Restore {
+        ~Restore() { cuda::prefill_flat_override(-1); }
+    } restore;
     auto g37 = open_gpu(*m, Numerics::Official, 37);
     ASSERT_TRUE(g37);
     const auto toks = random_tokens(400, 0, int32_t(V), 21);
@@ -244,6 +250,49 @@ TEST_F(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
     expect_same(ref, all_logits(*g37, *k3, toks), V, "chunk 37");
     auto k4 = session(*g, 4096, &budget);
     expect_same(ref, all_logits(*g, *k4, toks, 129), V, "pieces of 129");
+}
+
+// Prompt rounds in their own order (DSV4_PREFILL_FLAT: the Q8_0 products' blocks in k order):
+// every chunking of a prompt still bit-identical to one prefill — chunks of 37 and of one
+// token inside one call, pieces of 129 and a batch with another session's prompt; decode's
+// order (each token its own call) is another float order, so it is compared as two orders
+// are: quantised activations turn last-bit differences into whole code steps now and then.
+TEST_F(CudaConsistency, PromptOrderChunkingsAreBitIdentical) {
+    cuda::prefill_flat_override(1);
+    struct Restore {
+        ~Restore() { cuda::prefill_flat_override(-1); }
+    } restore;
+    auto g37 = open_gpu(*m, Numerics::Official, 37);
+    auto g1 = open_gpu(*m, Numerics::Official, 1);
+    ASSERT_TRUE(g37 && g1);
+    const auto toks = random_tokens(400, 0, int32_t(V), 21), other = random_tokens(90, 0, int32_t(V), 22);
+    kv::Budget budget;
+    auto k1 = session(*g, 4096, &budget);
+    const auto ref = all_logits(*g, *k1, toks);
+    auto k3 = session(*g37, 4096, &budget);
+    expect_same(ref, all_logits(*g37, *k3, toks), V, "chunk 37");
+    auto k5 = session(*g1, 4096, &budget);
+    expect_same(ref, all_logits(*g1, *k5, toks), V, "chunks of one token");
+    auto k4 = session(*g, 4096, &budget);
+    expect_same(ref, all_logits(*g, *k4, toks, 129), V, "pieces of 129");
+    {   // batched with another session's prompt
+        auto ka = session(*g, 4096, &budget), kb = session(*g, 4096, &budget);
+        std::vector<float> la(toks.size() * V), lb(other.size() * V);
+        StepInput in[2] = {{ka.get(), toks, true, la.data(), {}}, {kb.get(), other, true, lb.data(), {}}};
+        g->forward(in);
+        ASSERT_TRUE(in[0].error.empty() && in[1].error.empty());
+        expect_same(ref, la, V, "batched with another prompt");
+    }
+    auto k2 = session(*g, 4096, &budget);
+    const auto dec = all_logits(*g, *k2, toks, 1);
+    const Diff d = compare_logits(dec, ref, V);
+    std::printf("[cuda-order] decode's order vs the prompt's: positions %zu  max rel %.3g (pos %zu)  median rel %.3g"
+                "  argmax agree %zu/%zu\n",
+                d.positions, d.max_rel, d.worst_pos, d.median_rel, d.argmax_same, d.positions);
+    EXPECT_GT(d.max_rel, 0.0);   // (the orders differ: this test would not see a path left out)
+    EXPECT_LT(d.median_rel, 5e-2);
+    EXPECT_LT(d.max_rel, 0.6);
+    EXPECT_GE(d.argmax_same * 100, d.positions * 90);
 }
 
 TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
