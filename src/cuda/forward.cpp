@@ -64,19 +64,16 @@ const bool g_hc_spread_on = env_switch("DSV4_HC_FUSED", true);
 // decode's critical path. The same operations, so the same bits; DSV4_HC_POST_FUSED=0 keeps
 // the separate hc_post launch.
 const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
-// The sublayer input's Q8_K codes also negated by hc_pre_collapse, so the IQ2_XXS decode
-// kernel puts the weights' signs on the activations (2 of 13 operations per 8 values fewer;
-// the same integers, the same bits). DSV4_KQ_NEG=1; off by default until measured (written
-// when the session's device time was spent).
-const bool g_kq_neg = env_switch("DSV4_KQ_NEG", false);
 // Prompt rounds (an input of more than one token) add their Q8_0 products' blocks in k order
-// (gemm_prefill_order): ~2.5x the tensor-core rate of decode's tree order, and no longer
-// decode's bits (validation.md: ~1e-5 where the order differs). Every chunking of a prompt,
-// chunks of one token included, takes the same order, so those stay bit-identical; decode
-// steps keep decode's order. DSV4_PREFILL_FLAT=1; prefill_flat_override (tests) wins.
+// (gemm_prefill_order), which lets the tensor-core kernel drop decode's tree of partial sums
+// and take 128 x 128 tiles: run 62, 43 layers, prefill 2,325 and 2,325 tok/s against 2,045
+// and 2,042 in decode's order. Not decode's bits (validation.md: ~1e-5 where the order
+// differs); every chunking of a prompt, chunks of one token included, takes the same order,
+// so those stay bit-identical; decode steps keep decode's order. DSV4_PREFILL_FLAT=0 gives
+// prompts decode's order (prefill = decode bit for bit); prefill_flat_override (tests) wins.
 int g_prefill_flat_override = -1;
 bool prefill_flat() {
-    static const bool env = env_switch("DSV4_PREFILL_FLAT", false);
+    static const bool env = env_switch("DSV4_PREFILL_FLAT", true);
     return g_prefill_flat_override >= 0 ? g_prefill_flat_override != 0 : env;
 }
 void programmatic_edges(cudaGraph_t g) {
@@ -491,7 +488,7 @@ private:
     DBuf<float> act_d_, act2_d_;
     DBuf<int32_t> act_b_, act2_b_;
     ActBuf act_, act2_;
-    DBuf<int8_t> xn8_q_, xnk_q_, xnk_n_;   // (xnk_n_: the negated Q8_K codes, DSV4_KQ_NEG)
+    DBuf<int8_t> xn8_q_, xnk_q_;
     DBuf<float> xn8_d_, xnk_d_;
     DBuf<int32_t> xn8_b_, xnk_b_;
     ActBuf xn8_, xnk_;
@@ -699,10 +696,6 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     xnk_d_.ensure(vals2 / 32, "workspace", g);
     xnk_b_.ensure(vals2 / 16, "workspace", g);
     xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2};
-    if (g_kq_neg) {
-        xnk_n_.ensure(vals2, "workspace", g);
-        xnk_.qn = xnk_n_.get();
-    }
     hc_gate_.ensure(n * (H + 1), "workspace", g);
     hc_part_.ensure(hc_pre_partials(R, H, E), "workspace", g);
     if (tail_count_.ensure(2, "workspace", g))
@@ -739,12 +732,8 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
                 const ActBuf& b = k == 1 ? xn8_ : xnk_;
                 (k == 1 ? qa.q0 : qa.qk) = b.q;
                 (k == 1 ? qa.d0 : qa.dk) = b.d;
+                if (k == 2) qa.bk = b.bsum;
                 xn_acts_[k] = codes_in(ActKind(k), E, b);
-                if (k == 2) {   // (the negated codes, DSV4_KQ_NEG: written beside the codes by the same kernel)
-                    qa.bk = b.bsum;
-                    qa.qkn = b.qn;
-                    xn_acts_[k].qn = b.qn;
-                }
                 xn_have_[k] = true;
             }
         hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);

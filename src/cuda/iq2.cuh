@@ -112,24 +112,4 @@ __device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const u
     }
 }
 
-// The same group's integer sum against its 32 activation codes with the signs put on the
-// activations instead (decode, DSV4_KQ_NEG): aw the codes, an their negations (quantisers never
-// make -128, so -x is exact), byte t of prmt(aw, an, sel) = ±x_t by the same selector that
-// picks ±g_t above, and dp4a(g, ±x) = dp4a(±g, x): the same integers, so the same sum, with
-// the two byte-wise negations of the grid words gone (11 operations per 8 values instead of 13).
-template <uint32_t SEL_COPIES>
-__device__ __forceinline__ int iq2_dot_rep_neg(uint32_t a0, uint32_t a1, const uint8_t* gb, const uint8_t* sb,
-                                               const int (&aw)[8], const int (&an)[8]) {
-    int sm = 0;
-#pragma unroll
-    for (int l = 0; l < 4; ++l) {
-        uint2 g;
-        uint32_t sel;
-        iq2_row_rep<SEL_COPIES>(a0, a1, l, gb, sb, g, sel);
-        sm = __dp4a(int(g.x), int(prmt(uint32_t(aw[2 * l]), uint32_t(an[2 * l]), sel)), sm);
-        sm = __dp4a(int(g.y), int(prmt(uint32_t(aw[2 * l + 1]), uint32_t(an[2 * l + 1]), sel >> 16)), sm);
-    }
-    return sm;
-}
-
 }  // namespace dsv4::cuda

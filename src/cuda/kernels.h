@@ -76,9 +76,6 @@ struct DevAct {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* bsum = nullptr;
-    // Q8_K only, optional: the codes negated (-q), which the IQ2_XXS decode kernel takes to put
-    // the signs on the activations (DSV4_KQ_NEG; the same bits). Set only by whoever wrote them.
-    const int8_t* qn = nullptr;
 };
 
 // Scratch for quantised activations (device memory, owned by the caller).
@@ -87,7 +84,6 @@ struct ActBuf {
     float* d = nullptr;
     int32_t* bsum = nullptr;
     uint64_t cap_values = 0;   // q holds cap_values; d cap_values/32; bsum cap_values/16
-    int8_t* qn = nullptr;      // optional: cap_values negated Q8_K codes (DevAct::qn)
 };
 
 // The activation of rows of K values whose codes (of a quantised kind) are, or are about to
@@ -344,7 +340,6 @@ struct HcQuant {
     int8_t* qk = nullptr;
     float* dk = nullptr;
     int32_t* bk = nullptr;
-    int8_t* qkn = nullptr;   // with qk, optional: the Q8_K codes negated (DevAct::qn)
 };
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
                      float* xn, cudaStream_t s, const HcQuant& qa = {});

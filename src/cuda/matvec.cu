@@ -106,7 +106,6 @@ struct MV {
     const int8_t* aq;
     const float* ad;
     const int32_t* absum;
-    const int8_t* aqn;   // DevAct::qn (IQ2_XXS decode with the signs on the activations), or null
     uint32_t R;
     float* y;
     uint64_t y_stride, N, row0;
@@ -757,15 +756,6 @@ __device__ __forceinline__ int iq2_group_smem(uint32_t a0, uint32_t a1, int4 x0,
     return sm * int(2 * (a1 >> 28) + 1);
 }
 
-// iq2_group_smem with the signs on the activations (xn: the negated codes): the same integer.
-__device__ __forceinline__ int iq2_group_smem_neg(uint32_t a0, uint32_t a1, int4 x0, int4 x1, int4 n0, int4 n1,
-                                                  const uint8_t* smb, uint32_t lane) {
-    const int aw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const int an[8] = {n0.x, n0.y, n0.z, n0.w, n1.x, n1.y, n1.z, n1.w};
-    const int sm = iq2_dot_rep_neg<32>(a0, a1, smb + (lane & 15) * 8, smb + kIq2SmemGrid + lane * 4, aw, an);
-    return sm * int(2 * (a1 >> 28) + 1);
-}
-
 // One Q2_K super-block of one weight row for this lane (quarter q: half h = q >> 1, sub-block
 // parity s = q & 1; values 128h + 32j + 16s + t (t < 16) of plane j = 0..3 sit at bits 2j of
 // its 16 code bytes w, with its 8 scale bytes sc): the four lanes' integer sums added exactly
@@ -801,12 +791,10 @@ __device__ __forceinline__ void q2k_lane_step(const uint4 w, const uint2 sc, uin
 
 // SM: 0 tables in global memory (iq2_expand, kq_kernel); 1 in shared memory (iq2_expand_smem,
 // kq_kernel_smem with 2 blocks of 8 warps per SM); 2 the same with 3 blocks per SM (registers
-// capped at 80: the gate+up decode variant then spills some). NEG (with SM): the signs on the
-// activations, whose negated codes p.aqn holds (iq2_group_smem_neg: the same integers).
-template <uint32_t T, int RB, int NW, int RW, int PS, int SM, bool NEG = false>
+// capped at 80: the gate+up decode variant then spills some).
+template <uint32_t T, int RB, int NW, int RW, int PS, int SM>
 __device__ __forceinline__ void kq_body(const MV& p) {
     static_assert(SM == 0 || (T == T_IQ2_XXS && RB == 1), "shared tables: IQ2_XXS with one slot");
-    static_assert(!NEG || SM != 0, "negated activations: with the shared tables");
     // SM: kIq2SmemBytes of tables (launch_kq), filled once per block: before waiting for the
     // kernels this one depends on when p.early_weights (the tables are constants), else once
     // the first weight loads are issued (the fill's own loads then wait beside them). Every
@@ -914,11 +902,6 @@ __device__ __forceinline__ void kq_body(const MV& p) {
                         // groups 2q and 2q+1: 64 activation codes
                         const int4* a4 = reinterpret_cast<const int4*>(a + 64 * q);
                         const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
-                        int4 n0{}, n1{}, n2{}, n3{};
-                        if constexpr (NEG) {
-                            const int4* n4 = reinterpret_cast<const int4*>(p.aqn + (a - p.aq) + 64 * q);
-                            n0 = n4[0], n1 = n4[1], n2 = n4[2], n3 = n4[3];
-                        }
 #pragma unroll
                         for (int r = 0; r < RW; ++r)
 #pragma unroll
@@ -937,10 +920,6 @@ __device__ __forceinline__ void kq_body(const MV& p) {
                                         s1 = __dp4a(int(wx[st][r][j][8 + t]), aw[8 + t], s1);
                                     }
                                     isum = s0 * int(2 * (w.y >> 28) + 1) + s1 * int(2 * (w.w >> 28) + 1);
-                                } else if constexpr (NEG) {
-                                    const uint8_t* smb = reinterpret_cast<const uint8_t*>(kq_smem);
-                                    isum = iq2_group_smem_neg(w.x, w.y, x0, x1, n0, n1, smb, lane) +
-                                           iq2_group_smem_neg(w.z, w.w, x2, x3, n2, n3, smb, lane);
                                 } else if constexpr (SM != 0) {
                                     const uint8_t* smb = reinterpret_cast<const uint8_t*>(kq_smem);
                                     isum = iq2_group_smem(w.x, w.y, x0, x1, smb, lane) +
@@ -1004,11 +983,11 @@ __global__ void __launch_bounds__(32 * kKqWarps) kq_kernel(MV p) {
 }
 
 // The shared-table variants (IQ2_XXS, one slot) with registers capped for MINB blocks per SM:
-// 2 (128 registers) for SM = 1, 3 (80) for SM = 2. NEG: the signs on the activations (p.aqn).
-template <uint32_t T, int NW, int RW, int PS, int MINB, bool NEG = false>
+// 2 (128 registers) for SM = 1, 3 (80) for SM = 2.
+template <uint32_t T, int NW, int RW, int PS, int MINB>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
     pdl_launch();   // (kq_body waits)
-    kq_body<T, 1, NW, RW, PS, MINB == 3 ? 2 : 1, NEG>(p);
+    kq_body<T, 1, NW, RW, PS, MINB == 3 ? 2 : 1>(p);
 }
 
 // Q2_K decode with one slot (the routed experts' down product, K = 2,048: one step of
@@ -1162,10 +1141,6 @@ void launch_kq(const MV& p, cudaStream_t s) {
                 if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 3>, grid, block, sb, s, p);
                 else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 3>, grid, block, sb, s, p);
                 else launch_kq_grid(kq_kernel_smem<T, NW, 1, 2, 3>, grid, block, sb, s, p);
-            } else if (p.aqn) {   // the activations' negated codes are there (DSV4_KQ_NEG): signs on them
-                if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 2, true>, grid, block, sb, s, p);
-                else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 2, true>, grid, block, sb, s, p);
-                else launch_kq_grid(kq_kernel_smem<T, NW, 1, 2, 2, true>, grid, block, sb, s, p);
             } else {
                 if (rw >= 4) launch_kq_grid(kq_kernel_smem<T, NW, 4, 1, 2>, grid, block, sb, s, p);
                 else if (rw == 2) launch_kq_grid(kq_kernel_smem<T, NW, 2, 2, 2>, grid, block, sb, s, p);
@@ -1430,7 +1405,6 @@ MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y
     p.aq = a.q;
     p.ad = a.d;
     p.absum = a.bsum;
-    p.aqn = a.qn;
     p.R = R;
     p.y = y;
     p.y_stride = y_stride;

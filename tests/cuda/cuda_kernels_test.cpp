@@ -460,8 +460,7 @@ struct HcMix {
 TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     // hc_pre_collapse can also write xn's Q8_0 and Q8_K codes: they must be the bytes
     // quantize_act makes from xn (codes, scales, 16-value sums), including a row of zeros
-    // (Q8_K's zero block) and ties of magnitude (the first value's sign); and the Q8_K codes
-    // negated where asked (HcQuant::qkn, for DSV4_KQ_NEG).
+    // (Q8_K's zero block) and ties of magnitude (the first value's sign).
     constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, R = 3;
     constexpr uint64_t HD = HcMix::HD;
     HcMix hm(1234, 91, 92);
@@ -480,8 +479,7 @@ TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     cuda::hc_pre_mix(hm.dw.w, dX.get(), hm.scale.get(), hm.base.get(), R, H, E, 1e-6f, 1e-6f, mix.get(), post.get(),
                      gate.get(), part.get(), count.get(), nullptr);
     ActHolder f0(R * E), fk(R * E), r0(R * E), rk(R * E);
-    DevVec<int8_t> kneg(R * E);
-    cuda::HcQuant qa{f0.buf.q, f0.buf.d, fk.buf.q, fk.buf.d, fk.buf.bsum, kneg.get()};
+    cuda::HcQuant qa{f0.buf.q, f0.buf.d, fk.buf.q, fk.buf.d, fk.buf.bsum};
     cuda::hc_pre_collapse(dX.get(), gate.get(), dnw.get(), R, H, E, xn.get(), nullptr, qa);
     cuda::quantize_act(uint32_t(Type::Q8_0), xn.get(), E, R, E, r0.buf, nullptr);
     cuda::quantize_act(uint32_t(Type::IQ2_XXS), xn.get(), E, R, E, rk.buf, nullptr);
@@ -495,11 +493,6 @@ TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     eq(fk.q, rk.q, R * E, "Q8_K codes");
     eq(fk.d, rk.d, R * E / 256, "Q8_K scales");
     eq(fk.b, rk.b, R * E / 16, "Q8_K sums");
-    const auto codes = fk.q.download(), negs = kneg.download();
-    for (size_t i = 0; i < codes.size(); ++i) {
-        ASSERT_NE(codes[i], -128) << i;
-        ASSERT_EQ(int(negs[i]), -int(codes[i])) << "negated Q8_K code " << i;
-    }
 }
 TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
     // hc_pre_mix with the previous sublayer's hc_post folded in (HcPostIn) must leave the same
@@ -1436,8 +1429,7 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
     // (DSV4_KQ_SMEM = 1, or 2 with 3 blocks per SM); the results must be those of the
     // global-memory lookups (0) bit for bit: plain rows and expert pairs, gate+up fused and
     // single products, N not a multiple of a block's rows (warps without rows), K of one
-    // partial to two full rounds of loads. Mode 3: the shared tables with the activations'
-    // negated codes beside them (DevAct::qn, DSV4_KQ_NEG: the signs on the activations).
+    // partial to two full rounds of loads.
     const uint64_t RPE = 200, NEXP = 3, N = 200;
     for (const uint64_t K : {256, 2048, 4096, 8192}) {
         const HostWeight hg = random_weight(Type::IQ2_XXS, K, RPE * NEXP, 701 + K);
@@ -1451,19 +1443,10 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
         auto x = random_floats(AR * K, 29 + K, -2.0f, 2.0f);
         DevVec<float> dx(x);
         ActHolder ah(AR * K);
-        const cuda::DevAct a0 = cuda::quantize_act(uint32_t(Type::IQ2_XXS), dx.get(), K, AR, K, ah.buf, nullptr);
-        std::vector<int8_t> codes(AR * K);
-        ASSERT_EQ(cudaMemcpy(codes.data(), a0.q, codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-        for (int8_t& c : codes) {
-            ASSERT_NE(c, -128) << "an activation code of -128 has no negation";
-            c = int8_t(-c);
-        }
-        DevVec<int8_t> neg(codes);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::IQ2_XXS), dx.get(), K, AR, K, ah.buf, nullptr);
         std::vector<float> ref[4];
-        for (int mode : {0, 1, 2, 3}) {
-            cuda::kq_smem_select(mode == 3 ? 1 : mode);
-            cuda::DevAct a = a0;
-            if (mode == 3) a.qn = neg.get();
+        for (int mode : {0, 1, 2}) {
+            cuda::kq_smem_select(mode);
             DevVec<float> y1(N), y2(P * N), f1(N), f2(P * N);
             cuda::matvec(dg.w, a, 1, y1.get(), N, N, 0, nullptr);
             cuda::matvec(dg.w, a, P, y2.get(), N, N, 0, nullptr, dex.get(), RPE, 2);
