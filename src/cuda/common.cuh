@@ -43,9 +43,11 @@ __device__ __forceinline__ void pdl_begin() {
 // run is safe, and the loads then overlap their tails. Everything else (activations, any
 // buffer a kernel writes, and every store) only after pdl_wait. And no `const __restrict__`
 // on a pointer read after a pdl_wait that is not the kernel's first statement: the compiler
-// may treat such loads as invariant and move them above the wait's asm (its memory clobber
-// does not hold them back), reading what the kernels before have not yet written (the suspected
-// cause of run 61's failure: DSV4_ATTN_EARLY wrong with programmatic edges, right without).
+// may treat such loads as invariant (ld.global.nc) and move them above the wait, reading what
+// the kernels before have not yet written. Run 61: DSV4_ATTN_EARLY's split and merge kernels,
+// with const __restrict__ partials and selection, gave wrong decode with programmatic edges
+// and right without; run 63, the same kernels without __restrict__ there: right. (Their PTX
+// had the loads after the wait: the move, or the non-coherent path's stale lines, is below it.)
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

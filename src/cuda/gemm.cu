@@ -1066,6 +1066,36 @@ __device__ __forceinline__ void cp_async_wait_group() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Where the staged scales of a tile row go, so that an MMA thread reads its scales of a block
+// as consecutive floats: weight row r = WM wmi + 16 mt + 8 h + gid (warps of WM rows, MT =
+// WM / 16 m-tiles) -> WM wmi + 2 MT gid + 2 mt + h; activation row r = WN wni + 8 nt + 2 tig
+// + c (warps of WN rows, NT = WN / 8 n-tiles) -> WN wni + 2 NT tig + 2 nt + c.
+template <uint32_t WM>
+__device__ __forceinline__ uint32_t scale_pos_w(uint32_t r) {
+    constexpr uint32_t MT = WM / 16;
+    return (r & ~(WM - 1)) + 2 * MT * (r & 7) + 2 * ((r >> 4) & (MT - 1)) + ((r >> 3) & 1);
+}
+template <uint32_t WN>
+__device__ __forceinline__ uint32_t scale_pos_a(uint32_t r) {
+    constexpr uint32_t NT = WN / 8;
+    return (r & ~(WN - 1)) + 2 * NT * ((r >> 1) & 3) + 2 * ((r >> 3) & (NT - 1)) + (r & 1);
+}
+// A cp.async pipeline's prologue: stages 0 .. NS - 2 in flight, stage 0's scales stored,
+// stage 1's loaded into registers (n: the block's stages).
+template <int NS, typename I, typename L, typename S>
+__device__ __forceinline__ void pipe_prologue(uint32_t n, I&& issue, L&& load_scales, S&& store_scales) {
+#pragma unroll
+    for (int s = 0; s < NS - 1; ++s) {
+        if (uint32_t(s) < n) issue(uint32_t(s));
+        cp_async_commit();
+    }
+    if (n > 0) {
+        load_scales(0u);
+        store_scales(0u);
+    }
+    if (n > 1) load_scales(1u);
+}
+
 // tree_push with the level (trailing zero bits of j + 1) given: merged with the LV finished
 // subtrees below it, then kept at height LV (LV = L: cur is the root). A constant level
 // (after unrolling) folds the switch; a run-time one is the same for the whole block, so the
@@ -1174,27 +1204,13 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
         float* sda = sdw + kQ2Slots * kQ2Rows;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const uint32_t r = (t >> 3) + 32 * (u & 1);
-            // weight row r = 32 wmi + 16 mt + 8 h + gid -> 32 wmi + 4 gid + 2 mt + h;
-            // activation row r = 16 wni + 8 nt + 2 tig + c -> 16 wni + 4 tig + 2 nt + c
-            const uint32_t pw = (r & 32) + 4 * (r & 7) + 2 * ((r >> 4) & 1) + ((r >> 3) & 1);
-            const uint32_t pa = (r & 48) + 4 * ((r >> 1) & 3) + 2 * ((r >> 3) & 1) + (r & 1);
-            if (u < 2) sdw[sslot * kQ2Rows + pw] = pre[u];
-            else sda[sslot * kQ2Rows + pa] = pre[u];
+            const uint32_t r = (t >> 3) + 32 * (u & 1);   // (warps of 32 weight rows, 16 activation rows)
+            if (u < 2) sdw[sslot * kQ2Rows + scale_pos_w<32>(r)] = pre[u];
+            else sda[sslot * kQ2Rows + scale_pos_a<16>(r)] = pre[u];
         }
     };
 
-    // prologue: stages 0 .. NS - 2 in flight, stage 0's scales stored, stage 1's loaded
-#pragma unroll
-    for (int s = 0; s < NS - 1; ++s) {
-        if (uint32_t(s) < nwork) issue(s);
-        cp_async_commit();
-    }
-    if (nwork > 0) {
-        load_scales(0);
-        store_scales(0);
-    }
-    if (nwork > 1) load_scales(1);
+    pipe_prologue<NS>(nwork, issue, load_scales, store_scales);
 
     float st[5][2][2][4], cur[2][2][4];
     for (uint32_t w = 0; w < nwork; ++w) {
@@ -1319,26 +1335,13 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
         const uint32_t slot = t & 3;
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const uint32_t r = (t >> 2) + 64 * (u & 1);
-            // weight row r = 64 wmi + 16 mt + 8 h + gid -> 64 wmi + 8 gid + 2 mt + h;
-            // activation row r = 32 wni + 8 nt + 2 tig + c -> 32 wni + 8 tig + 2 nt + c
-            const uint32_t pw = (r & 64) + 8 * (r & 7) + 2 * ((r >> 4) & 3) + ((r >> 3) & 1);
-            const uint32_t pa = (r & 96) + 8 * ((r >> 1) & 3) + 2 * ((r >> 3) & 3) + (r & 1);
-            if (u < 2) sdw[slot * kFlatBM + pw] = pre[u];
-            else sda[slot * kFlatBN + pa] = pre[u];
+            const uint32_t r = (t >> 2) + 64 * (u & 1);   // (warps of 64 weight rows, 32 activation rows)
+            if (u < 2) sdw[slot * kFlatBM + scale_pos_w<64>(r)] = pre[u];
+            else sda[slot * kFlatBN + scale_pos_a<32>(r)] = pre[u];
         }
     };
 
-#pragma unroll
-    for (int s = 0; s < NS - 1; ++s) {
-        if (uint32_t(s) < nst) issue(s);
-        cp_async_commit();
-    }
-    if (nst > 0) {
-        load_scales(0);
-        store_scales(0);
-    }
-    if (nst > 1) load_scales(1);
+    pipe_prologue<NS>(nst, issue, load_scales, store_scales);
 
     float acc[4][4][4];
     each(acc, [](float& x) { x = 0.0f; });

@@ -2373,18 +2373,19 @@ void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, 
 }
 
 namespace {
-// DSV4_ATTN_EARLY (default 0: written when the session's device time was spent, not yet
-// measured) or attn_early_override (tests): the attention path's work that reads no output of
+// DSV4_ATTN_EARLY (default 1; run 63, 43 layers: decode 157.9 and 158.4 tok/s against 156.1
+// and 155.4 with 0) or attn_early_override (tests): the attention path's work that reads no output of
 // the step's kernels before the programmatic-launch wait: head_norm_rope_reg_kernel's,
 // attn_merge_kernel's and indexer_fused_kernel's RoPE angles, attn_split_kernel's item list and
 // key prefetches, indexer_fused_kernel's index-row prefetches; and the indexer's top-k passes
 // stopping once the chosen bin is taken whole (topk_staged). All the same bits.
 // DSV4_ATTN_EARLY_PARTS (a bit mask, default all) picks the kernels that take it: 1
-// head_norm_rope, 2 indexer_fused (with its top-k), 4 attn_split, 8 attn_merge (run 61 found
-// the whole wrong with programmatic edges and right without: the mask finds the part).
+// head_norm_rope, 2 indexer_fused (with its top-k), 4 attn_split, 8 attn_merge. (Run 61 found
+// the whole wrong with programmatic edges and right without; with __restrict__ taken off what
+// the split and merge kernels read after their wait, every part and the whole pass: run 63.)
 int g_attn_early_override = -1;
 bool attn_early(int part) {
-    static const bool env = env_switch("DSV4_ATTN_EARLY", false);
+    static const bool env = env_switch("DSV4_ATTN_EARLY", true);
     static const int parts = env_int("DSV4_ATTN_EARLY_PARTS", 15);
     return (g_attn_early_override >= 0 ? g_attn_early_override != 0 : env) && (parts & part);
 }

@@ -39,6 +39,12 @@ std::unique_ptr<Backend> open_gpu(const model::Model& m, Numerics n, uint32_t ch
     return b;
 }
 
+// The prompt rounds' order of Q8_0 sums for one test (DSV4_PREFILL_FLAT's choice after it).
+struct PromptOrder {
+    explicit PromptOrder(int flat) { cuda::prefill_flat_override(flat); }
+    ~PromptOrder() { cuda::prefill_flat_override(-1); }
+};
+
 std::string tiny(const std::string& mix) { return synth("tiny-" + mix, "tiny", mix); }
 std::string small(const std::string& mix) { return synth("small-" + mix, "small", mix); }
 
@@ -234,10 +240,7 @@ class CudaKv : public SmallFlashOnGpu {};
 // Every per-row computation is independent of the batch, so any chunking is bit-identical
 // (prompt rounds in decode's order: DSV4_PREFILL_FLAT off).
 TEST_F(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
-    cuda::prefill_flat_override(0);
-    struct Restore {
-        ~Restore() { cuda::prefill_flat_override(-1); }
-    } restore;
+    const PromptOrder decode_order(0);
     auto g37 = open_gpu(*m, Numerics::Official, 37);
     ASSERT_TRUE(g37);
     const auto toks = random_tokens(400, 0, int32_t(V), 21);
@@ -258,10 +261,7 @@ TEST_F(CudaConsistency, PrefillEqualsDecodeEqualsChunkings) {
 // order (each token its own call) is another float order, so it is compared as two orders
 // are: quantised activations turn last-bit differences into whole code steps now and then.
 TEST_F(CudaConsistency, PromptOrderChunkingsAreBitIdentical) {
-    cuda::prefill_flat_override(1);
-    struct Restore {
-        ~Restore() { cuda::prefill_flat_override(-1); }
-    } restore;
+    const PromptOrder flat(1);
     auto g37 = open_gpu(*m, Numerics::Official, 37);
     auto g1 = open_gpu(*m, Numerics::Official, 1);
     ASSERT_TRUE(g37 && g1);
