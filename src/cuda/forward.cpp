@@ -5,8 +5,10 @@
 // numerics modes. Every kernel computes the CPU's function up to float summation order.
 // Decode rounds are captured as CUDA graphs whose independent paths run as parallel
 // branches (side streams) and whose kernel-to-kernel edges are programmatic (PDL); prefill
-// runs eagerly in chunks on tensor-core / tiled GEMMs that reproduce decode's order of
-// float additions, so a row's result is the same bits in prefill, decode and any batch.
+// runs eagerly in chunks on tensor-core / tiled GEMMs. Those reproduce decode's order of float
+// additions, except the Q8_0 products of prompt rounds, which add their blocks in k order
+// (prefill_flat below). So a row's result is the same bits in any batch and any chunking of
+// its prompt, and decode's bits in decode (prompts too with DSV4_PREFILL_FLAT=0).
 // bench/gpu/NOTES.md has the measurements and the A/B switches.
 #include <cuda_runtime.h>
 
