@@ -9,7 +9,8 @@
 # layers' ms a token at a 1M context holding a 4K conversation (lazy KV).
 #   run(command="TEST_ENV='X=1' bench/gpu/ab43.sh '-;X=1;-;X=1'", carry=[".deps"])
 # About 3 minutes before the first setting, then ~45 s a setting; keep it under the device
-# tool's 10 minutes a command (6 settings fit).
+# tool's 10 minutes a command (6 settings fit). For a short budget: DSV4_AB_LAYERS=4 (a
+# 4-layer model: per-layer figures, seconds a setting) and GTEST_FILTER (the tests to run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -26,12 +27,13 @@ if [[ -n "${TEST_ENV:-}" ]]; then
   echo "== whole-model tests with $TEST_ENV ($(( $(date +%s) - T0 )) s): $(grep -c '^\[       OK' "$OUT/test_env.log") passed, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUT/test_env.log") failed lines"
   grep -E '^\[  FAILED|Failure' "$OUT/test_env.log" | head -10
 fi
-MODEL=/dev/shm/flash43.gguf
+LAYERS=${DSV4_AB_LAYERS:-43}
+MODEL=/dev/shm/flash$LAYERS.gguf
 IFS=';' read -ra LIST <<< "$SETTINGS"
 printf "%-50s %12s %12s %14s\n" "setting" "prefill t/s" "decode t/s" "layers ms/tok"
 for S in "${LIST[@]}"; do
   [[ "$S" == "-" ]] && S=""
-  env TMPDIR=/dev/shm DSV4_CUDA_BENCH=1 DSV4_CUDA_TIMING=1 DSV4_BENCH_LAYERS=43 DSV4_BENCH_DECODE=32 \
+  env TMPDIR=/dev/shm DSV4_CUDA_BENCH=1 DSV4_CUDA_TIMING=1 DSV4_BENCH_LAYERS=$LAYERS DSV4_BENCH_DECODE=32 \
       DSV4_BENCH_MODEL=$MODEL DSV4_BENCH_AB=1 $S timeout 240 build-gpu/dsv4_cuda_tests \
       --gtest_filter='CudaBench.Flash*' > "$OUT/ab.tmp" 2>&1
   cat "$OUT/ab.tmp" >> "$OUT/ab.log"

@@ -172,4 +172,45 @@ __device__ __forceinline__ float e2m1_round_d(float v) {
     return copysignf(fminf(r, 6.0f), v);
 }
 
+
+// ---- TF32 tensor-core helpers (attention_tc.cu, gemm.cu's flat float products) ----
+// x = hi + lo with both TF32 (round to nearest): the 3xTF32 / 2xTF32 splits.
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+// x = hi + lo + r, |r| <= 2^-22 |x|; hi and lo TF32 values (low 13 bits zero).
+__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = tf32_rna(x);
+    lo = tf32_rna(__fsub_rn(x, __uint_as_float(hi)));
+}
+
+// d += a·b (m16n8k8, TF32 inputs, FP32 accumulate). Fragments (gid = lane / 4, tig = lane % 4):
+// a0 (row gid, k tig), a1 (gid+8, tig), a2 (gid, tig+4), a3 (gid+8, tig+4); b0 (k tig, n gid),
+// b1 (k tig+4, n gid); d0 (gid, 2tig), d1 (gid, 2tig+1), d2 (gid+8, 2tig), d3 (gid+8, 2tig+1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d = a·b (a fresh accumulator).
+__device__ __forceinline__ void mma_tf32_0(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+// Four 8×8 matrices of 32-bit words (8 rows × 16 bytes each; lanes 8i..8i+7 give matrix i's
+// row addresses): register i of lane l gets word l % 4 of row l / 4 of matrix i — a TF32
+// A fragment (matrices: rows 0-7 / 8-15 × columns 0-3 / 4-7) or two B fragments.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* p) {
+    const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+
 }  // namespace dsv4::cuda

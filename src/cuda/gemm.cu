@@ -1533,9 +1533,14 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) 
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 
+namespace {
+void raise_float_flat_smem();   // (below, beside its kernel)
+}  // namespace
+
 void gemm_prefill_order(bool flat) {
     static bool raised = false;
     if (flat && !raised) {   // (called before any capture of the round)
+        raise_float_flat_smem();
         check(cudaFuncSetAttribute(reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1>),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, flat_smem(3)),
               "gemm: dynamic shared memory of the flat Q8_0 kernel");
@@ -1843,6 +1848,127 @@ __global__ void __launch_bounds__(256, TR == 2 ? 2 : 1) gemm_float_kernel(FGemm 
     }
 }
 
+// A prompt round's products of F16 / BF16 weights (gemm_prefill_order, as the Q8_0 ones: not
+// decode's order, the same bits for a row in any tile, batch or chunk) on the tensor cores:
+// a weight is exact in TF32, an activation x = hi + lo (two TF32 values, |x - hi - lo| <=
+// 2^-22 |x|, tf32_split), so W·x = W·hi + W·lo by two m16n8k8 MMAs, FP32-accurate. The tensor
+// cores round their sums toward zero, so a stage's 32 values are summed in fresh accumulators
+// (8 MMAs deep) and added to the running sum by FP32 adds (round to nearest): y = Σ over
+// stages in k order of (the stage's MMA sum). A warp holds 64 weight rows × 32 activation
+// rows, a block 128 × 128; both operands go global -> registers (a stage ahead) -> shared
+// memory (two buffers): the weights converted to floats there (F16 and BF16 values are TF32
+// values), the activations split at the fragment loads.
+constexpr int kFfBM = 128, kFfBN = 128, kFfK = 32, kFfStride = kFfK + 4;   // (36 words: ldmatrix rows on distinct banks)
+constexpr int kFfSmem = 2 * (kFfBM + kFfBN) * kFfStride * 4;
+
+template <uint32_t T>
+__global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
+    pdl_begin();
+    extern __shared__ __align__(16) float ff_s[];   // [2][kFfBM + kFfBN][kFfStride]: weights, then activations
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wmi = warp & 1, wni = warp >> 1;
+    const uint64_t m0 = uint64_t(blockIdx.y) * kFfBM;
+    const uint32_t r0 = blockIdx.x * kFfBN;
+    // a tile's weight rows lie in one group (the launcher checks rpg % 128 == 0, row0 % 128 == 0)
+    const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
+    const uint32_t nst = uint32_t((p.K + kFfK - 1) / kFfK);
+    // loads: row t >> 1 of the tile, values 16 (t & 1) .. + 15 of the stage (K % 8 == 0: an
+    // 8-value group is wholly inside K or past it, and past it loads zeros)
+    const uint32_t lr = t >> 1, lk = 16 * (t & 1);
+    const uint8_t* wrow = p.w + (p.row0 + min(m0 + lr, p.N - 1)) * p.row_bytes;
+    const float* arow = p.a + uint64_t(min(r0 + lr, p.R - 1)) * p.a_stride + goff;
+    uint4 wv[2];
+    float4 av[4];
+    auto load = [&](uint32_t s) {
+        const uint64_t k = uint64_t(s) * kFfK + lk;
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wv[j] = k + 8 * j < p.K ? *reinterpret_cast<const uint4*>(wrow + (k + 8 * j) * 2) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            av[j] = k + 4 * j < p.K ? *reinterpret_cast<const float4*>(arow + k + 4 * j) : make_float4(0, 0, 0, 0);
+    };
+    auto store = [&](uint32_t buf) {
+        float* sw = ff_s + (buf * (kFfBM + kFfBN) + lr) * kFfStride + lk;
+        float* sa = ff_s + (buf * (kFfBM + kFfBN) + kFfBM + lr) * kFfStride + lk;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float f[8];
+            to_floats<T>(wv[j], f);
+            reinterpret_cast<float4*>(sw + 8 * j)[0] = make_float4(f[0], f[1], f[2], f[3]);
+            reinterpret_cast<float4*>(sw + 8 * j)[1] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) reinterpret_cast<float4*>(sa + 4 * j)[0] = av[j];
+    };
+
+    float acc[4][4][4], part[4][4][4];
+    each(acc, [](float& x) { x = 0.0f; });
+    if (nst > 0) {
+        load(0);
+        store(0);
+    }
+    __syncthreads();
+    for (uint32_t s = 0; s < nst; ++s) {
+        if (s + 1 < nst) load(s + 1);   // in flight during the stage's MMAs
+        const float* sw = ff_s + (s & 1) * (kFfBM + kFfBN) * kFfStride;
+        const float* sa = sw + kFfBM * kFfStride;
+#pragma unroll
+        for (int kk = 0; kk < kFfK / 8; ++kk) {
+            uint32_t a[4][4], bh[4][2], bl[4][2];
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt)
+                ldsm_x4(a[mt], sw + (64 * wmi + 16 * mt + (lane & 15)) * kFfStride + 8 * kk + 4 * (lane >> 4));
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+                uint32_t b[4];   // b0, b1 of n-tiles 2 np and 2 np + 1
+                ldsm_x4(b, sa + (32 * wni + 16 * np + (lane & 7) + 8 * (lane >> 4)) * kFfStride + 8 * kk +
+                               4 * ((lane >> 3) & 1));
+#pragma unroll
+                for (int i = 0; i < 4; ++i) tf32_split(__uint_as_float(b[i]), bh[2 * np + i / 2][i & 1], bl[2 * np + i / 2][i & 1]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    if (kk == 0) mma_tf32_0(part[mt][nt], a[mt], bh[nt][0], bh[nt][1]);
+                    else mma_tf32(part[mt][nt], a[mt], bh[nt][0], bh[nt][1]);
+                    mma_tf32(part[mt][nt], a[mt], bl[nt][0], bl[nt][1]);
+                }
+        }
+        each2(acc, part, [](float& x, float& y) { x = __fadd_rn(x, y); });
+        if (s + 1 < nst) store((s + 1) & 1);   // its last readers were stage s - 1's, before the barrier
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t n = m0 + 64 * wmi + 16 * mt + gid + 8 * (e >> 1);
+                const uint32_t r = r0 + 32 * wni + 8 * nt + 2 * tig + (e & 1);
+                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = acc[mt][nt][e];
+            }
+}
+
+void raise_float_flat_smem() {
+    for (const void* k : {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16>),
+                          reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16>)})
+        check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kFfSmem),
+              "gemm: dynamic shared memory of the flat float kernel");
+}
+
+// Whether a float product of this prompt round takes gemm_float_flat_kernel (DSV4_FLAT_FLOAT=0:
+// prompt rounds keep decode's order for these, while the Q8_0 ones take theirs).
+bool float_flat_ok(const DevWeight& W, const DevAct& a, uint64_t N, uint64_t row0, uint64_t rpg) {
+    static const bool on = env_switch("DSV4_FLAT_FLOAT", true);
+    return g_flat_round && on && (W.type == T_F16 || W.type == T_BF16) && a.kind == ActKind::F32 && W.K % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(W.data) % 16 == 0 && W.row_bytes % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(a.f) % 16 == 0 && a.f_stride % 4 == 0 &&
+           (rpg == 0 || (rpg % kFfBM == 0 && row0 % kFfBM == 0)) && (N + kFfBM - 1) / kFfBM < 65536;
+}
+
 // DSV4_GEMM_F16=0 keeps the float-weight products of prefill on matvec_kernel (A/B).
 bool gemm_float_on() {
     static const bool on = env_switch("DSV4_GEMM_F16", true);
@@ -1853,7 +1979,10 @@ bool gemm_float_on() {
 
 bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,
                          bool expert) {
-    if (!gemm_float_on() || expert || R < uint32_t(kMinRows) || N == 0 || a.kind != ActKind::F32) return false;
+    if (!gemm_float_on() || expert || N == 0 || a.kind != ActKind::F32) return false;
+    // a prompt round's rows, however few, take the flat kernel (one order for every chunking)
+    if (float_flat_ok(W, a, N, row0, rpg)) return R >= 1;
+    if (R < uint32_t(kMinRows)) return false;
     if (W.type != T_F32 && W.type != T_F16 && W.type != T_BF16) return false;
     // decode's VEC path (matvec_impl's fvec) with leaves of equal chunk counts
     const uint64_t nt = decode_row_threads(W.K, N, false);
@@ -1878,6 +2007,13 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
     p.R = R;
     p.y = y;
     p.y_stride = y_stride;
+    if (float_flat_ok(W, a, N, row0, rpg)) {
+        const dim3 grid((R + kFfBN - 1) / kFfBN, uint32_t((N + kFfBM - 1) / kFfBM));
+        if (W.type == T_F16) gemm_float_flat_kernel<T_F16><<<grid, 256, kFfSmem, s>>>(p);
+        else gemm_float_flat_kernel<T_BF16><<<grid, 256, kFfSmem, s>>>(p);
+        check_launch("gemm_float (flat)");
+        return;
+    }
     p.nt = decode_row_threads(W.K, N, false);
     p.C = uint32_t(W.K / (8 * uint64_t(p.nt)));
     const uint32_t gx = uint32_t((N + kFBM - 1) / kFBM);
