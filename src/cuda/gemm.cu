@@ -1080,6 +1080,23 @@ __device__ __forceinline__ uint32_t scale_pos_a(uint32_t r) {
     constexpr uint32_t NT = WN / 8;
     return (r & ~(WN - 1)) + 2 * NT * ((r >> 1) & 3) + 2 * ((r >> 3) & (NT - 1)) + (r & 1);
 }
+// A warp's 64 × 32 results (4 × 4 MMA tiles; element e of tile (mt, nt): weight row m0 + 16 mt
+// + gid + 8 (e >> 1), activation row r0 + 8 nt + 2 tig + (e & 1)) into p.y, rows past N or R
+// skipped (the flat kernels: Gemm or FGemm).
+template <typename P>
+__device__ __forceinline__ void store_warp_64x32(const P& p, uint64_t m0, uint32_t r0, uint32_t gid, uint32_t tig,
+                                                 const float (&acc)[4][4][4]) {
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t n = m0 + 16 * mt + gid + 8 * (e >> 1);
+                const uint32_t r = r0 + 8 * nt + 2 * tig + (e & 1);
+                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = acc[mt][nt][e];
+            }
+}
 // A cp.async pipeline's prologue: stages 0 .. NS - 2 in flight, stage 0's scales stored,
 // stage 1's loaded into registers (n: the block's stages).
 template <int NS, typename I, typename L, typename S>
@@ -1389,16 +1406,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
         }
     }
     cp_async_wait_all();
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t n = m0 + 64 * wmi + 16 * mt + gid + 8 * (e >> 1);
-                const uint32_t r = r0 + 32 * wni + 8 * nt + 2 * tig + (e & 1);
-                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = acc[mt][nt][e];
-            }
+    store_warp_64x32(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
 }
 
 }  // namespace
@@ -1940,16 +1948,7 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
         if (s + 1 < nst) store((s + 1) & 1);   // its last readers were stage s - 1's, before the barrier
         __syncthreads();
     }
-#pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const uint64_t n = m0 + 64 * wmi + 16 * mt + gid + 8 * (e >> 1);
-                const uint32_t r = r0 + 32 * wni + 8 * nt + 2 * tig + (e & 1);
-                if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = acc[mt][nt][e];
-            }
+    store_warp_64x32(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
 }
 
 void raise_float_flat_smem() {

@@ -1639,6 +1639,17 @@ TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     }
 }
 
+// Rows of a product written with stride N + 8 (the first R2 rows of ref, N values each, the
+// eight after them left at 7.0f): the same bits, nothing written past N.
+static void expect_strided_rows(const std::vector<float>& wide, const std::vector<float>& ref, uint32_t R2,
+                                uint64_t N, const std::string& what) {
+    for (uint32_t r = 0; r < R2; ++r) {
+        ASSERT_EQ(0, std::memcmp(wide.data() + r * (N + 8), ref.data() + r * N, N * 4))
+            << "strided, R " << R2 << " row " << r << " N " << N << " " << what;
+        ASSERT_EQ(wide[r * (N + 8) + N], 7.0f) << "wrote past N, " << what;
+    }
+}
+
 TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
     // The pipelined Q8_0 kernel (gemm.cu, gemm_q8_0_pipe_kernel: DSV4_GEMM_Q8_V=2, the default,
     // and 1) and the register-fed one (0) give each row exactly what decode gives it alone. The model's
@@ -1678,11 +1689,7 @@ TEST_F(CudaKernels, TensorCoreQ8_0PipelinedEqualsDecode) {
         DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
         cuda::gemm_q8_0(dw.w, a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
         const auto w2 = wide.download();
-        for (uint32_t r = 0; r < R2; ++r) {
-            ASSERT_EQ(0, std::memcmp(w2.data() + r * (c.N + 8), ref.data() + r * c.N, c.N * 4))
-                << "strided, R " << R2 << " row " << r << " K " << c.K << " N " << c.N;
-            ASSERT_EQ(w2[r * (c.N + 8) + c.N], 7.0f) << "wrote past N";
-        }
+        expect_strided_rows(w2, ref, R2, c.N, "K " + std::to_string(c.K));
     }
 }
 
@@ -1741,11 +1748,7 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
         const auto got = y.download(), w2 = wide.download();
         ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
             << "K " << c.K << " N " << c.N << " R " << c.R << " rpg " << c.rpg;
-        for (uint32_t r = 0; r < R2; ++r) {
-            ASSERT_EQ(0, std::memcmp(w2.data() + r * (c.N + 8), ref.data() + r * c.N, c.N * 4))
-                << "strided, R " << R2 << " row " << r << " K " << c.K << " N " << c.N;
-            ASSERT_EQ(w2[r * (c.N + 8) + c.N], 7.0f) << "wrote past N";
-        }
+        expect_strided_rows(w2, ref, R2, c.N, "K " + std::to_string(c.K));
         // the CPU's dot product: a different order of the same terms, so within nb roundings
         std::vector<uint8_t> act(quant::act_bytes(Type::Q8_0, c.K));
         for (uint32_t r = 0; r < c.R; r += 5) {
@@ -1766,16 +1769,11 @@ TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
     // (R, and R - 3 with a strided output) and tile. Shapes: the compressor's and indexer's
     // widths, K not a multiple of the 32-value stage (1,000: 8-value groups past K load zeros),
     // R of 1, 3 and past the 128-row tile, N with tails, the grouped product (rpg 128).
-    struct Case {
-        uint64_t K, N, rpg;
-        uint32_t R;
-    };
-    const Case cases[] = {Case{4096, 1024, 0, 130}, Case{4096, 512, 0, 300}, Case{1024, 8192, 0, 16},
-                          Case{1000, 200, 0, 3},    Case{4096, 1100, 0, 1},  Case{1024, 256, 128, 70},
-                          Case{256, 100, 0, 129}};
+    const Q8_0Case cases[] = {{4096, 1024, 0, 130}, {4096, 512, 0, 300}, {1024, 8192, 0, 16}, {1000, 200, 0, 3},
+                              {4096, 1100, 0, 1},   {1024, 256, 128, 70}, {256, 100, 0, 129}};
     double worst = 0;
     for (const Type wt : {Type::F16, Type::BF16}) {
-        for (const Case c : cases) {
+        for (const Q8_0Case c : cases) {
             const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
             const HostWeight hw = random_weight(wt, c.K, c.N, 2900 + c.K + c.N + uint64_t(wt));
             DevWeightHolder dw(hw);
@@ -1795,11 +1793,7 @@ TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
             cuda::gemm_prefill_order(false);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             const auto got = gm.download(), w2 = wide.download();
-            for (uint32_t r = 0; r < R2; ++r) {
-                ASSERT_EQ(0, std::memcmp(w2.data() + r * (c.N + 8), got.data() + r * c.N, c.N * 4))
-                    << "strided, R " << R2 << " row " << r << " K " << c.K << " N " << c.N;
-                ASSERT_EQ(w2[r * (c.N + 8) + c.N], 7.0f) << "wrote past N";
-            }
+            expect_strided_rows(w2, got, R2, c.N, "K " + std::to_string(c.K));
             const size_t rb = quant::row_bytes(wt, c.K);
             std::vector<float> wrow(c.K);
             for (uint64_t n = 0; n < c.N; n += (c.N > 300 ? 7 : 1)) {
@@ -1830,16 +1824,11 @@ TEST_F(CudaKernels, FloatWeightGemmEqualsDecodeBitForBit) {
     // Decode's row threads 32 (N > 1024, or K < 2048), 256 (N <= 1024, K >= 2048), 1,024
     // (N <= 1024, K >= 8192); N with tails past the 64-row tile, R past the 32/64-row tiles,
     // and the grouped product.
-    struct Case {
-        uint64_t K, N, rpg;
-        uint32_t R;
-    };
-    const Case cases[] = {Case{4096, 1024, 0, 33}, Case{4096, 512, 0, 2048}, Case{1024, 8192, 0, 16},
-                          Case{4096, 64, 0, 20},   Case{16384, 24, 0, 17},   Case{4096, 1000, 0, 16},
-                          Case{1024, 37, 0, 33},   Case{4096, 1100, 0, 20},  Case{1024, 128, 64, 17},
-                          Case{256, 100, 0, 70}};
+    const Q8_0Case cases[] = {{4096, 1024, 0, 33}, {4096, 512, 0, 2048}, {1024, 8192, 0, 16}, {4096, 64, 0, 20},
+                              {16384, 24, 0, 17}, {4096, 1000, 0, 16},  {1024, 37, 0, 33},   {4096, 1100, 0, 20},
+                              {1024, 128, 64, 17}, {256, 100, 0, 70}};
     for (const Type wt : {Type::F16, Type::BF16, Type::F32}) {
-        for (const Case c : cases) {
+        for (const Q8_0Case c : cases) {
             if (c.R >= 2048 && wt != Type::F16) continue;   // the long case once
             const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
             const HostWeight hw = random_weight(wt, c.K, c.N, 1900 + c.K + c.N + uint64_t(wt));
