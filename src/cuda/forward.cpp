@@ -1016,9 +1016,18 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         se.clear();
         lkv.clear();
         std::vector<size_t> take(inputs.size(), 0);
+        // With prompts in their own order (prefill_flat), a round holds prompts' chunks or
+        // single tokens, never both, so a decode token's bits never depend on what other
+        // sessions send beside it: the single tokens go first, in one short round.
+        bool singles = false;
+        if (prefill_flat())
+            for (size_t i = 0; i < inputs.size(); ++i)
+                singles = singles || (inputs[i].error.empty() && done[i] < inputs[i].tokens.size() &&
+                                      inputs[i].tokens.size() == 1);
         for (size_t i = 0; i < inputs.size(); ++i) {
             StepInput& in = inputs[i];
             if (!in.error.empty() || done[i] >= in.tokens.size()) continue;
+            if (singles && in.tokens.size() > 1) continue;   // (the next round)
             take[i] = std::min<size_t>(chunk, in.tokens.size() - done[i]);
             const int32_t sidx = int32_t(sb.size());
             sb.push_back(uint32_t(rows_.size()));

@@ -295,6 +295,31 @@ TEST_F(CudaConsistency, PromptOrderChunkingsAreBitIdentical) {
     EXPECT_GE(d.argmax_same * 100, d.positions * 90);
 }
 
+// A decode token sent beside another session's prompt (one forward call, as a server batches
+// them) gets the bits it gets alone: with prompts in their own order the backend gives the
+// single tokens their own round. And the prompt gets its solo bits.
+TEST_F(CudaConsistency, DecodeBesideAPromptEqualsSolo) {
+    const PromptOrder flat(1);
+    const auto a = random_tokens(120, 0, int32_t(V), 31), b = random_tokens(90, 0, int32_t(V), 32);
+    const std::vector<int32_t> x{int32_t(7 % V)};
+    kv::Budget budget;
+    auto sa = session(*g, 2048, &budget), sb = session(*g, 2048, &budget);
+    all_logits(*g, *sa, a);
+    std::vector<float> solo_x(V);
+    g->forward_one(*sa, x, false, solo_x.data());
+    const auto solo_b = all_logits(*g, *sb, b);
+    auto ta = session(*g, 2048, &budget), tb = session(*g, 2048, &budget);
+    all_logits(*g, *ta, a);
+    std::vector<float> lx(V), lb(b.size() * V);
+    StepInput in[2] = {{ta.get(), x, false, lx.data(), {}}, {tb.get(), b, true, lb.data(), {}}};
+    g->forward(in);
+    ASSERT_TRUE(in[0].error.empty() && in[1].error.empty());
+    expect_same(solo_x, lx, V, "decode beside a prompt");
+    expect_same(solo_b, lb, V, "the prompt beside a decode token");
+    EXPECT_EQ(ta->n_tokens(), a.size() + 1);
+    EXPECT_EQ(tb->n_tokens(), b.size());
+}
+
 TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
     const auto a = random_tokens(300, 0, int32_t(V), 1), b = random_tokens(170, 0, int32_t(V), 2);
     kv::Budget budget;
