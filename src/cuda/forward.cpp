@@ -6,8 +6,8 @@
 // Decode rounds are captured as CUDA graphs whose independent paths run as parallel
 // branches (side streams) and whose kernel-to-kernel edges are programmatic (PDL); prefill
 // runs eagerly in chunks on tensor-core / tiled GEMMs. Those reproduce decode's order of float
-// additions, except the Q8_0 products of prompt rounds, which add their blocks in k order
-// (prefill_flat below). So a row's result is the same bits in any batch and any chunking of
+// additions, except the Q8_0 and F16/BF16 products of prompt rounds, which add in k order on
+// the tensor cores (prefill_flat below). So a row's result is the same bits in any batch and any chunking of
 // its prompt, and decode's bits in decode (prompts too with DSV4_PREFILL_FLAT=0).
 // bench/gpu/NOTES.md has the measurements and the A/B switches.
 #include <cuda_runtime.h>
@@ -66,10 +66,10 @@ const bool g_hc_spread_on = env_switch("DSV4_HC_FUSED", true);
 // decode's critical path. The same operations, so the same bits; DSV4_HC_POST_FUSED=0 keeps
 // the separate hc_post launch.
 const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
-// Prompt rounds (an input of more than one token) add their Q8_0 products' blocks in k order
-// (gemm_prefill_order), which lets the tensor-core kernel drop decode's tree of partial sums
-// and take 128 x 128 tiles: run 62, 43 layers, prefill 2,325 and 2,325 tok/s against 2,045
-// and 2,042 in decode's order. Not decode's bits (validation.md: ~1e-5 where the order
+// Prompt rounds (an input of more than one token) add their Q8_0 and F16/BF16 products in k
+// order (gemm_prefill_order), which lets the tensor-core kernels drop decode's tree of partial
+// sums and take 128 x 128 tiles: run 62, 43 layers, prefill 2,325 and 2,325 tok/s against 2,045
+// and 2,042 with the Q8_0 ones alone; run 65, 2,683 with both (2,349 with DSV4_FLAT_FLOAT=0). Not decode's bits (validation.md: ~1e-5 where the order
 // differs); every chunking of a prompt, chunks of one token included, takes the same order,
 // so those stay bit-identical; decode steps keep decode's order. DSV4_PREFILL_FLAT=0 gives
 // prompts decode's order (prefill = decode bit for bit); prefill_flat_override (tests) wins.
