@@ -190,7 +190,10 @@ void prefill_flat_override(int on);
 // GEMM, bit for bit what matvec's decode path gives each row (see gemm.cu): non-expert,
 // decode's VEC shapes (K % 8 == 0, 16-byte aligned rows and activations) whose row threads
 // get equal chunk counts (K % (8 * decode_row_threads) == 0); grouped (rpg) with rpg and
-// row0 multiples of 64. DSV4_GEMM_F16=0 (read once) turns it off.
+// row0 multiples of 64. DSV4_GEMM_F16=0 (read once) turns it off. In a prompt round
+// (gemm_prefill_order(true)) F16/BF16 products of any R instead take the tensor cores in k
+// order (gemm_float_flat_kernel, 2xTF32: FP32-accurate, not decode's bits; DSV4_FLAT_FLOAT=0
+// keeps decode's order).
 bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,
                          bool expert);
 void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
