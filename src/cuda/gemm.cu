@@ -9,6 +9,7 @@
 // through a stack of five partial sums: the same additions of the same values. So a row's
 // result is bit for bit what decode gives, whichever path a batch takes.
 #include <algorithm>
+#include <utility>
 #include <cstdint>
 #include <cstdlib>
 
@@ -1080,6 +1081,35 @@ __device__ __forceinline__ uint32_t scale_pos_a(uint32_t r) {
     constexpr uint32_t NT = WN / 8;
     return (r & ~(WN - 1)) + 2 * NT * ((r >> 1) & 3) + 2 * ((r >> 3) & (NT - 1)) + (r & 1);
 }
+// A stage's scales through registers (the staged Q8_0 GEMMs): thread t takes block b (its
+// slot t % SLOTS of the stage; b >= nb = K / 32: past K, zeros; anb = AL / 32) of weight rows m0 + t / SLOTS + RS u
+// (u < 2) and activation rows r0 + t / SLOTS + RS u (u >= 2), RS = 256 / SLOTS; rows past N
+// or R clamped. Stored as floats where the MMA threads read them (scale_pos_w / scale_pos_a,
+// warps of WM weight rows and WN activation rows; ROWS rows a slot; slot = t % SLOTS).
+template <uint32_t SLOTS>
+__device__ __forceinline__ void load_stage_scales(const Gemm& p, uint32_t b, uint64_t m0, uint32_t r0, uint64_t goff,
+                                                  uint32_t nb, uint64_t anb, uint32_t t, float (&pre)[4]) {
+    constexpr uint32_t RS = 256 / SLOTS;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const uint32_t r = t / SLOTS + RS * (u & 1);
+        pre[u] = 0.0f;
+        if (b < nb)
+            pre[u] = u < 2 ? f16_to_f32(p.wd[(p.row0 + min(m0 + r, p.N - 1)) * nb + b])
+                           : p.ad[uint64_t(min(r0 + r, p.R - 1)) * anb + goff / 32 + b];
+    }
+}
+template <uint32_t SLOTS, uint32_t ROWS, uint32_t WM, uint32_t WN>
+__device__ __forceinline__ void store_stage_scales(float* sdw, uint32_t t, uint32_t slot, const float (&pre)[4]) {
+    constexpr uint32_t RS = 256 / SLOTS;
+    float* sda = sdw + SLOTS * ROWS;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+        const uint32_t r = t / SLOTS + RS * (u & 1);
+        if (u < 2) sdw[slot * ROWS + scale_pos_w<WM>(r)] = pre[u];
+        else sda[slot * ROWS + scale_pos_a<WN>(r)] = pre[u];
+    }
+}
 // A warp's 64 × 32 results (4 × 4 MMA tiles; element e of tile (mt, nt): weight row m0 + 16 mt
 // + gid + 8 (e >> 1), activation row r0 + 8 nt + 2 tig + (e & 1)) into p.y, rows past N or R
 // skipped (the flat kernels: Gemm or FGemm).
@@ -1202,29 +1232,15 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
     };
     // scales: slot (t & 7) of rows (t >> 3) + 32 u, u < 4 (u < 2: weights), loaded a stage
     // early into registers, stored as floats in the order the MMA threads read them
-    const uint32_t sslot = t & 7;
+    const uint32_t sslot = t % kQ2Slots;
     float pre[4];
     auto load_scales = [&](uint32_t w) {
         const TileAt ta = tile_at(w);
-        const uint32_t b = block_at((w % NST) * kQ2Slots + sslot);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint32_t r = (t >> 3) + 32 * (u & 1);
-            pre[u] = 0.0f;
-            if (b < nb)
-                pre[u] = u < 2 ? f16_to_f32(p.wd[(p.row0 + min(ta.m0 + r, p.N - 1)) * nb + b])
-                               : p.ad[uint64_t(min(ta.r0 + r, p.R - 1)) * anb + ta.goff / 32 + b];
-        }
+        load_stage_scales<kQ2Slots>(p, block_at((w % NST) * kQ2Slots + sslot), ta.m0, ta.r0, ta.goff, nb, anb, t, pre);
     };
-    auto store_scales = [&](uint32_t w) {
-        float* sdw = reinterpret_cast<float*>(sm + (w % NS) * kQ2StageBytes + 2 * kQ2Rows * kQ2Stride);
-        float* sda = sdw + kQ2Slots * kQ2Rows;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint32_t r = (t >> 3) + 32 * (u & 1);   // (warps of 32 weight rows, 16 activation rows)
-            if (u < 2) sdw[sslot * kQ2Rows + scale_pos_w<32>(r)] = pre[u];
-            else sda[sslot * kQ2Rows + scale_pos_a<16>(r)] = pre[u];
-        }
+    auto store_scales = [&](uint32_t w) {   // (warps of 32 weight rows, 16 activation rows)
+        store_stage_scales<kQ2Slots, kQ2Rows, 32, 16>(
+            reinterpret_cast<float*>(sm + (w % NS) * kQ2StageBytes + 2 * kQ2Rows * kQ2Stride), t, sslot, pre);
     };
 
     pipe_prologue<NS>(nwork, issue, load_scales, store_scales);
@@ -1334,28 +1350,15 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
         }
     };
     // scales: block (t & 3) of the stage, rows (t >> 2) + 64 u (u < 2: weights, else activations)
+    const uint32_t sslot = t % kFlatSlots;
     float pre[4];
     auto load_scales = [&](uint32_t s) {
-        const uint32_t b = s * kFlatSlots + (t & 3);
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint32_t r = (t >> 2) + 64 * (u & 1);
-            pre[u] = 0.0f;
-            if (b < nb)
-                pre[u] = u < 2 ? f16_to_f32(p.wd[(p.row0 + min(m0 + r, p.N - 1)) * nb + b])
-                               : p.ad[uint64_t(min(r0 + r, p.R - 1)) * anb + goff / 32 + b];
-        }
+        load_stage_scales<kFlatSlots>(p, s * kFlatSlots + sslot, m0, r0, goff, nb, anb, t, pre);
     };
-    auto store_scales = [&](uint32_t s) {
-        float* sdw = reinterpret_cast<float*>(sm + (s % NS) * kFlatStageBytes + (kFlatBM + kFlatBN) * kFlatStride);
-        float* sda = sdw + kFlatSlots * kFlatBM;
-        const uint32_t slot = t & 3;
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint32_t r = (t >> 2) + 64 * (u & 1);   // (warps of 64 weight rows, 32 activation rows)
-            if (u < 2) sdw[slot * kFlatBM + scale_pos_w<64>(r)] = pre[u];
-            else sda[slot * kFlatBN + scale_pos_a<32>(r)] = pre[u];
-        }
+    auto store_scales = [&](uint32_t s) {   // (warps of 64 weight rows, 32 activation rows)
+        store_stage_scales<kFlatSlots, kFlatBM, 64, 32>(
+            reinterpret_cast<float*>(sm + (s % NS) * kFlatStageBytes + (kFlatBM + kFlatBN) * kFlatStride), t, sslot,
+            pre);
     };
 
     pipe_prologue<NS>(nst, issue, load_scales, store_scales);
@@ -1540,26 +1543,6 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) 
 
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
-
-namespace {
-void raise_float_flat_smem();   // (below, beside its kernel)
-}  // namespace
-
-void gemm_prefill_order(bool flat) {
-    static bool raised = false;
-    if (flat && !raised) {   // (called before any capture of the round)
-        raise_float_flat_smem();
-        check(cudaFuncSetAttribute(reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1>),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, flat_smem(3)),
-              "gemm: dynamic shared memory of the flat Q8_0 kernel");
-        check(cudaFuncSetAttribute(reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1>),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, flat_smem(4)),
-              "gemm: dynamic shared memory of the flat Q8_0 kernel");
-        raised = true;
-    }
-    g_flat_round = flat;
-}
-bool gemm_prefill_order() { return g_flat_round; }
 
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
     if (!tensor_cores_on() || W.type != T_Q8_0 || expert || W.K % 32 != 0) return false;
@@ -1951,13 +1934,6 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
     store_warp_64x32(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
 }
 
-void raise_float_flat_smem() {
-    for (const void* k : {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16>),
-                          reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16>)})
-        check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kFfSmem),
-              "gemm: dynamic shared memory of the flat float kernel");
-}
-
 // Whether a float product of this prompt round takes gemm_float_flat_kernel (DSV4_FLAT_FLOAT=0:
 // prompt rounds keep decode's order for these, while the Q8_0 ones take theirs).
 bool float_flat_ok(const DevWeight& W, const DevAct& a, uint64_t N, uint64_t row0, uint64_t rpg) {
@@ -1975,6 +1951,23 @@ bool gemm_float_on() {
 }
 
 }  // namespace
+
+void gemm_prefill_order(bool flat) {
+    static bool raised = false;
+    if (flat && !raised) {   // the flat kernels' shared memory limits (called before any capture of the round)
+        const std::pair<const void*, int> kernels[] = {
+            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1>), flat_smem(3)},
+            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1>), flat_smem(4)},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16>), kFfSmem},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16>), kFfSmem}};
+        for (const auto& [k, bytes] : kernels)
+            check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                  "gemm: dynamic shared memory of a flat (prompt-order) kernel");
+        raised = true;
+    }
+    g_flat_round = flat;
+}
+bool gemm_prefill_order() { return g_flat_round; }
 
 bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,
                          bool expert) {
