@@ -1142,6 +1142,18 @@ __device__ __forceinline__ void pipe_prologue(uint32_t n, I&& issue, L&& load_sc
     }
     if (n > 1) load_scales(1u);
 }
+// The start of stage s of n in that pipeline: wait for its copies, then keep NS - 1 stages in
+// flight, store the next stage's scales (its buffer's last reader was stage s + 1 - NS <= s -
+// 1, done by the barrier) and load the one after into registers.
+template <int NS, typename I, typename L, typename S>
+__device__ __forceinline__ void pipe_stage(uint32_t s, uint32_t n, I&& issue, L&& load_scales, S&& store_scales) {
+    cp_async_wait_group<NS - 2>();
+    __syncthreads();   // stage s landed for all; every warp is done with stage s - 1
+    if (s + NS - 1 < n) issue(s + NS - 1);
+    cp_async_commit();
+    if (s + 1 < n) store_scales(s + 1);
+    if (s + 2 < n) load_scales(s + 2);
+}
 
 // tree_push with the level (trailing zero bits of j + 1) given: merged with the LV finished
 // subtrees below it, then kept at height LV (LV = L: cur is the root). A constant level
@@ -1247,12 +1259,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
 
     float st[5][2][2][4], cur[2][2][4];
     for (uint32_t w = 0; w < nwork; ++w) {
-        cp_async_wait_group<NS - 2>();
-        __syncthreads();   // stage w landed for all; every warp is done with stage w - 1
-        if (w + NS - 1 < nwork) issue(w + NS - 1);
-        cp_async_commit();
-        if (w + 1 < nwork) store_scales(w + 1);   // its buffer's last reader was stage w + 1 - NS <= w - 1
-        if (w + 2 < nwork) load_scales(w + 2);
+        pipe_stage<NS>(w, nwork, issue, load_scales, store_scales);
 
         const uint32_t sti = w % NST;
         const uint8_t* wb = sm + (w % NS) * kQ2StageBytes;
@@ -1370,12 +1377,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
     const uint32_t boff = kFlatBM * kFlatStride + (32 * wni + (lane & 7) + (lane >> 4) * 8) * kFlatStride +
                           ((lane >> 3) & 1) * 16;
     for (uint32_t s = 0; s < nst; ++s) {
-        cp_async_wait_group<NS - 2>();
-        __syncthreads();   // stage s landed for all; every warp is done with stage s - 1
-        if (s + NS - 1 < nst) issue(s + NS - 1);
-        cp_async_commit();
-        if (s + 1 < nst) store_scales(s + 1);   // its buffer's last reader was stage s + 1 - NS <= s - 1
-        if (s + 2 < nst) load_scales(s + 2);
+        pipe_stage<NS>(s, nst, issue, load_scales, store_scales);
 
         const uint8_t* st = sm + (s % NS) * kFlatStageBytes;
         const float* sdw = reinterpret_cast<const float*>(st + (kFlatBM + kFlatBN) * kFlatStride);
