@@ -110,6 +110,22 @@ __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+// The output projection's Q8_0 codes of 4 values y of a head's row (its float4 c; 8 threads
+// = one 32-value block, called by whole warps): quantize_act's bytes, at value `at` of the rows.
+__device__ __forceinline__ void attn_store_codes(float4 y, uint32_t c, uint64_t at, int8_t* oq, float* od) {
+    float am = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+    for (int x = 1; x < 8; x <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, x));
+    const float dd = am / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    char4 q4;
+    q4.x = q_clamp(y.x * id);
+    q4.y = q_clamp(y.y * id);
+    q4.z = q_clamp(y.z * id);
+    q4.w = q_clamp(y.w * id);
+    reinterpret_cast<char4*>(oq + at)[c] = q4;
+    if ((c & 7) == 0) od[at / 32 + c / 8] = f16_round(dd);
+}
+
 // ---- the tensor-core split kernel (attention_tc.cu) -------------------------------------
 // Shapes it takes: head widths D = 64, 128, 256 or 512 (the old kernel takes the rest).
 bool attn_tc_ok(uint32_t n_head, uint32_t D);
@@ -124,5 +140,14 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
                    const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                    uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, uint32_t loop,
                    cudaStream_t s);
+
+// ---- prompt rounds: an item per row (attention_tc.cu) --------------------------------------
+// Shapes it takes: attn_rows_ok (kernels.h).
+// Rows 0 .. R-1 whole (all heads, all keys, the sink, normalisation, inverse RoPE, oq / od the
+// output projection's Q8_0 codes when given): FP32-accurate, not the split kernels' bits.
+void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+                  uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
+                  uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
+                  float* od, cudaStream_t s);
 
 }  // namespace dsv4::cuda

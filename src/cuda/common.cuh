@@ -173,6 +173,20 @@ __device__ __forceinline__ float e2m1_round_d(float v) {
 }
 
 
+// The rotation of RoPE pair i at pos (or -pos): its cosine and sine, from the angle in double.
+__device__ __forceinline__ void rope_angle(int64_t pos, const double* inv_freq, uint32_t i, bool inverse, float& c,
+                                           float& s) {
+    const double th = double(pos) * inv_freq[i];
+    c = float(cos(th));
+    s = inverse ? -float(sin(th)) : float(sin(th));
+}
+// Pair (t[2i], t[2i+1]) rotated by (c, s).
+__device__ __forceinline__ void rope_pair(float* t, uint32_t i, float c, float s) {
+    const float x0 = t[2 * i], x1 = t[2 * i + 1];
+    t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 // ---- TF32 tensor-core helpers (attention_tc.cu, gemm.cu's flat float products) ----
 // x = hi + lo with both TF32 (round to nearest): the 3xTF32 / 2xTF32 splits.
 __device__ __forceinline__ uint32_t tf32_rna(float x) {

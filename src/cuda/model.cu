@@ -33,20 +33,6 @@ __device__ void rms_norm_block(const float* x, float* y, uint32_t n, float eps, 
     __syncthreads();
 }
 
-// The rotation of RoPE pair i at pos (or -pos): its cosine and sine, from the angle in double.
-__device__ __forceinline__ void rope_angle(int64_t pos, const double* inv_freq, uint32_t i, bool inverse, float& c,
-                                           float& s) {
-    const double th = double(pos) * inv_freq[i];
-    c = float(cos(th));
-    s = inverse ? -float(sin(th)) : float(sin(th));
-}
-// Pair (t[2i], t[2i+1]) rotated by (c, s).
-__device__ __forceinline__ void rope_pair(float* t, uint32_t i, float c, float s) {
-    const float x0 = t[2 * i], x1 = t[2 * i + 1];
-    t[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    t[2 * i + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-}
-
 // Rotates the last n_rot dims of x (width D) by pos (or -pos), interleaved pairs.
 __device__ void rope_block(float* x, uint32_t D, uint32_t n_rot, int64_t pos, const double* inv_freq, bool inverse) {
     float* t = x + (D - n_rot);
@@ -2083,21 +2069,9 @@ __global__ void __launch_bounds__(kAttnMergeThreads)
     float* oh = o + (uint64_t(r) * n_head + h) * D;
     if (c < D4) reinterpret_cast<float4*>(oh)[c] = v_s[c];
     if (oq && c < D4) {
-        // The output projection's Q8_0 codes of this head, quantize_act's bytes: 32 values =
-        // 8 threads (the launcher checks D % 32 == 0 and whole warps)
-        const float4 y = v_s[c];
-        float am = fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
-        for (int x = 1; x < 8; x <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, x));
-        const float dd = am / 127.0f;
-        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-        char4 q4;
-        q4.x = q_clamp(y.x * id);
-        q4.y = q_clamp(y.y * id);
-        q4.z = q_clamp(y.z * id);
-        q4.w = q_clamp(y.w * id);
-        const uint64_t at = (uint64_t(r) * n_head + h) * D;   // this head's first value in the rows
-        reinterpret_cast<char4*>(oq + at)[c] = q4;
-        if ((c & 7) == 0) od[at / 32 + c / 8] = f16_round(dd);
+        // The output projection's Q8_0 codes of this head (the launcher checks D % 32 == 0 and
+        // whole warps)
+        attn_store_codes(v_s[c], c, (uint64_t(r) * n_head + h) * D, oq, od);
     }
 }
 
@@ -2566,6 +2540,14 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
     if (o_q8 && (D % 128 != 0 || uint64_t(R) * n_head * D > o_q8->cap_values))
         throw_mismatch("attention: Q8_0 output codes need heads of a multiple of 128 values", 0, D, D);
+    // A prompt round (gemm_prefill_order): an item per row, all heads and keys, no partials
+    // (attention_tc.cu; DSV4_ATTN_ROWS=0 keeps the splits).
+    static const bool rows_on = env_switch("DSV4_ATTN_ROWS", true);
+    if (rows_on && gemm_prefill_order() && attn_rows_ok(n_head, D, n_rot)) {
+        attn_rows_tc(q, sinks, R, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, n_rot, inv_freq, o,
+                     o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr, s);
+        return;
+    }
     // Splits per row at most: a layer without compression sees at most n_swa keys, a ratio-4
     // layer at most n_swa + top_k; others grow with the position and take the cap.
     const uint32_t max_split = std::max(

@@ -1100,9 +1100,18 @@ struct AttnCase {
 
 // Selects the split kernel for a scope: 1 tensor cores (where the shape allows), 0 the FP32
 // CUDA-core kernel; the environment's choice again afterwards.
+// The attention path for a scope: 1 the tensor-core splits, 0 the FP32 splits (both with the
+// merge: decode's path), 2 a prompt round's item per row (gemm_prefill_order(true): the rows
+// kernel of attention_tc.cu where attn_rows_ok, else the environment's splits).
 struct AttnKernel {
-    explicit AttnKernel(int tc) { cuda::attn_tc_override(tc); }
-    ~AttnKernel() { cuda::attn_tc_override(-1); }
+    explicit AttnKernel(int mode) {
+        if (mode == 2) cuda::gemm_prefill_order(true);
+        else cuda::attn_tc_override(mode);
+    }
+    ~AttnKernel() {
+        cuda::gemm_prefill_order(false);
+        cuda::attn_tc_override(-1);
+    }
     AttnKernel(const AttnKernel&) = delete;
     AttnKernel& operator=(const AttnKernel&) = delete;
 };
@@ -1132,7 +1141,7 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // wrap-around), all visible or the selected compressed rows, sinks, inverse RoPE; key counts
 // from 1 to ~3000, so rows have one split up to the capped 32.
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (int tc : {1, 0}) {
+    for (int tc : {2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1170,7 +1179,7 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32).
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (int tc : {1, 0}) {
+    for (int tc : {2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1199,6 +1208,7 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                 for (int loop : {0, 1, 2, 3}) {
                     if (loop == 2 && !tc) continue;   // (the FP32 kernel takes 2 as 1)
                     if (loop == 3 && tc) continue;    // (the tensor cores take 3 as 1)
+                    if (tc == 2 && loop) continue;    // (a prompt round's rows kernel has no loop modes)
                     const AttnLoop looped(loop);
                     const auto batch = P.run(rows, q, sel);
                     const auto rev = P.run(rrows, rq, rsel);
@@ -1240,9 +1250,9 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
 // Captured into a CUDA graph after an eager run of the same shape (as the backend does), the
 // launch replays with the same scratch and gives the eager run's bits.
 TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
-    // The merge can write the output projection's Q8_0 codes of o itself: the same bytes as
-    // quantize_act from o, and o unchanged.
-    for (int tc : {1, 0}) {
+    // The merge (and a prompt round's rows kernel) can write the output projection's Q8_0 codes
+    // of o itself: the same bytes as quantize_act from o, and o unchanged.
+    for (int tc : {2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
@@ -1271,7 +1281,7 @@ TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
 }
 
 TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
-    for (int tc : {1, 0}) {
+    for (int tc : {2, 1, 0}) {
         const AttnKernel kernel(tc);
         const AttnShape sh = kAttnShapes[0];
         const AttnCase c(sh, 4, {5, 700, 2051, 9000}, 77, 78);
@@ -1315,15 +1325,19 @@ TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
 // root mean square over all outputs of a case and as the largest one, with floors of 2^-25
 // and 2^-22 (that representation error) for rows of a few keys, where the FP32 kernel is
 // within an ulp or two; and the two kernels within 4e-6 of max|ref| of each other per head.
+// The same bounds hold for a prompt round's rows kernel (mode 2: one running softmax a head
+// over all its keys, on the same 3xTF32 products, no partials and no merge).
 TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
+    for (int mode : {1, 2})
     for (const AttnShape& sh : kAttnShapes) {
         if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
+        if (mode == 2) ASSERT_TRUE(cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) << "D " << sh.D;
         for (uint32_t ratio : {0u, 4u, 128u}) {
             const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 31 + ratio);
             const auto& [P, rows, q, sel] = c;
             std::vector<float> got_tc, got_old;
             {
-                const AttnKernel kernel(1);
+                const AttnKernel kernel(mode);
                 got_tc = P.run(rows, q, sel);
             }
             {
@@ -1357,11 +1371,12 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
                 }
             }
             const double rms_tc = std::sqrt(sq_tc / double(count)), rms_old = std::sqrt(sq_old / double(count));
-            std::printf("attention n_head %u D %u ratio %u: error / max|ref| tensor cores max %.3g rms %.3g, FP32 max "
+            std::printf("attention n_head %u D %u ratio %u: error / max|ref| %s max %.3g rms %.3g, FP32 max "
                         "%.3g rms %.3g; largest difference %.3g\n",
-                        sh.n_head, sh.D, ratio, max_tc, rms_tc, max_old, rms_old, max_diff);
-            EXPECT_LE(rms_tc, 2.0 * rms_old + std::ldexp(1.0, -25)) << "D " << sh.D << " ratio " << ratio;
-            EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22)) << "D " << sh.D << " ratio " << ratio;
+                        sh.n_head, sh.D, ratio, mode == 2 ? "rows kernel" : "tensor cores", max_tc, rms_tc, max_old,
+                        rms_old, max_diff);
+            EXPECT_LE(rms_tc, 2.0 * rms_old + std::ldexp(1.0, -25)) << "mode " << mode << " D " << sh.D << " ratio " << ratio;
+            EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22)) << "mode " << mode << " D " << sh.D << " ratio " << ratio;
         }
     }
 }
