@@ -592,6 +592,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                     ldsm_x4(b, kt + (8 * (li >> 1) + lr) * DP + d0 + 4 * (li & 1));
 #pragma unroll
                     for (uint32_t i = 0; i < 4; ++i) tf32_split(__uint_as_float(b[i]), bh[i], bl[i]);
+                    // Keys exact in TF32 (all lo parts zero: the F16-rounded window rows, the
+                    // FP8-simulated dims of compressed rows) skip the hi·lo products: they add
+                    // exact zeros, so the sums are the same.
+                    const bool klo = __any_sync(0xffffffffu, (bl[0] | bl[1] | bl[2] | bl[3]) != 0u);
 #pragma unroll
                     for (uint32_t mi = 0; mi < 2; ++mi) {
                         const uint32_t m = 2 * mp + mi;
@@ -604,7 +608,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                         for (uint32_t n = 0; n < 2; ++n) {
                             float u[4];
                             mma_tf32_0(u, al, bh[2 * n], bh[2 * n + 1]);
-                            mma_tf32(u, ah, bl[2 * n], bl[2 * n + 1]);
+                            if (klo) mma_tf32(u, ah, bl[2 * n], bl[2 * n + 1]);
                             mma_tf32(u, ah, bh[2 * n], bh[2 * n + 1]);
 #pragma unroll
                             for (uint32_t i = 0; i < 4; ++i) sb[mi][n][i] = __fadd_rn(sb[mi][n][i], u[i]);
@@ -728,12 +732,13 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                     uint32_t bh0, bl0, bh1, bl1;
                     tf32_split(x0, bh0, bl0);
                     tf32_split(x1, bh1, bl1);
+                    const bool vlo = __any_sync(0xffffffffu, (bl0 | bl1) != 0u);   // (as klo above)
 #pragma unroll
                     for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                         if (m >= MT) continue;
                         float u[4];
                         mma_tf32_0(u, al[m], bh0, bh1);
-                        mma_tf32(u, ah[m], bl0, bl1);
+                        if (vlo) mma_tf32(u, ah[m], bl0, bl1);
                         mma_tf32(u, ah[m], bh0, bh1);
 #pragma unroll
                         for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = __fadd_rn(ob[m][t][i], u[i]);
