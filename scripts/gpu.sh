@@ -57,13 +57,13 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # NCU_DETAIL=REGEX (with --ncu): instead of the per-kernel table, Nsight Compute's sections
 # (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) kernels (of the
 # decode steps, or of the prefill chunk) whose names match REGEX: why a kernel takes the time
-# it takes.
+# it takes. NCU_ARGS replaces those sections (e.g. --metrics regex:...).
 [[ $NCU == 1 ]] && NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
   DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
-    -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" --section SpeedOfLight --section Occupancy \
-    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+    -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" ${NCU_ARGS:---section SpeedOfLight --section Occupancy \
+    --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats} \
     "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.Flash*" > "$LOG/ncu_detail.txt" 2>&1
   echo "ncu rc $?"
   grep -vE "^ *(----|==PROF==)" "$LOG/ncu_detail.txt" | grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size|Waves|Stall|Warp Cycles|Eligible|Issued|Shared Memory Config|Dynamic Shared|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps|Theoretical" | head -${NCU_LINES:-400}
