@@ -141,7 +141,7 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
                    uint32_t r0, uint32_t n_rows, uint32_t max_split, float* part_o, float2* part_ml, uint32_t loop,
                    cudaStream_t s);
 
-// ---- prompt rounds: an item per row and 32 heads (attention_tc.cu) --------------------------------------
+// ---- prompt rounds: an item per row (attention_tc.cu) --------------------------------------
 // Shapes it takes: attn_rows_ok (kernels.h).
 // Rows 0 .. R-1 whole (all heads, all keys, the sink, normalisation, inverse RoPE, oq / od the
 // output projection's Q8_0 codes when given): FP32-accurate, not the split kernels' bits.

@@ -449,38 +449,33 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
 }
 
-// ---- prompt rounds: an item per row and 32 heads, over all the row's keys -------------------
+// ---- prompt rounds: an item per row over all its heads and keys ---------------------------
 // A prompt round (gemm_prefill_order(true)) need not give decode's bits, only the same bits for
-// any chunking of the prompt. So here an item is one row and up to 32 of its heads over all the
-// row's keys, with a running softmax per head, and the block finishes the row itself (sink,
-// normalisation, inverse RoPE, the Q8_0 codes) as attn_merge_kernel does for the splits: no
-// partials are written and read back. Items (row, head half) are blockIdx.x, + gridDim.x, ...;
+// any chunking of the prompt. So here an item is one row: all its heads (up to 64) over all
+// its keys, a running softmax per head, and the block finishes the row itself (sink,
+// normalisation, inverse RoPE, the Q8_0 codes) as attn_merge_kernel does for the splits. Each
+// key tile is staged once for every head (the split kernels stage it per 8 or 16 heads), and
+// no partials are written and read back. The rows are items blockIdx.x, + gridDim.x, ...;
 // each is computed by the same operations whatever the batch, so a row gives the same bits
 // alone or beside others.
-// The instructions around the MMAs are what bound the split kernels here (run 69's SASS:
-// ptxas expands each cvt.rna.tf32 into four instructions, so a 3xTF32 split costs nine), so:
-//   * the queries are split into TF32 hi + lo once per item, into shared memory (32 heads:
-//     2 × 64.5 KB at D = 512), and taken by ldmatrix as they are;
-//   * a key fragment whose values are all exact in TF32 (the low 13 bits zero: the F16-rounded
-//     window rows, the FP8-simulated dims of compressed rows; a warp vote) is used as it is and
-//     its hi·lo products are skipped: they would add exact zeros, so the sums are the same;
-//     else it is split like the queries. The weighted sum reads the same dims of the same keys
-//     (K = V), so it reuses the score phase's verdict.
 // Per tile of kRowKT = 16 keys:
-//   S = Q·Kᵀ: warp w takes D/8 dims for the item's m-tiles × both key n-tiles; the softmax adds
-//     the eight parts in warp order;
-//   the online softmax: a thread per (head, two keys), eight lanes a head, each holding the
+//   S = Q·Kᵀ: warp w takes the m-tiles (16 heads) 2(w&1) and 2(w&1)+1, both key n-tiles, over
+//     the quarter w>>1 of D; the softmax adds the four quarters in order;
+//   the online softmax: a thread per (head, four keys), four lanes a head, each holding the
 //     head's running max and sum;
-//   O = O·corr + P·V: warp w takes the same D/8 columns for the item's heads.
-// Each k-step's products go into a fresh accumulator (the small terms first), added to the
-// running sum by an FP32 add. Shared memory at D = 512: 217.5 KB, one block an SM.
+//   O = O·corr + P·V: warp w takes D/8 columns of every head (MT·NT accumulator tiles: 128
+//     floats a thread at 64 heads × 512).
+// Products are 3xTF32 as in the split kernel, FP32-accurate; each k-step's three products go
+// into a fresh accumulator (the small terms first), added to the running sum by an FP32 add.
+// Shared memory at 64 heads × 512: 217.5 KB (queries 129, two key tiles 64.5, scores 24), one
+// block an SM.
 constexpr uint32_t kRowKT = 16;
-constexpr uint32_t kRowHeads = 32;   // heads an item: 2 m-tiles
-constexpr uint32_t kRowRS = 24;      // score / weight row stride, ≡ 8 (mod 32): conflict-free float2 / uint2 rows
-static_assert(kTcThreads == 16 * kRowKT && kTcThreads == 8 * kRowHeads, "staging and softmax threads");
+constexpr uint32_t kRowMaxMT = 4;   // m-tiles of 16 heads: up to 64 heads
+constexpr uint32_t kRowRS = 24;     // score / weight row stride, ≡ 8 (mod 32): conflict-free float2 / uint2 rows
+static_assert(kTcThreads == 16 * kRowKT && kTcThreads == 4 * 16 * kRowMaxMT, "staging and softmax threads");
 
-constexpr size_t rows_smem_floats(uint32_t D) {
-    return size_t(2 * kRowHeads + 2 * kRowKT) * (D + kAttnPad) + size_t(kTcWarps) * kRowHeads * kRowRS;
+constexpr size_t rows_smem_floats(uint32_t D, uint32_t MT) {
+    return size_t(16 * MT + 2 * kRowKT) * (D + kAttnPad) + size_t(4) * 16 * MT * kRowRS;
 }
 
 template <uint32_t NT>
@@ -492,205 +487,198 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                         float* __restrict__ o, int8_t* __restrict__ oq, float* __restrict__ od) {
     pdl_begin();
     constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4;
-    constexpr uint32_t QV = kRowHeads * D4 / kTcThreads;   // float4 of an item's queries a thread stages
-    const uint32_t halves = (n_head + kRowHeads - 1) / kRowHeads, n_items = R * halves;
+    const uint32_t MT = (n_head + 15) / 16, HP = 16 * MT;   // padded heads (the padding: zero queries)
     extern __shared__ float4 sm4[];
-    float* qh_s = reinterpret_cast<float*>(sm4);   // [32][DP]: the item's queries' hi parts, then its output
-    float* ql_s = qh_s + kRowHeads * DP;            // [32][DP]: lo parts
-    float* k_s = ql_s + kRowHeads * DP;             // [2][kRowKT][DP]
-    float* s_s = k_s + 2 * kRowKT * DP;             // [8][32][kRowRS]: score parts; weights hi, lo in parts 0, 1
-    __shared__ float corr_s[kRowHeads], fw_s[kRowHeads], inv_s[kRowHeads];
+    float* q_s = reinterpret_cast<float*>(sm4);   // [HP][DP]: the row's queries, then its output
+    float* k_s = q_s + HP * DP;                    // [2][kRowKT][DP]
+    float* s_s = k_s + 2 * kRowKT * DP;            // [4][HP][kRowRS]: score parts; weights hi, lo in parts 0, 1
+    __shared__ float corr_s[16 * kRowMaxMT], fw_s[16 * kRowMaxMT], inv_s[16 * kRowMaxMT];
     __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];
-    if (blockIdx.x >= n_items) return;
+    if (blockIdx.x >= R) return;
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t li = lane >> 3, lr = lane & 7;                    // ldmatrix: matrix, row
     const uint32_t kj = threadIdx.x >> 4, ksub = threadIdx.x & 15;   // key staging: row, first float4
-    const uint32_t hs = threadIdx.x >> 3, kc = threadIdx.x & 7;      // softmax: head, key pair
+    const uint32_t hs = threadIdx.x >> 2, kc = threadIdx.x & 3;      // softmax: head, key quad
     const float scale = float(1.0 / sqrt(double(D)));
-    auto row_of = [&](uint32_t item) { return item / halves; };
-    auto keys_of = [&](uint32_t item) { return attn_keys(rows[row_of(item)].pos, n_swa, ratio, top_k); };
+    auto keys_of = [&](uint32_t r) { return attn_keys(rows[r].pos, n_swa, ratio, top_k); };
 
-    // The block's tiles: (item, first key t0); item >= n_items: none.
-    auto advance = [&](uint32_t& item, uint64_t& t0) {
+    // The block's tiles: (row r, first key t0), rows blockIdx.x, + gridDim.x, ... (r >= R: none).
+    auto advance = [&](uint32_t& r, uint64_t& t0) {
         t0 += kRowKT;
-        if (t0 >= keys_of(item).NK) {
-            item += gridDim.x;
+        if (t0 >= keys_of(r).NK) {
+            r += gridDim.x;
             t0 = 0;
         }
     };
-    // This thread's key of tile (item, t0), read a tile ahead of its copy: its selection.
-    auto sel_of = [&](uint32_t item, uint64_t t0) -> uint32_t {
-        if (item >= n_items) return 0u;
-        const AttnKeys ks = keys_of(item);
+    // This thread's key of tile (r, t0), read a tile ahead of its copy: its selection.
+    auto sel_of = [&](uint32_t r, uint64_t t0) -> uint32_t {
+        if (r >= R) return 0u;
+        const AttnKeys ks = keys_of(r);
         const uint64_t g = t0 + kj;
-        return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(row_of(item)) * top_k + (g - ks.n_raw)] : 0u;
+        return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
     };
     // This thread's part of the tile's copy into dst (16 threads a key row); rows past the
     // row's keys zero (their weights are 0, and 0 · a stale NaN would not be).
-    auto stage_keys = [&](uint32_t item, uint64_t t0, uint32_t sg, float* dst) {
-        float* krow = dst + kj * DP;
-        const AttnKeys ks = keys_of(item);
+    auto stage_keys = [&](uint32_t r, uint64_t t0, uint32_t sg, float* dst) {
+        float* row = dst + kj * DP;
+        const AttnKeys ks = keys_of(r);
         const uint64_t g = t0 + kj;
         if (g < ks.NK) {
-            const DevRow rw = rows[row_of(item)];
-            const float* kp = attn_key_row_sel(ks, lkv[uint64_t(rw.sess) * n_layer + il], g, sg, D);
-            for (uint32_t u = ksub; u < D4; u += 16) cp_async16(krow + 4 * u, kp + 4 * u);
+            const float* kp = attn_key_row_sel(ks, lkv[uint64_t(rows[r].sess) * n_layer + il], g, sg, D);
+            for (uint32_t u = ksub; u < D4; u += 16) cp_async16(row + 4 * u, kp + 4 * u);
         } else {
-            for (uint32_t u = ksub; u < D4; u += 16) *reinterpret_cast<float4*>(krow + 4 * u) = make_float4(0, 0, 0, 0);
+            for (uint32_t u = ksub; u < D4; u += 16) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
         }
     };
-    // An item's queries: loaded into registers (a tile ahead where there is one), then split.
-    float4 qn[QV];
-    auto load_q = [&](uint32_t item) {
-        const uint32_t r = row_of(item), h0 = item % halves * kRowHeads;
-#pragma unroll
-        for (uint32_t j = 0; j < QV; ++j) {
-            const uint32_t i = threadIdx.x + j * kTcThreads, h = i / D4, u = i % D4;
-            qn[j] = h0 + h < n_head ? *reinterpret_cast<const float4*>(q + (uint64_t(r) * n_head + h0 + h) * D + 4 * u)
-                                    : make_float4(0, 0, 0, 0);
-        }
-    };
-    auto store_q = [&] {
-#pragma unroll
-        for (uint32_t j = 0; j < QV; ++j) {
-            const uint32_t i = threadIdx.x + j * kTcThreads, h = i / D4, u = i % D4;
-            uint4 hi, lo;
-            tf32_split(qn[j].x, hi.x, lo.x);
-            tf32_split(qn[j].y, hi.y, lo.y);
-            tf32_split(qn[j].z, hi.z, lo.z);
-            tf32_split(qn[j].w, hi.w, lo.w);
-            *reinterpret_cast<uint4*>(qh_s + h * DP + 4 * u) = hi;
-            *reinterpret_cast<uint4*>(ql_s + h * DP + 4 * u) = lo;
+    auto stage_q = [&](uint32_t r) {
+        const float* qr = q + uint64_t(r) * n_head * D;
+        for (uint32_t i = threadIdx.x; i < HP * D4; i += kTcThreads) {
+            const uint32_t h = i / D4, u = i % D4;
+            if (h < n_head) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
+            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
         }
     };
 
-    uint32_t item = blockIdx.x;
+    uint32_t r = blockIdx.x;
     uint64_t t0 = 0;
-    load_q(item);
-    store_q();
-    stage_keys(item, t0, sel_of(item, t0), k_s);
-    uint32_t item1 = item;   // the next tile (copied during this one) and its key's selection
+    stage_q(r);
+    stage_keys(r, t0, sel_of(r, t0), k_s);
+    uint32_t r1 = r;   // the next tile (copied during this one) and its key's selection
     uint64_t t1 = t0;
-    advance(item1, t1);
-    uint32_t sg1 = sel_of(item1, t1), buf = 0;
+    advance(r1, t1);
+    uint32_t sg1 = sel_of(r1, t1), buf = 0;
 
-    float ob[2][NT][4];   // running output: heads 16m + gid (+ 8) × this warp's columns
+    float ob[kRowMaxMT][NT][4];   // running output: heads 16m + gid (+ 8) × this warp's columns
 #pragma unroll
-    for (uint32_t m = 0; m < 2; ++m)
+    for (uint32_t m = 0; m < kRowMaxMT; ++m)
 #pragma unroll
         for (uint32_t t = 0; t < NT; ++t)
 #pragma unroll
             for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
-    float m_run = -INFINITY, l_run = 0.0f;   // head hs (eight lanes hold it)
-    const uint32_t base = w * 8 * NT;        // this warp's dims (scores) and columns (weighted sum)
+    float m_run = -INFINITY, l_run = 0.0f;   // head hs (four lanes hold it)
+    const uint32_t base = w * 8 * NT;        // this warp's columns of the weighted sum
 
     while (true) {
         cp_async_wait_all();
-        __syncthreads();   // the tile (and the item's queries) in; every warp is done with the last tile
-        const uint32_t r = row_of(item), h0 = item % halves * kRowHeads, nh = min(kRowHeads, n_head - h0);
-        const uint32_t MT = (nh + 15) / 16;
-        const uint64_t NK = keys_of(item).NK;
+        __syncthreads();   // the tile (and the row's queries) in; every warp is done with the last tile
+        const uint64_t NK = keys_of(r).NK;
         const uint32_t nt = NK - t0 < kRowKT ? uint32_t(NK - t0) : kRowKT;
-        const bool last = t0 + kRowKT >= NK;   // the item's last tile
-        const bool more = item1 < n_items;
-        if (more) stage_keys(item1, t1, sg1, k_s + (buf ^ 1) * kRowKT * DP);
-        uint32_t item2 = item1, sg2 = 0;
+        const bool last = t0 + kRowKT >= NK;   // the row's last tile
+        const bool more = r1 < R;
+        if (more) stage_keys(r1, t1, sg1, k_s + (buf ^ 1) * kRowKT * DP);
+        uint32_t r2 = r1, sg2 = 0;
         uint64_t t2 = t1;
         if (more) {
-            advance(item2, t2);
-            sg2 = sel_of(item2, t2);
+            advance(r2, t2);
+            sg2 = sel_of(r2, t2);
         }
-        if (last && more) load_q(item1);   // (stored once this item's output has left qh_s)
         const float* kt = k_s + buf * kRowKT * DP;
 
-        bool inexact = false;   // a value of this warp's dims of the tile's keys is not TF32
-        {   // Scores: warp w, the item's heads × 16 keys over dims base .. base + 8·NT - 1.
-            float sb[2][2][4];
+        {   // Scores: warp w, heads of m-tiles 2mp, 2mp + 1 × 16 keys over dims dq·D/4 ...
+            const uint32_t mp = w & 1, dq = w >> 1;
+            if (2 * mp < MT) {
+                float sb[2][2][4];
 #pragma unroll
-            for (uint32_t m = 0; m < 2; ++m)
+                for (uint32_t mi = 0; mi < 2; ++mi)
 #pragma unroll
-                for (uint32_t n = 0; n < 2; ++n)
+                    for (uint32_t n = 0; n < 2; ++n)
 #pragma unroll
-                    for (uint32_t i = 0; i < 4; ++i) sb[m][n][i] = 0.0f;
+                        for (uint32_t i = 0; i < 4; ++i) sb[mi][n][i] = 0.0f;
 #pragma unroll 4
-            for (uint32_t kk = 0; kk < NT; ++kk) {
-                const uint32_t d0 = base + 8 * kk;
-                uint32_t b[4], bh[4], bl[4];
-                ldsm_x4(b, kt + (8 * (li >> 1) + lr) * DP + d0 + 4 * (li & 1));
-                const bool klo = __any_sync(0xffffffffu, ((b[0] | b[1] | b[2] | b[3]) & 0x1fffu) != 0u);
-                inexact = inexact || klo;
+                for (uint32_t kk = 0; kk < 2 * NT; ++kk) {
+                    const uint32_t d0 = dq * (D / 4) + 8 * kk;
+                    uint32_t b[4], bh[4], bl[4];
+                    ldsm_x4(b, kt + (8 * (li >> 1) + lr) * DP + d0 + 4 * (li & 1));
 #pragma unroll
-                for (uint32_t i = 0; i < 4; ++i) {
-                    if (klo) tf32_split(__uint_as_float(b[i]), bh[i], bl[i]);
-                    else bh[i] = b[i];
+                    for (uint32_t i = 0; i < 4; ++i) tf32_split(__uint_as_float(b[i]), bh[i], bl[i]);
+                    // Keys exact in TF32 (all lo parts zero: the F16-rounded window rows, the
+                    // FP8-simulated dims of compressed rows) skip the hi·lo products: they add
+                    // exact zeros, so the sums are the same.
+                    const bool klo = __any_sync(0xffffffffu, (bl[0] | bl[1] | bl[2] | bl[3]) != 0u);
+#pragma unroll
+                    for (uint32_t mi = 0; mi < 2; ++mi) {
+                        const uint32_t m = 2 * mp + mi;
+                        if (m >= MT) continue;
+                        uint32_t a[4], ah[4], al[4];
+                        ldsm_x4(a, q_s + (16 * m + lr + 8 * (li & 1)) * DP + d0 + 4 * (li >> 1));
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; ++i) tf32_split(__uint_as_float(a[i]), ah[i], al[i]);
+#pragma unroll
+                        for (uint32_t n = 0; n < 2; ++n) {
+                            float u[4];
+                            mma_tf32_0(u, al, bh[2 * n], bh[2 * n + 1]);
+                            if (klo) mma_tf32(u, ah, bl[2 * n], bl[2 * n + 1]);
+                            mma_tf32(u, ah, bh[2 * n], bh[2 * n + 1]);
+#pragma unroll
+                            for (uint32_t i = 0; i < 4; ++i) sb[mi][n][i] = __fadd_rn(sb[mi][n][i], u[i]);
+                        }
+                    }
                 }
+                float* part = s_s + dq * HP * kRowRS;
 #pragma unroll
-                for (uint32_t m = 0; m < 2; ++m) {
+                for (uint32_t mi = 0; mi < 2; ++mi) {
+                    const uint32_t m = 2 * mp + mi;
                     if (m >= MT) continue;
-                    uint32_t ah[4], al[4];
-                    ldsm_x4(ah, qh_s + (16 * m + lr + 8 * (li & 1)) * DP + d0 + 4 * (li >> 1));
-                    ldsm_x4(al, ql_s + (16 * m + lr + 8 * (li & 1)) * DP + d0 + 4 * (li >> 1));
 #pragma unroll
                     for (uint32_t n = 0; n < 2; ++n) {
-                        float u[4];
-                        mma_tf32_0(u, al, bh[2 * n], bh[2 * n + 1]);
-                        if (klo) mma_tf32(u, ah, bl[2 * n], bl[2 * n + 1]);
-                        mma_tf32(u, ah, bh[2 * n], bh[2 * n + 1]);
-#pragma unroll
-                        for (uint32_t i = 0; i < 4; ++i) sb[m][n][i] = __fadd_rn(sb[m][n][i], u[i]);
+                        *reinterpret_cast<float2*>(part + (16 * m + gid) * kRowRS + 8 * n + 2 * tig) =
+                            make_float2(sb[mi][n][0], sb[mi][n][1]);
+                        *reinterpret_cast<float2*>(part + (16 * m + gid + 8) * kRowRS + 8 * n + 2 * tig) =
+                            make_float2(sb[mi][n][2], sb[mi][n][3]);
                     }
                 }
             }
-            float* part = s_s + w * kRowHeads * kRowRS;
-#pragma unroll
-            for (uint32_t m = 0; m < 2; ++m) {
-                if (m >= MT) continue;
-#pragma unroll
-                for (uint32_t n = 0; n < 2; ++n) {
-                    *reinterpret_cast<float2*>(part + (16 * m + gid) * kRowRS + 8 * n + 2 * tig) =
-                        make_float2(sb[m][n][0], sb[m][n][1]);
-                    *reinterpret_cast<float2*>(part + (16 * m + gid + 8) * kRowRS + 8 * n + 2 * tig) =
-                        make_float2(sb[m][n][2], sb[m][n][3]);
-                }
-            }
         }
-        // The row's inverse RoPE angles, for the item's output (read after the barriers below).
+        // The row's inverse RoPE angles, for its output (read after the barriers below).
         if (last && threadIdx.x < n_rot / 2)
             rope_angle(rows[r].pos, inv_freq, threadIdx.x, true, rc_s[threadIdx.x], rs_s[threadIdx.x]);
         __syncthreads();   // score parts complete
 
-        if (hs < 16 * MT) {   // Online softmax of head hs, keys 2kc, 2kc + 1 (whole warps)
-            float2 a = *reinterpret_cast<const float2*>(s_s + hs * kRowRS + 2 * kc);
+        if (hs < HP) {   // Online softmax of head hs, keys 4kc .. 4kc + 3 (whole warps: HP % 16 == 0)
+            float sv[4];
+            {
+                const float4 a0 = *reinterpret_cast<const float4*>(s_s + hs * kRowRS + 4 * kc);
+                float4 a = a0;
 #pragma unroll
-            for (uint32_t v = 1; v < kTcWarps; ++v) {
-                const float2 b = *reinterpret_cast<const float2*>(s_s + (v * kRowHeads + hs) * kRowRS + 2 * kc);
-                a = make_float2(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y));
+                for (uint32_t v = 1; v < 4; ++v) {
+                    const float4 b = *reinterpret_cast<const float4*>(s_s + (v * HP + hs) * kRowRS + 4 * kc);
+                    a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+                }
+                sv[0] = a.x;
+                sv[1] = a.y;
+                sv[2] = a.z;
+                sv[3] = a.w;
             }
-            const float sv0 = 2 * kc < nt ? __fmul_rn(a.x, scale) : -INFINITY;
-            const float sv1 = 2 * kc + 1 < nt ? __fmul_rn(a.y, scale) : -INFINITY;
-            float mx = fmaxf(sv0, sv1);
+            float mx = -INFINITY;
+#pragma unroll
+            for (uint32_t j = 0; j < 4; ++j) {
+                sv[j] = 4 * kc + j < nt ? __fmul_rn(sv[j], scale) : -INFINITY;
+                mx = fmaxf(mx, sv[j]);
+            }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
             const float nm = fmaxf(m_run, mx);
-            const float corr = exp_cr(m_run - nm);   // 0 on an item's first tile (m_run = -inf)
-            const float e0 = 2 * kc < nt ? exp_cr(sv0 - nm) : 0.0f, e1 = 2 * kc + 1 < nt ? exp_cr(sv1 - nm) : 0.0f;
-            float sum = __fadd_rn(e0, e1);
-            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));   // (the same bits in all eight lanes)
+            const float corr = exp_cr(m_run - nm);   // 0 on a row's first tile (m_run = -inf)
+            float e[4];
+#pragma unroll
+            for (uint32_t j = 0; j < 4; ++j) e[j] = 4 * kc + j < nt ? exp_cr(sv[j] - nm) : 0.0f;
+            float sum = __fadd_rn(__fadd_rn(e[0], e[1]), __fadd_rn(e[2], e[3]));
+            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));   // (the same bits in all four lanes)
             sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
-            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 4));
             l_run = __fadd_rn(__fmul_rn(l_run, corr), sum);
             m_run = nm;
-            uint2 eh, el;
-            tf32_split(e0, eh.x, el.x);
-            tf32_split(e1, eh.y, el.y);
-            *reinterpret_cast<uint2*>(s_s + hs * kRowRS + 2 * kc) = eh;   // (this thread read them)
-            *reinterpret_cast<uint2*>(s_s + (kRowHeads + hs) * kRowRS + 2 * kc) = el;
+            uint4 eh, el;
+            tf32_split(e[0], eh.x, el.x);
+            tf32_split(e[1], eh.y, el.y);
+            tf32_split(e[2], eh.z, el.z);
+            tf32_split(e[3], eh.w, el.w);
+            *reinterpret_cast<uint4*>(s_s + hs * kRowRS + 4 * kc) = eh;            // (this thread read them)
+            *reinterpret_cast<uint4*>(s_s + (HP + hs) * kRowRS + 4 * kc) = el;
             if (kc == 0) corr_s[hs] = corr;
             if (last) {   // the sink and the normalisation, as attn_merge_kernel for one split
-                if (kc == 0 && hs < nh) {
-                    const float sink = sinks[h0 + hs];
+                if (kc == 0 && hs < n_head) {
+                    const float sink = sinks[hs];
                     const float M = fmaxf(sink, m_run);
                     const float fw = exp_cr(m_run - M);
                     fw_s[hs] = fw;
@@ -703,11 +691,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         __syncthreads();   // weights and corrections complete
 
         {   // Weighted sum: keys k0 + 2tig (k slot tig) and k0 + 2tig + 1 (slot tig + 4) of each
-            // 8-key step, over this warp's columns (the dims it scored: the same exactness).
+            // 8-key step.
             const uint32_t* ph = reinterpret_cast<const uint32_t*>(s_s);
-            const uint32_t* pl = ph + kRowHeads * kRowRS;
+            const uint32_t* pl = ph + HP * kRowRS;
 #pragma unroll
-            for (uint32_t m = 0; m < 2; ++m) {
+            for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                 if (m >= MT) continue;
                 const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
 #pragma unroll
@@ -722,36 +710,35 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             for (uint32_t kk = 0; kk < kRowKT / 8; ++kk) {
                 if (8 * kk >= nt) continue;
                 const uint32_t k0 = 8 * kk;
-                uint32_t ah[2][4], al[2][4];
+                uint32_t ah[kRowMaxMT][4], al[kRowMaxMT][4];
 #pragma unroll
-                for (uint32_t m = 0; m < 2; ++m) {
+                for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                     if (m >= MT) continue;
                     const uint32_t o0 = (16 * m + gid) * kRowRS + k0 + 2 * tig, o1 = o0 + 8 * kRowRS;
-                    const uint2 h0v = *reinterpret_cast<const uint2*>(ph + o0), h1v = *reinterpret_cast<const uint2*>(ph + o1);
-                    const uint2 l0v = *reinterpret_cast<const uint2*>(pl + o0), l1v = *reinterpret_cast<const uint2*>(pl + o1);
-                    ah[m][0] = h0v.x;
-                    ah[m][1] = h1v.x;
-                    ah[m][2] = h0v.y;
-                    ah[m][3] = h1v.y;
-                    al[m][0] = l0v.x;
-                    al[m][1] = l1v.x;
-                    al[m][2] = l0v.y;
-                    al[m][3] = l1v.y;
+                    const uint2 h0 = *reinterpret_cast<const uint2*>(ph + o0), h1 = *reinterpret_cast<const uint2*>(ph + o1);
+                    const uint2 l0 = *reinterpret_cast<const uint2*>(pl + o0), l1 = *reinterpret_cast<const uint2*>(pl + o1);
+                    ah[m][0] = h0.x;
+                    ah[m][1] = h1.x;
+                    ah[m][2] = h0.y;
+                    ah[m][3] = h1.y;
+                    al[m][0] = l0.x;
+                    al[m][1] = l1.x;
+                    al[m][2] = l0.y;
+                    al[m][3] = l1.y;
                 }
                 const float* v0 = kt + (k0 + 2 * tig) * DP + base;   // key of k slot tig
                 const float* v1 = v0 + DP;                            // key of k slot tig + 4
                 auto step = [&](uint32_t t, float x0, float x1) {
-                    uint32_t bh0 = __float_as_uint(x0), bh1 = __float_as_uint(x1), bl0 = 0, bl1 = 0;
-                    if (inexact) {
-                        tf32_split(x0, bh0, bl0);
-                        tf32_split(x1, bh1, bl1);
-                    }
+                    uint32_t bh0, bl0, bh1, bl1;
+                    tf32_split(x0, bh0, bl0);
+                    tf32_split(x1, bh1, bl1);
+                    const bool vlo = __any_sync(0xffffffffu, (bl0 | bl1) != 0u);   // (as klo above)
 #pragma unroll
-                    for (uint32_t m = 0; m < 2; ++m) {
+                    for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                         if (m >= MT) continue;
                         float u[4];
                         mma_tf32_0(u, al[m], bh0, bh1);
-                        if (inexact) mma_tf32(u, ah[m], bl0, bl1);
+                        if (vlo) mma_tf32(u, ah[m], bl0, bl1);
                         mma_tf32(u, ah[m], bh0, bh1);
 #pragma unroll
                         for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = __fadd_rn(ob[m][t][i], u[i]);
@@ -774,15 +761,15 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             }
         }
 
-        if (last) {   // the item's output: normalised into qh_s (no longer read), rotated back, written
+        if (last) {   // the row's output: normalised into q_s (no longer read), rotated back, written
 #pragma unroll
-            for (uint32_t m = 0; m < 2; ++m) {
+            for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                 if (m >= MT) continue;
 #pragma unroll
                 for (uint32_t half = 0; half < 2; ++half) {
                     const uint32_t h = 16 * m + gid + 8 * half;
-                    const float fw = h < nh ? fw_s[h] : 0.0f, inv = h < nh ? inv_s[h] : 0.0f;
-                    float* dst = qh_s + h * DP + base;
+                    const float fw = h < n_head ? fw_s[h] : 0.0f, inv = h < n_head ? inv_s[h] : 0.0f;
+                    float* dst = q_s + h * DP + base;
                     auto fin = [&](float x) { return __fmul_rn(__fmul_rn(x, fw), inv); };
                     if constexpr (NT >= 4) {
 #pragma unroll
@@ -808,23 +795,23 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             }
             __syncthreads();   // the output rows complete
             const uint32_t pairs = n_rot / 2;
-            for (uint32_t i = threadIdx.x; i < nh * pairs; i += kTcThreads)
-                rope_pair(qh_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs], rs_s[i % pairs]);
+            for (uint32_t i = threadIdx.x; i < n_head * pairs; i += kTcThreads)
+                rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs], rs_s[i % pairs]);
             __syncthreads();   // rotated
-            for (uint32_t i = threadIdx.x; i < nh * D4; i += kTcThreads) {
+            for (uint32_t i = threadIdx.x; i < n_head * D4; i += kTcThreads) {
                 const uint32_t h = i / D4, c = i % D4;
-                const float4 y = *reinterpret_cast<const float4*>(qh_s + h * DP + 4 * c);
-                const uint64_t at = (uint64_t(r) * n_head + h0 + h) * D;
+                const float4 y = *reinterpret_cast<const float4*>(q_s + h * DP + 4 * c);
+                const uint64_t at = (uint64_t(r) * n_head + h) * D;
                 reinterpret_cast<float4*>(o + at)[c] = y;
                 if (oq) attn_store_codes(y, c, at, oq, od);   // (D4 >= 32: whole warps)
             }
-            __syncthreads();   // qh_s read out
-            if (more) store_q();
+            __syncthreads();   // q_s read out
+            if (more) stage_q(r1);
         }
         if (!more) break;
-        item = item1;
+        r = r1;
         t0 = t1;
-        item1 = item2;
+        r1 = r2;
         t1 = t2;
         sg1 = sg2;
         buf ^= 1;
@@ -836,15 +823,15 @@ void launch_rows(const float* q, const float* sinks, uint32_t n_head, uint32_t n
                  const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                  uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od, cudaStream_t s) {
     // Once per width (the first call is an eager round, so a graph capture finds it done): the
-    // shared-memory limit, and the blocks the GPU holds at once (the persistent grid).
-    constexpr size_t smem = rows_smem_floats(64 * NT) * sizeof(float);
+    // shared-memory limit for 64 heads, and the blocks the GPU holds at once (the persistent grid).
     static const uint32_t resident = [] {
-        check(cudaFuncSetAttribute(attn_rows_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+        const size_t most = rows_smem_floats(64 * NT, kRowMaxMT) * sizeof(float);
+        check(cudaFuncSetAttribute(attn_rows_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)),
               "attention (rows) shared memory");
-        return resident_blocks(reinterpret_cast<const void*>(attn_rows_tc_kernel<NT>), kTcThreads, smem);
+        return resident_blocks(reinterpret_cast<const void*>(attn_rows_tc_kernel<NT>), kTcThreads, most);
     }();
-    const uint32_t items = R * ((n_head + kRowHeads - 1) / kRowHeads);
-    attn_rows_tc_kernel<NT><<<std::min(items, std::max(1u, resident)), kTcThreads, smem, s>>>(
+    const size_t smem = rows_smem_floats(64 * NT, (n_head + 15) / 16) * sizeof(float);
+    attn_rows_tc_kernel<NT><<<std::min(R, std::max(1u, resident)), kTcThreads, smem, s>>>(
         q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od);
     check_launch("attention (rows)");
 }
@@ -907,7 +894,7 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
 }
 
 bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot) {
-    return n_head > 0 && (D == 64 || D == 128 || D == 256 || D == 512) && n_rot <= D &&
+    return n_head > 0 && n_head <= 16 * kRowMaxMT && (D == 64 || D == 128 || D == 256 || D == 512) && n_rot <= D &&
            n_rot % 2 == 0;
 }
 

@@ -423,10 +423,10 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
                const ActBuf* o_q8 = nullptr);
-// In a prompt round (gemm_prefill_order(true)) and for the shapes attn_rows_ok takes (heads of
-// width 64, 128, 256 or 512), an item is a row and 32 of its heads instead, over all the row's
-// keys on the tensor cores (3xTF32), no splits and no merge; FP32-accurate, not decode's bits,
-// a row's the same in any batch. DSV4_ATTN_ROWS=0 (read once) keeps the splits.
+// In a prompt round (gemm_prefill_order(true)) and for the shapes attn_rows_ok takes (up to 64
+// heads of width 64, 128, 256 or 512), an item is a whole row instead: all its heads over all
+// its keys on the tensor cores (3xTF32), no splits and no merge; FP32-accurate, not decode's
+// bits, a row's the same in any batch. DSV4_ATTN_ROWS=0 (read once) keeps the splits.
 bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;

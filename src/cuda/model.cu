@@ -2540,7 +2540,7 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
     if (o_q8 && (D % 128 != 0 || uint64_t(R) * n_head * D > o_q8->cap_values))
         throw_mismatch("attention: Q8_0 output codes need heads of a multiple of 128 values", 0, D, D);
-    // A prompt round (gemm_prefill_order): an item per row and 32 heads over all its keys, no partials
+    // A prompt round (gemm_prefill_order): an item per row, all heads and keys, no partials
     // (attention_tc.cu; DSV4_ATTN_ROWS=0 keeps the splits).
     static const bool rows_on = env_switch("DSV4_ATTN_ROWS", true);
     if (rows_on && gemm_prefill_order() && attn_rows_ok(n_head, D, n_rot)) {
