@@ -76,6 +76,47 @@ struct TcItem {
 // n (0..7) of n-tile t is, for NT >= 4, base + 32·(t/4) + 4·n + t%4 (so a lane's B values
 // of four n-tiles are one float4 of a key row, and its results for 2tig, 2tig+1 two float4
 // of the output row), else base + 8·t + n.
+// The weighted sum's B values of this lane, in the column order above: for each n-tile t of
+// the warp's columns, step(t, x0, x1) with the values of the key rows v0 (k slot tig) and v1
+// (slot tig + 4) in the tile's column gid (v0, v1: the rows at the warp's first column).
+template <uint32_t NT, class Step>
+__device__ __forceinline__ void value_tiles(const float* v0, const float* v1, uint32_t gid, Step&& step) {
+    if constexpr (NT >= 4) {
+#pragma unroll
+        for (uint32_t c = 0; c < NT / 4; ++c) {
+            const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c + 4 * gid);
+            const float4 x1 = *reinterpret_cast<const float4*>(v1 + 32 * c + 4 * gid);
+            step(4 * c + 0, x0.x, x1.x);
+            step(4 * c + 1, x0.y, x1.y);
+            step(4 * c + 2, x0.z, x1.z);
+            step(4 * c + 3, x0.w, x1.w);
+        }
+    } else {
+#pragma unroll
+        for (uint32_t t = 0; t < NT; ++t) step(t, v0[8 * t + gid], v1[8 * t + gid]);
+    }
+}
+// Stores this lane's outputs of accumulator row gid (half 0) or gid + 8 (half 1) into the row
+// dst (at the warp's first column), in the column order above: val(t, x) is element x of n-tile
+// t's accumulator.
+template <uint32_t NT, class Val>
+__device__ __forceinline__ void store_out_row(float* dst, uint32_t tig, uint32_t half, Val&& val) {
+    if constexpr (NT >= 4) {
+#pragma unroll
+        for (uint32_t c = 0; c < NT / 4; ++c)
+#pragma unroll
+            for (uint32_t j = 0; j < 2; ++j) {
+                const uint32_t x = 2 * half + j;
+                *reinterpret_cast<float4*>(dst + 32 * c + 8 * tig + 4 * j) =
+                    make_float4(val(4 * c + 0, x), val(4 * c + 1, x), val(4 * c + 2, x), val(4 * c + 3, x));
+            }
+    } else {
+#pragma unroll
+        for (uint32_t t = 0; t < NT; ++t)
+            *reinterpret_cast<float2*>(dst + 8 * t + 2 * tig) = make_float2(val(t, 2 * half), val(t, 2 * half + 1));
+    }
+}
+
 // LOOP: items over several head groups (see the file comment); spread (LOOP only): gpi, the
 // groups of an item, chosen for the grid (below), else all of the pair's groups.
 template <uint32_t NT, bool LOOP>
@@ -375,20 +416,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
                     for (uint32_t i = 0; i < 4; ++i) ob[t][i] = __fadd_rn(ob[t][i], u[i]);
                 };
-                if constexpr (NT >= 4) {
-#pragma unroll
-                    for (uint32_t c = 0; c < NT / 4; ++c) {
-                        const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c + 4 * gid);
-                        const float4 x1 = *reinterpret_cast<const float4*>(v1 + 32 * c + 4 * gid);
-                        step(4 * c + 0, x0.x, x1.x);
-                        step(4 * c + 1, x0.y, x1.y);
-                        step(4 * c + 2, x0.z, x1.z);
-                        step(4 * c + 3, x0.w, x1.w);
-                    }
-                } else {
-#pragma unroll
-                    for (uint32_t t = 0; t < NT; ++t) step(t, v0[8 * t + gid], v1[8 * t + gid]);
-                }
+                value_tiles<NT>(v0, v1, gid, step);
             }
         }
 
@@ -399,25 +427,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                 const uint32_t h = gid + 8 * half;
                 if (h >= cur.nh) continue;
                 float* dst = part_o + ((hb + h) * max_split + cur.split) * D + base;
-                if constexpr (NT >= 4) {
-#pragma unroll
-                    for (uint32_t c = 0; c < NT / 4; ++c)
-#pragma unroll
-                        for (uint32_t j = 0; j < 2; ++j) {
-                            const uint32_t x = 2 * half + j;
-                            *reinterpret_cast<float4*>(dst + 32 * c + 8 * tig + 4 * j) =
-                                make_float4(__fadd_rn(ob[4 * c + 0][x], os[4 * c + 0][x]),
-                                            __fadd_rn(ob[4 * c + 1][x], os[4 * c + 1][x]),
-                                            __fadd_rn(ob[4 * c + 2][x], os[4 * c + 2][x]),
-                                            __fadd_rn(ob[4 * c + 3][x], os[4 * c + 3][x]));
-                        }
-                } else {
-#pragma unroll
-                    for (uint32_t t = 0; t < NT; ++t)
-                        *reinterpret_cast<float2*>(dst + 8 * t + 2 * tig) =
-                            make_float2(__fadd_rn(ob[t][2 * half], os[t][2 * half]),
-                                        __fadd_rn(ob[t][2 * half + 1], os[t][2 * half + 1]));
-                }
+                store_out_row<NT>(dst, tig, half, [&](uint32_t t, uint32_t x) { return __fadd_rn(ob[t][x], os[t][x]); });
             }
             if (lane == 0) {
 #pragma unroll
@@ -744,20 +754,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                         for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = __fadd_rn(ob[m][t][i], u[i]);
                     }
                 };
-                if constexpr (NT >= 4) {
-#pragma unroll
-                    for (uint32_t c = 0; c < NT / 4; ++c) {
-                        const float4 x0 = *reinterpret_cast<const float4*>(v0 + 32 * c + 4 * gid);
-                        const float4 x1 = *reinterpret_cast<const float4*>(v1 + 32 * c + 4 * gid);
-                        step(4 * c + 0, x0.x, x1.x);
-                        step(4 * c + 1, x0.y, x1.y);
-                        step(4 * c + 2, x0.z, x1.z);
-                        step(4 * c + 3, x0.w, x1.w);
-                    }
-                } else {
-#pragma unroll
-                    for (uint32_t t = 0; t < NT; ++t) step(t, v0[8 * t + gid], v1[8 * t + gid]);
-                }
+                value_tiles<NT>(v0, v1, gid, step);
             }
         }
 
@@ -770,23 +767,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                     const uint32_t h = 16 * m + gid + 8 * half;
                     const float fw = h < n_head ? fw_s[h] : 0.0f, inv = h < n_head ? inv_s[h] : 0.0f;
                     float* dst = q_s + h * DP + base;
-                    auto fin = [&](float x) { return __fmul_rn(__fmul_rn(x, fw), inv); };
-                    if constexpr (NT >= 4) {
-#pragma unroll
-                        for (uint32_t c = 0; c < NT / 4; ++c)
-#pragma unroll
-                            for (uint32_t j = 0; j < 2; ++j) {
-                                const uint32_t x = 2 * half + j;
-                                *reinterpret_cast<float4*>(dst + 32 * c + 8 * tig + 4 * j) =
-                                    make_float4(fin(ob[m][4 * c + 0][x]), fin(ob[m][4 * c + 1][x]),
-                                                fin(ob[m][4 * c + 2][x]), fin(ob[m][4 * c + 3][x]));
-                            }
-                    } else {
-#pragma unroll
-                        for (uint32_t t = 0; t < NT; ++t)
-                            *reinterpret_cast<float2*>(dst + 8 * t + 2 * tig) =
-                                make_float2(fin(ob[m][t][2 * half]), fin(ob[m][t][2 * half + 1]));
-                    }
+                    store_out_row<NT>(dst, tig, half, [&](uint32_t t, uint32_t x) {
+                        return __fmul_rn(__fmul_rn(ob[m][t][x], fw), inv);
+                    });
                 }
 #pragma unroll
                 for (uint32_t t = 0; t < NT; ++t)
