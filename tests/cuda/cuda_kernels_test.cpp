@@ -1328,55 +1328,60 @@ TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
 // The same bounds hold for a prompt round's rows kernel (mode 2: one running softmax a head
 // over all its keys, on the same 3xTF32 products, no partials and no merge).
 TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
-    for (int mode : {1, 2})
-    for (const AttnShape& sh : kAttnShapes) {
-        if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
-        if (mode == 2) ASSERT_TRUE(cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) << "D " << sh.D;
-        for (uint32_t ratio : {0u, 4u, 128u}) {
-            const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 31 + ratio);
-            const auto& [P, rows, q, sel] = c;
-            std::vector<float> got_tc, got_old;
-            {
-                const AttnKernel kernel(mode);
-                got_tc = P.run(rows, q, sel);
+    for (int mode : {1, 2}) {
+        for (const AttnShape& sh : kAttnShapes) {
+            if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
+            if (mode == 2) {
+                ASSERT_TRUE(cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) << "D " << sh.D;
             }
-            {
-                const AttnKernel kernel(0);
-                got_old = P.run(rows, q, sel);
-            }
-            double max_tc = 0, max_old = 0, sq_tc = 0, sq_old = 0, max_diff = 0;
-            uint64_t count = 0;
-            for (size_t i = 0; i < rows.size(); ++i) {
-                const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
-                for (uint32_t h = 0; h < sh.n_head; ++h) {
-                    double mr = 0;
-                    for (uint32_t d = 0; d < sh.D; ++d) mr = std::max(mr, std::fabs(ref[uint64_t(h) * sh.D + d]));
-                    mr = std::max(mr, 1e-30);
-                    double hd = 0;
-                    for (uint32_t d = 0; d < sh.D; ++d) {
-                        const uint64_t at = (i * sh.n_head + h) * sh.D + d;
-                        const double b = ref[uint64_t(h) * sh.D + d];
-                        const double et = std::fabs(got_tc[at] - b) / mr, eo = std::fabs(got_old[at] - b) / mr;
-                        ASSERT_FALSE(std::isnan(et)) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos;
-                        max_tc = std::max(max_tc, et);
-                        max_old = std::max(max_old, eo);
-                        sq_tc += et * et;
-                        sq_old += eo * eo;
-                        hd = std::max(hd, std::fabs(double(got_tc[at]) - double(got_old[at])) / mr);
-                        ++count;
-                    }
-                    ASSERT_LE(hd, 4e-6) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos << " head "
-                                        << h;
-                    max_diff = std::max(max_diff, hd);
+            for (uint32_t ratio : {0u, 4u, 128u}) {
+                const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 31 + ratio);
+                const auto& [P, rows, q, sel] = c;
+                std::vector<float> got_tc, got_old;
+                {
+                    const AttnKernel kernel(mode);
+                    got_tc = P.run(rows, q, sel);
                 }
+                {
+                    const AttnKernel kernel(0);
+                    got_old = P.run(rows, q, sel);
+                }
+                double max_tc = 0, max_old = 0, sq_tc = 0, sq_old = 0, max_diff = 0;
+                uint64_t count = 0;
+                for (size_t i = 0; i < rows.size(); ++i) {
+                    const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
+                    for (uint32_t h = 0; h < sh.n_head; ++h) {
+                        double mr = 0;
+                        for (uint32_t d = 0; d < sh.D; ++d) mr = std::max(mr, std::fabs(ref[uint64_t(h) * sh.D + d]));
+                        mr = std::max(mr, 1e-30);
+                        double hd = 0;
+                        for (uint32_t d = 0; d < sh.D; ++d) {
+                            const uint64_t at = (i * sh.n_head + h) * sh.D + d;
+                            const double b = ref[uint64_t(h) * sh.D + d];
+                            const double et = std::fabs(got_tc[at] - b) / mr, eo = std::fabs(got_old[at] - b) / mr;
+                            ASSERT_FALSE(std::isnan(et)) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos;
+                            max_tc = std::max(max_tc, et);
+                            max_old = std::max(max_old, eo);
+                            sq_tc += et * et;
+                            sq_old += eo * eo;
+                            hd = std::max(hd, std::fabs(double(got_tc[at]) - double(got_old[at])) / mr);
+                            ++count;
+                        }
+                        ASSERT_LE(hd, 4e-6) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos << " head "
+                                            << h;
+                        max_diff = std::max(max_diff, hd);
+                    }
+                }
+                const double rms_tc = std::sqrt(sq_tc / double(count)), rms_old = std::sqrt(sq_old / double(count));
+                std::printf("attention n_head %u D %u ratio %u: error / max|ref| %s max %.3g rms %.3g, FP32 max "
+                            "%.3g rms %.3g; largest difference %.3g\n",
+                            sh.n_head, sh.D, ratio, mode == 2 ? "rows kernel" : "tensor cores", max_tc, rms_tc, max_old,
+                            rms_old, max_diff);
+                EXPECT_LE(rms_tc, 2.0 * rms_old + std::ldexp(1.0, -25))
+                    << "mode " << mode << " D " << sh.D << " ratio " << ratio;
+                EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22))
+                    << "mode " << mode << " D " << sh.D << " ratio " << ratio;
             }
-            const double rms_tc = std::sqrt(sq_tc / double(count)), rms_old = std::sqrt(sq_old / double(count));
-            std::printf("attention n_head %u D %u ratio %u: error / max|ref| %s max %.3g rms %.3g, FP32 max "
-                        "%.3g rms %.3g; largest difference %.3g\n",
-                        sh.n_head, sh.D, ratio, mode == 2 ? "rows kernel" : "tensor cores", max_tc, rms_tc, max_old,
-                        rms_old, max_diff);
-            EXPECT_LE(rms_tc, 2.0 * rms_old + std::ldexp(1.0, -25)) << "mode " << mode << " D " << sh.D << " ratio " << ratio;
-            EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22)) << "mode " << mode << " D " << sh.D << " ratio " << ratio;
         }
     }
 }
