@@ -511,7 +511,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const uint32_t kj = threadIdx.x >> 4, ksub = threadIdx.x & 15;   // key staging: row, first float4
     const uint32_t hs = threadIdx.x >> 2, kc = threadIdx.x & 3;      // softmax: head, key quad
     const float scale = float(1.0 / sqrt(double(D)));
-    auto keys_of = [&](uint32_t r) { return attn_keys(rows[r].pos, n_swa, ratio, top_k); };
+    // The key ranges of the last row asked for (the tiles around a step are mostly one row's;
+    // attn_keys divides 64-bit by the ratio).
+    uint32_t kr = ~0u;
+    AttnKeys kks{};
+    auto keys_of = [&](uint32_t r) {
+        if (r != kr) {
+            kr = r;
+            kks = attn_keys(rows[r].pos, n_swa, ratio, top_k);
+        }
+        return kks;
+    };
 
     // The block's tiles: (row r, first key t0), rows blockIdx.x, + gridDim.x, ... (r >= R: none).
     auto advance = [&](uint32_t& r, uint64_t& t0) {
@@ -600,12 +610,15 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                     const uint32_t d0 = dq * (D / 4) + 8 * kk;
                     uint32_t b[4], bh[4], bl[4];
                     ldsm_x4(b, kt + (8 * (li >> 1) + lr) * DP + d0 + 4 * (li & 1));
+                    // Keys exact in TF32 (the F16-rounded window rows, the FP8-simulated dims of
+                    // compressed rows) are used as they are, and their hi·lo products skipped:
+                    // they would add exact zeros, so the sums are the same.
+                    const bool klo = tf32_inexact(b[0] | b[1] | b[2] | b[3]);
 #pragma unroll
-                    for (uint32_t i = 0; i < 4; ++i) tf32_split(__uint_as_float(b[i]), bh[i], bl[i]);
-                    // Keys exact in TF32 (all lo parts zero: the F16-rounded window rows, the
-                    // FP8-simulated dims of compressed rows) skip the hi·lo products: they add
-                    // exact zeros, so the sums are the same.
-                    const bool klo = __any_sync(0xffffffffu, (bl[0] | bl[1] | bl[2] | bl[3]) != 0u);
+                    for (uint32_t i = 0; i < 4; ++i) {
+                        if (klo) tf32_split(__uint_as_float(b[i]), bh[i], bl[i]);
+                        else bh[i] = b[i];
+                    }
 #pragma unroll
                     for (uint32_t mi = 0; mi < 2; ++mi) {
                         const uint32_t m = 2 * mp + mi;
@@ -739,10 +752,12 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                 const float* v0 = kt + (k0 + 2 * tig) * DP + base;   // key of k slot tig
                 const float* v1 = v0 + DP;                            // key of k slot tig + 4
                 auto step = [&](uint32_t t, float x0, float x1) {
-                    uint32_t bh0, bl0, bh1, bl1;
-                    tf32_split(x0, bh0, bl0);
-                    tf32_split(x1, bh1, bl1);
-                    const bool vlo = __any_sync(0xffffffffu, (bl0 | bl1) != 0u);   // (as klo above)
+                    uint32_t bh0 = __float_as_uint(x0), bh1 = __float_as_uint(x1), bl0 = 0, bl1 = 0;
+                    const bool vlo = tf32_inexact(bh0 | bh1);   // (as klo above)
+                    if (vlo) {
+                        tf32_split(x0, bh0, bl0);
+                        tf32_split(x1, bh1, bl1);
+                    }
 #pragma unroll
                     for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                         if (m >= MT) continue;

@@ -188,16 +188,28 @@ __device__ __forceinline__ void rope_pair(float* t, uint32_t i, float c, float s
 }
 
 // ---- TF32 tensor-core helpers (attention_tc.cu, gemm.cu's flat float products) ----
-// x = hi + lo with both TF32 (round to nearest): the 3xTF32 / 2xTF32 splits.
-__device__ __forceinline__ uint32_t tf32_rna(float x) {
+// x = hi + lo with both TF32 (round to nearest): the 3xTF32 / 2xTF32 splits. The rounding is
+// cvt.rn (ties to even), which sm_90 does in one instruction where ptxas expands cvt.rna (ties
+// away) into four (run 69's SASS: add, an |x| < inf test, select, mask); below sm_90 cvt.rn
+// has no TF32 form, so those keep cvt.rna (the two differ only at exact ties).
+__device__ __forceinline__ uint32_t tf32_rn(float x) {
     uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#else
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+#endif
     return r;
 }
 // x = hi + lo + r, |r| <= 2^-22 |x|; hi and lo TF32 values (low 13 bits zero).
 __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
-    hi = tf32_rna(x);
-    lo = tf32_rna(__fsub_rn(x, __uint_as_float(hi)));
+    hi = tf32_rn(x);
+    lo = tf32_rn(__fsub_rn(x, __uint_as_float(hi)));
+}
+// Whether all of a fragment's values are TF32 already (their low 13 bits zero in every lane):
+// then hi = x and lo = 0, and a split's hi·lo products would add exact zeros. A warp vote.
+__device__ __forceinline__ bool tf32_inexact(uint32_t bits_or) {
+    return __any_sync(0xffffffffu, (bits_or & 0x1fffu) != 0u);
 }
 
 // d += a·b (m16n8k8, TF32 inputs, FP32 accumulate). Fragments (gid = lane / 4, tig = lane % 4):
