@@ -6,9 +6,10 @@
 // Decode rounds are captured as CUDA graphs whose independent paths run as parallel
 // branches (side streams) and whose kernel-to-kernel edges are programmatic (PDL); prefill
 // runs eagerly in chunks on tensor-core / tiled GEMMs. Those reproduce decode's order of float
-// additions, except the Q8_0 and F16/BF16 products of prompt rounds, which add in k order on
-// the tensor cores (prefill_flat below). So a row's result is the same bits in any batch and any chunking of
-// its prompt, and decode's bits in decode (prompts too with DSV4_PREFILL_FLAT=0).
+// additions, except in prompt rounds (prefill_flat below): their Q8_0 and F16/BF16 products add
+// in k order on the tensor cores, and their attention takes an item per row (all heads, all
+// keys, no splits). So a row's result is the same bits in any batch and any chunking of its
+// prompt, and decode's bits in decode (prompts too with DSV4_PREFILL_FLAT=0).
 // bench/gpu/NOTES.md has the measurements and the A/B switches.
 #include <cuda_runtime.h>
 
