@@ -892,8 +892,7 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
 }
 
 bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot) {
-    return n_head > 0 && n_head <= 16 * kRowMaxMT && (D == 64 || D == 128 || D == 256 || D == 512) && n_rot <= D &&
-           n_rot % 2 == 0;
+    return attn_tc_ok(n_head, D) && n_head <= 16 * kRowMaxMT && n_rot <= D && n_rot % 2 == 0;
 }
 
 void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,

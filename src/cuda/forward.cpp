@@ -70,10 +70,11 @@ const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
 // Prompt rounds (an input of more than one token) add their Q8_0 and F16/BF16 products in k
 // order (gemm_prefill_order), which lets the tensor-core kernels drop decode's tree of partial
 // sums and take 128 x 128 tiles: run 62, 43 layers, prefill 2,325 and 2,325 tok/s against 2,045
-// and 2,042 with the Q8_0 ones alone; run 65, 2,683 with both (2,349 with DSV4_FLAT_FLOAT=0). Not decode's bits (validation.md: ~1e-5 where the order
-// differs); every chunking of a prompt, chunks of one token included, takes the same order,
-// so those stay bit-identical; decode steps keep decode's order. DSV4_PREFILL_FLAT=0 gives
-// prompts decode's order (prefill = decode bit for bit); prefill_flat_override (tests) wins.
+// and 2,042 with the Q8_0 ones alone; run 65, 2,683 with both (2,349 with DSV4_FLAT_FLOAT=0).
+// Not decode's bits (validation.md: ~1e-5 where the order differs); every chunking of a
+// prompt, chunks of one token included, takes the same order, so those stay bit-identical;
+// decode steps keep decode's order. DSV4_PREFILL_FLAT=0 gives prompts decode's order
+// (prefill = decode bit for bit); prefill_flat_override (tests) wins.
 int g_prefill_flat_override = -1;
 bool prefill_flat() {
     static const bool env = env_switch("DSV4_PREFILL_FLAT", true);

@@ -1098,11 +1098,10 @@ struct AttnCase {
     }
 };
 
-// Selects the split kernel for a scope: 1 tensor cores (where the shape allows), 0 the FP32
-// CUDA-core kernel; the environment's choice again afterwards.
 // The attention path for a scope: 1 the tensor-core splits, 0 the FP32 splits (both with the
 // merge: decode's path), 2 a prompt round's item per row (gemm_prefill_order(true): the rows
-// kernel of attention_tc.cu where attn_rows_ok, else the environment's splits).
+// kernel of attention_tc.cu where attn_rows_ok, else the environment's splits); the
+// environment's choice again afterwards.
 struct AttnKernel {
     explicit AttnKernel(int mode) {
         if (mode == 2) cuda::gemm_prefill_order(true);
@@ -1328,28 +1327,31 @@ TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
 // The same bounds hold for a prompt round's rows kernel (mode 2: one running softmax a head
 // over all its keys, on the same 3xTF32 products, no partials and no merge).
 TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
-    for (int mode : {1, 2}) {
-        for (const AttnShape& sh : kAttnShapes) {
-            if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
-            if (mode == 2) {
-                ASSERT_TRUE(cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) << "D " << sh.D;
+    for (const AttnShape& sh : kAttnShapes) {
+        if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
+        ASSERT_TRUE(cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) << "D " << sh.D;
+        for (uint32_t ratio : {0u, 4u, 128u}) {
+            const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 31 + ratio);
+            const auto& [P, rows, q, sel] = c;
+            // The FP32 kernel's outputs and the double reference, once for both paths.
+            std::vector<float> got_old;
+            {
+                const AttnKernel kernel(0);
+                got_old = P.run(rows, q, sel);
             }
-            for (uint32_t ratio : {0u, 4u, 128u}) {
-                const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 31 + ratio);
-                const auto& [P, rows, q, sel] = c;
-                std::vector<float> got_tc, got_old;
+            std::vector<std::vector<double>> refs;
+            for (size_t i = 0; i < rows.size(); ++i)
+                refs.push_back(P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]));
+            for (int mode : {1, 2}) {
+                std::vector<float> got_tc;
                 {
                     const AttnKernel kernel(mode);
                     got_tc = P.run(rows, q, sel);
                 }
-                {
-                    const AttnKernel kernel(0);
-                    got_old = P.run(rows, q, sel);
-                }
                 double max_tc = 0, max_old = 0, sq_tc = 0, sq_old = 0, max_diff = 0;
                 uint64_t count = 0;
                 for (size_t i = 0; i < rows.size(); ++i) {
-                    const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
+                    const auto& ref = refs[i];
                     for (uint32_t h = 0; h < sh.n_head; ++h) {
                         double mr = 0;
                         for (uint32_t d = 0; d < sh.D; ++d) mr = std::max(mr, std::fabs(ref[uint64_t(h) * sh.D + d]));
@@ -1367,8 +1369,8 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
                             hd = std::max(hd, std::fabs(double(got_tc[at]) - double(got_old[at])) / mr);
                             ++count;
                         }
-                        ASSERT_LE(hd, 4e-6) << "D " << sh.D << " ratio " << ratio << " pos " << rows[i].pos << " head "
-                                            << h;
+                        ASSERT_LE(hd, 4e-6) << "mode " << mode << " D " << sh.D << " ratio " << ratio << " pos "
+                                            << rows[i].pos << " head " << h;
                         max_diff = std::max(max_diff, hd);
                     }
                 }
