@@ -1083,43 +1083,44 @@ __device__ __forceinline__ uint32_t scale_pos_a(uint32_t r) {
 }
 // A stage's scales through registers (the staged Q8_0 GEMMs): thread t takes block b (its
 // slot t % SLOTS of the stage; b >= nb = K / 32: past K, zeros; anb = AL / 32) of weight rows m0 + t / SLOTS + RS u
-// (u < 2) and activation rows r0 + t / SLOTS + RS u (u >= 2), RS = 256 / SLOTS; rows past N
+// (u < 2) and activation rows r0 + t / SLOTS + RS (u - 2) (2 <= u < 2 + NA), RS = 256 / SLOTS; rows past N
 // or R clamped. Stored as floats where the MMA threads read them (scale_pos_w / scale_pos_a,
-// warps of WM weight rows and WN activation rows; ROWS rows a slot; slot = t % SLOTS).
-template <uint32_t SLOTS>
+// warps of WM weight rows and WN activation rows; ROWS weight rows and AROWS activation rows a
+// slot; slot = t % SLOTS).
+template <uint32_t SLOTS, uint32_t NA = 2>
 __device__ __forceinline__ void load_stage_scales(const Gemm& p, uint32_t b, uint64_t m0, uint32_t r0, uint64_t goff,
-                                                  uint32_t nb, uint64_t anb, uint32_t t, float (&pre)[4]) {
+                                                  uint32_t nb, uint64_t anb, uint32_t t, float (&pre)[2 + NA]) {
     constexpr uint32_t RS = 256 / SLOTS;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const uint32_t r = t / SLOTS + RS * (u & 1);
+    for (uint32_t u = 0; u < 2 + NA; ++u) {
+        const uint32_t r = t / SLOTS + RS * (u < 2 ? u : u - 2);
         pre[u] = 0.0f;
         if (b < nb)
             pre[u] = u < 2 ? f16_to_f32(p.wd[(p.row0 + min(m0 + r, p.N - 1)) * nb + b])
                            : p.ad[uint64_t(min(r0 + r, p.R - 1)) * anb + goff / 32 + b];
     }
 }
-template <uint32_t SLOTS, uint32_t ROWS, uint32_t WM, uint32_t WN>
-__device__ __forceinline__ void store_stage_scales(float* sdw, uint32_t t, uint32_t slot, const float (&pre)[4]) {
+template <uint32_t SLOTS, uint32_t ROWS, uint32_t WM, uint32_t WN, uint32_t NA = 2, uint32_t AROWS = ROWS>
+__device__ __forceinline__ void store_stage_scales(float* sdw, uint32_t t, uint32_t slot, const float (&pre)[2 + NA]) {
     constexpr uint32_t RS = 256 / SLOTS;
     float* sda = sdw + SLOTS * ROWS;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-        const uint32_t r = t / SLOTS + RS * (u & 1);
+    for (uint32_t u = 0; u < 2 + NA; ++u) {
+        const uint32_t r = t / SLOTS + RS * (u < 2 ? u : u - 2);
         if (u < 2) sdw[slot * ROWS + scale_pos_w<WM>(r)] = pre[u];
-        else sda[slot * ROWS + scale_pos_a<WN>(r)] = pre[u];
+        else sda[slot * AROWS + scale_pos_a<WN>(r)] = pre[u];
     }
 }
-// A warp's 64 × 32 results (4 × 4 MMA tiles; element e of tile (mt, nt): weight row m0 + 16 mt
+// A warp's MT × NT MMA tiles of results (element e of tile (mt, nt): weight row m0 + 16 mt
 // + gid + 8 (e >> 1), activation row r0 + 8 nt + 2 tig + (e & 1)) into p.y, rows past N or R
 // skipped (the flat kernels: Gemm or FGemm).
-template <typename P>
-__device__ __forceinline__ void store_warp_64x32(const P& p, uint64_t m0, uint32_t r0, uint32_t gid, uint32_t tig,
-                                                 const float (&acc)[4][4][4]) {
+template <typename P, int MT, int NT>
+__device__ __forceinline__ void store_warp_tiles(const P& p, uint64_t m0, uint32_t r0, uint32_t gid, uint32_t tig,
+                                                 const float (&acc)[MT][NT][4]) {
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const uint64_t n = m0 + 16 * mt + gid + 8 * (e >> 1);
@@ -1318,87 +1319,105 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
 // differs; the chunkings of a prompt stay bit-identical, see forward.cpp), so they take this
 // kernel: y = Σ_b (dw_b·da_b)·I_b with one fmaf a block in k order from 0 — the same
 // operations for a row in any tile, batch or chunk (the host mirrors them exactly in
-// TensorCoreQ8_0FlatOrder). Without the stack a warp holds 64 weight rows × 32 activation
-// rows (16 MMAs a block), a block 128 × 128; a stage is 4 blocks (128 values) of both, copied
-// by cp.async NS stages ahead; the scales go through registers a stage ahead and are stored
-// as floats in the order the MMA threads read them (two float4 each a block).
+// TensorCoreQ8_0FlatOrder). A block holds 128 weight rows × BN activation rows; a stage is 4
+// blocks (128 values) of both, copied by cp.async NS stages ahead; the scales go through
+// registers a stage ahead and are stored as floats in the order the MMA threads read them.
+// - BN = 128: a warp 64 × 32 (16 MMAs a block), 238 registers, 4 stages: one block (8 warps)
+//   an SM. Run 76 (Nsight Compute): issue 0.47 a scheduler with 2 warps each, ~0.8 of them
+//   eligible: latency-bound at ~200 TOPS.
+// - BN = 64: a warp 32 × 32 (8 MMAs a block, the same float steps a result), registers capped
+//   for two blocks an SM (16 warps), 3 stages (2 × 92 KB).
 constexpr int kFlatBM = 128;                                   // weight rows a tile
-constexpr int kFlatBN = 128;                                   // activation rows a tile
 constexpr int kFlatSlots = 4;                                  // 32-value blocks a stage
 constexpr int kFlatStride = kFlatSlots * 32 + 16;              // a staged row: 9 16-byte units (ldmatrix rows on distinct banks)
-constexpr int kFlatStageBytes = (kFlatBM + kFlatBN) * (kFlatStride + kFlatSlots * 4);
-constexpr int flat_smem(int stages) { return stages * kFlatStageBytes; }
+constexpr int flat_stage_bytes(int bn) { return (kFlatBM + bn) * (kFlatStride + kFlatSlots * 4); }
+constexpr int flat_smem(int stages, int bn) { return stages * flat_stage_bytes(bn); }
 
-template <int NS, int MINB>
+template <int NS, int MINB, int BN>
 __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
     pdl_begin();
+    constexpr int WM = BN == 128 ? 64 : 32, WN = 32;           // a warp's weight and activation rows
+    constexpr int MT = WM / 16, NT = WN / 8, WMN = kFlatBM / WM;
+    constexpr int SB = flat_stage_bytes(BN), UW = kFlatBM / 32, UA = BN / 32, NA = BN / 64;
+    static_assert(WMN * (BN / WN) == 8 && (BN == 64 || BN == 128), "flat tile: 8 warps");
     extern __shared__ __align__(16) uint8_t sm[];
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint32_t wmi = warp & 1, wni = warp >> 1;   // the warp's weight rows 64 wmi.., activation rows 32 wni..
+    const uint32_t wmi = warp % WMN, wni = warp / WMN;   // the warp's weight rows WM wmi.., activation rows WN wni..
     const uint64_t m0 = uint64_t(blockIdx.y) * kFlatBM;
-    const uint32_t r0 = blockIdx.x * kFlatBN;
+    const uint32_t r0 = blockIdx.x * BN;
     const uint32_t nb = uint32_t(p.K / 32), nst = (nb + kFlatSlots - 1) / kFlatSlots;
     const uint64_t anb = p.AL / 32;
     // a tile's weight rows lie in one group (kFlatBM divides rpg: checked by the launcher)
     const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
 
     // copies: 16-byte chunk c = t & 7 (block c / 2, half c & 1) of staged rows (t >> 3) + 32 u
+    // (weights u < UW, then activations)
     auto issue = [&](uint32_t s) {
         const uint32_t c = t & 7, b = s * kFlatSlots + c / 2;
         if (b >= nb) return;   // past K: never read (the MMA loop stops at nb)
-        uint8_t* dst = sm + (s % NS) * kFlatStageBytes + (t >> 3) * kFlatStride + c * 16;
+        uint8_t* dst = sm + (s % NS) * SB + (t >> 3) * kFlatStride + c * 16;
         const uint64_t k = uint64_t(b) * 32 + (c & 1) * 16;
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            const uint32_t r = (t >> 3) + 32 * (u & 3);
-            const int8_t* src = u < 4 ? p.wq + (p.row0 + min(m0 + r, p.N - 1)) * p.K + k   // rows past N, R:
-                                      : p.aq + uint64_t(min(r0 + r, p.R - 1)) * p.AL + goff + k;   // clamped
-            cp_async16(dst + (u < 4 ? 0 : kFlatBM * kFlatStride) + 32 * (u & 3) * kFlatStride, src);
+        for (int u = 0; u < UW + UA; ++u) {
+            const bool wt = u < UW;
+            const uint32_t r = (t >> 3) + 32 * (wt ? u : u - UW);
+            const int8_t* src = wt ? p.wq + (p.row0 + min(m0 + r, p.N - 1)) * p.K + k   // rows past N, R:
+                                   : p.aq + uint64_t(min(r0 + r, p.R - 1)) * p.AL + goff + k;   // clamped
+            cp_async16(dst + (wt ? 32 * u : kFlatBM + 32 * (u - UW)) * kFlatStride, src);
         }
     };
-    // scales: block (t & 3) of the stage, rows (t >> 2) + 64 u (u < 2: weights, else activations)
+    // scales: block (t & 3) of the stage, weight rows (t >> 2) + 64 u (u < 2), activation rows
+    // (t >> 2) + 64 (u - 2)
     const uint32_t sslot = t % kFlatSlots;
-    float pre[4];
+    float pre[2 + NA];
     auto load_scales = [&](uint32_t s) {
-        load_stage_scales<kFlatSlots>(p, s * kFlatSlots + sslot, m0, r0, goff, nb, anb, t, pre);
+        load_stage_scales<kFlatSlots, NA>(p, s * kFlatSlots + sslot, m0, r0, goff, nb, anb, t, pre);
     };
-    auto store_scales = [&](uint32_t s) {   // (warps of 64 weight rows, 32 activation rows)
-        store_stage_scales<kFlatSlots, kFlatBM, 64, 32>(
-            reinterpret_cast<float*>(sm + (s % NS) * kFlatStageBytes + (kFlatBM + kFlatBN) * kFlatStride), t, sslot,
-            pre);
+    auto store_scales = [&](uint32_t s) {
+        store_stage_scales<kFlatSlots, kFlatBM, WM, WN, NA, BN>(
+            reinterpret_cast<float*>(sm + (s % NS) * SB + (kFlatBM + BN) * kFlatStride), t, sslot, pre);
     };
 
     pipe_prologue<NS>(nst, issue, load_scales, store_scales);
 
-    float acc[4][4][4];
+    float acc[MT][NT][4];
     each(acc, [](float& x) { x = 0.0f; });
     // ldmatrix rows: A (rows 0-7 / 8-15, k 0-15 / 16-31), B (rows 0-7 / 8-15 of an n-tile pair, k 0-15 / 16-31)
-    const uint32_t aoff = (64 * wmi + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlatStride + (lane >> 4) * 16;
-    const uint32_t boff = kFlatBM * kFlatStride + (32 * wni + (lane & 7) + (lane >> 4) * 8) * kFlatStride +
+    const uint32_t aoff = (WM * wmi + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlatStride + (lane >> 4) * 16;
+    const uint32_t boff = kFlatBM * kFlatStride + (WN * wni + (lane & 7) + (lane >> 4) * 8) * kFlatStride +
                           ((lane >> 3) & 1) * 16;
     for (uint32_t s = 0; s < nst; ++s) {
         pipe_stage<NS>(s, nst, issue, load_scales, store_scales);
 
-        const uint8_t* st = sm + (s % NS) * kFlatStageBytes;
-        const float* sdw = reinterpret_cast<const float*>(st + (kFlatBM + kFlatBN) * kFlatStride);
+        const uint8_t* st = sm + (s % NS) * SB;
+        const float* sdw = reinterpret_cast<const float*>(st + (kFlatBM + BN) * kFlatStride);
         const float* sda = sdw + kFlatSlots * kFlatBM;
 #pragma unroll
         for (int j = 0; j < kFlatSlots; ++j) {
             if (s * kFlatSlots + j >= nb) break;   // (the block's last stage may be short)
-            uint32_t a[4][4], b[2][4];
+            uint32_t a[MT][4], b[NT / 2][4];
 #pragma unroll
-            for (int mt = 0; mt < 4; ++mt) ldmatrix_x4(a[mt], st + aoff + mt * 16 * kFlatStride + j * 32);
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], st + aoff + mt * 16 * kFlatStride + j * 32);
 #pragma unroll
-            for (int np = 0; np < 2; ++np) ldmatrix_x4(b[np], st + boff + np * 16 * kFlatStride + j * 32);
-            const float4* w4 = reinterpret_cast<const float4*>(sdw + j * kFlatBM + 64 * wmi + 8 * gid);
-            const float4* a4 = reinterpret_cast<const float4*>(sda + j * kFlatBN + 32 * wni + 8 * tig);
-            const float4 w0 = w4[0], w1 = w4[1], x0 = a4[0], x1 = a4[1];
-            const float dw[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-            const float da[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            for (int np = 0; np < NT / 2; ++np) ldmatrix_x4(b[np], st + boff + np * 16 * kFlatStride + j * 32);
+            // this thread's 2 MT weight and 2 NT activation scales, consecutive (scale_pos_w / _a)
+            float dw[2 * MT], da[2 * NT];
+            const float4* w4 = reinterpret_cast<const float4*>(sdw + j * kFlatBM + WM * wmi + 2 * MT * gid);
+            const float4* a4 = reinterpret_cast<const float4*>(sda + j * BN + WN * wni + 2 * NT * tig);
 #pragma unroll
-            for (int mt = 0; mt < 4; ++mt)
+            for (int q = 0; q < MT / 2; ++q) {
+                const float4 v = w4[q];
+                dw[4 * q] = v.x, dw[4 * q + 1] = v.y, dw[4 * q + 2] = v.z, dw[4 * q + 3] = v.w;
+            }
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
+            for (int q = 0; q < NT / 2; ++q) {
+                const float4 v = a4[q];
+                da[4 * q] = v.x, da[4 * q + 1] = v.y, da[4 * q + 2] = v.z, da[4 * q + 3] = v.w;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
                     int d[4];
                     mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
                     // d[e]: weight row 16 mt + gid + 8 (e >> 1), activation row 8 nt + 2 tig + (e & 1)
@@ -1411,7 +1430,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
         }
     }
     cp_async_wait_all();
-    store_warp_64x32(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
+    store_warp_tiles(p, m0 + WM * wmi, r0 + WN * wni, gid, tig, acc);
 }
 
 }  // namespace
@@ -1512,11 +1531,18 @@ bool q8_pipe_launch_cm(int cm, const Gemm& p, uint32_t tiles_r, uint32_t tiles, 
     }
 }
 // Prompt rounds' Q8_0 order (gemm_q8_0_flat_kernel), set by the backend for each round;
-// DSV4_FLAT_STAGES (3 or 4, default 4) the kernel's stages in flight (one block an SM).
+// DSV4_FLAT_BN (64 or 128, default 64) its activation rows a tile; DSV4_FLAT_STAGES (3 or 4,
+// default 4) the stages in flight of the 128-row tile (one block an SM; the 64-row tile takes
+// 3, two blocks an SM). gemm_q8_0_flat_bn (tests, benchmarks) wins over DSV4_FLAT_BN.
 thread_local bool g_flat_round = false;
+int g_flat_bn_override = -1;
 int flat_stages() {
     static const int ns = env_int("DSV4_FLAT_STAGES", 4) == 3 ? 3 : 4;
     return ns;
+}
+int flat_bn() {
+    static const int bn = env_int("DSV4_FLAT_BN", 64) == 128 ? 128 : 64;
+    return g_flat_bn_override > 0 ? (g_flat_bn_override == 128 ? 128 : 64) : bn;
 }
 bool flat_ok(const DevWeight& W, const DevAct& a, uint64_t row0, uint64_t rpg) {
     return g_flat_round && W.type == T_Q8_0 && a.kind == ActKind::Q8_0 && W.K % 32 == 0 && a.K % 32 == 0 &&
@@ -1545,6 +1571,7 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) 
 
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
+void gemm_q8_0_flat_bn(int bn) { g_flat_bn_override = bn; }
 
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
     if (!tensor_cores_on() || W.type != T_Q8_0 || expert || W.K % 32 != 0) return false;
@@ -1560,9 +1587,11 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     if (flat_ok(W, a, row0, rpg) && (N + kFlatBM - 1) / kFlatBM < 65536) {
-        const dim3 fgrid((R + kFlatBN - 1) / kFlatBN, uint32_t((N + kFlatBM - 1) / kFlatBM));
-        if (flat_stages() == 3) gemm_q8_0_flat_kernel<3, 1><<<fgrid, 256, flat_smem(3), s>>>(p);
-        else gemm_q8_0_flat_kernel<4, 1><<<fgrid, 256, flat_smem(4), s>>>(p);
+        const int bn = flat_bn();
+        const dim3 fgrid((R + bn - 1) / bn, uint32_t((N + kFlatBM - 1) / kFlatBM));
+        if (bn == 64) gemm_q8_0_flat_kernel<3, 2, 64><<<fgrid, 256, flat_smem(3, 64), s>>>(p);
+        else if (flat_stages() == 3) gemm_q8_0_flat_kernel<3, 1, 128><<<fgrid, 256, flat_smem(3, 128), s>>>(p);
+        else gemm_q8_0_flat_kernel<4, 1, 128><<<fgrid, 256, flat_smem(4, 128), s>>>(p);
         check_launch("gemm_q8_0 (flat)");
         return;
     }
@@ -1933,7 +1962,7 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
         if (s + 1 < nst) store((s + 1) & 1);   // its last readers were stage s - 1's, before the barrier
         __syncthreads();
     }
-    store_warp_64x32(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
+    store_warp_tiles(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
 }
 
 // Whether a float product of this prompt round takes gemm_float_flat_kernel (DSV4_FLAT_FLOAT=0:
@@ -1958,8 +1987,9 @@ void gemm_prefill_order(bool flat) {
     static bool raised = false;
     if (flat && !raised) {   // the flat kernels' shared memory limits (called before any capture of the round)
         const std::pair<const void*, int> kernels[] = {
-            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1>), flat_smem(3)},
-            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1>), flat_smem(4)},
+            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 2, 64>), flat_smem(3, 64)},
+            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1, 128>), flat_smem(3, 128)},
+            {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1, 128>), flat_smem(4, 128)},
             {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16>), kFfSmem},
             {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16>), kFfSmem}};
         for (const auto& [k, bytes] : kernels)

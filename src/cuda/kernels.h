@@ -215,6 +215,9 @@ void gemm_smem_override(int on);
 // 2 stages and two blocks an SM (the default), 1 the same with 3 stages and one block an SM,
 // 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).
 void gemm_q8_0_version(int v);
+// Prompt rounds' Q8_0 tile (gemm_q8_0_flat_kernel): 128 or 64 activation rows (the same bits
+// either way); -1 DSV4_FLAT_BN's choice (tests, benchmarks).
+void gemm_q8_0_flat_bn(int bn);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);

@@ -346,6 +346,27 @@ __device__ __forceinline__ double gram_quad(const float4 (&x)[H], uint32_t j) {
     return dot4_d(xa, xb, 0.0);
 }
 
+// gram_quad on a quad already converted to doubles (the same fmas).
+template <uint32_t H>
+__device__ __forceinline__ double gram_quad_d(const double (&x)[H][4], uint32_t j) {
+    uint32_t h = 0, h2 = 0;
+    gram_pair(j < H * (H + 1) / 2 ? j : 0, H, h, h2);
+    double xa[4], xb[4];
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) xa[e] = x[0][e], xb[e] = x[0][e];
+#pragma unroll
+    for (uint32_t t = 1; t < H; ++t)
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) {
+            if (h == t) xa[e] = x[t][e];
+            if (h2 == t) xb[e] = x[t][e];
+        }
+    double a = 0;
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) a = fma(xa[e], xb[e], a);
+    return a;
+}
+
 // mHC post (§5.5) of one value: stream j's new value from the H streams' values in[], the
 // sublayer's output yv, the post gates po and comb C of the row. hc_post_kernel and the post
 // folded into hc_mix_kernel both make it so.
@@ -584,26 +605,41 @@ constexpr uint32_t kHcTileWarps = kHcTileThreads / 32;   // = kHcGroups: a warp 
 static_assert(kHcTileWarps == kHcGroups && kHcQuads == 16, "hc tile layout");
 
 template <uint32_t H>
-constexpr size_t hc_tile_smem() {   // fn slice [M][H][16] + rows [32][H·16 + 1] (the pad: lanes on distinct banks)
-    return (size_t(HcShape<H>::M) * H * kHcQuads + size_t(kHcTileRows) * (H * kHcQuads + 1)) * sizeof(float4);
+constexpr size_t hc_tile_smem() {   // fn slice [M][H][16] as doubles + rows [32][H·16 + 1] (the pad: lanes on distinct banks)
+    return size_t(HcShape<H>::M) * H * kHcQuads * 4 * sizeof(double) +
+           size_t(kHcTileRows) * (H * kHcQuads + 1) * sizeof(float4);
+}
+
+// dot4_d with both operands already doubles (the same fmas in the same order).
+__device__ __forceinline__ double dot4_dd(const double2* a, const double (&b)[4], double acc) {
+    const double2 lo = a[0], hi = a[1];
+    acc = fma(lo.x, b[0], acc);
+    acc = fma(lo.y, b[1], acc);
+    acc = fma(hi.x, b[2], acc);
+    return fma(hi.y, b[3], acc);
 }
 
 template <uint32_t H, uint32_t WT>
-__global__ void __launch_bounds__(kHcTileThreads) hc_mix_tile_kernel(const uint8_t* fn, uint64_t fn_row_bytes,
-                                                                     const float* X, uint32_t R, uint32_t E,
-                                                                     double* part) {
+__global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const uint8_t* fn, uint64_t fn_row_bytes,
+                                                                        const float* X, uint32_t R, uint32_t E,
+                                                                        double* part) {
     pdl_launch();
     using S = HcShape<H>;
     constexpr uint32_t M = S::M, P = S::P, NQ = H * kHcQuads, XS = NQ + 1;
-    extern __shared__ float4 hct_s[];
-    float4* fn_s = hct_s;              // [m][h][q]
-    float4* x_s = hct_s + M * NQ;      // [row][h][q], rows XS apart
+    extern __shared__ double2 hct_s[];
+    double2* fn_s = hct_s;                                          // [m][h][q] as 2 double2
+    float4* x_s = reinterpret_cast<float4*>(hct_s + 2 * M * NQ);    // [row][h][q], rows XS apart
     const uint32_t NB = gridDim.x, b = blockIdx.x, r0 = blockIdx.y * kHcTileRows, nq = E / 4;
     const uint64_t HD = uint64_t(H) * E;
     const float4 zero = make_float4(0, 0, 0, 0);
+    // fn is converted to doubles once here: converting operands per product (each fn value
+    // once for each of the block's 32 rows) bound the kernel by the F2F rate (16 a clock an
+    // SM, a quarter of the FP64 FMA rate): 500 us a 2,048-row call (run 75).
     for (uint32_t t = threadIdx.x; t < M * NQ; t += kHcTileThreads) {   // a weight: before the wait
         const uint32_t m = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
-        fn_s[t] = u < nq ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u) : zero;
+        const float4 v = u < nq ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u) : zero;
+        fn_s[2 * t] = make_double2(v.x, v.y);
+        fn_s[2 * t + 1] = make_double2(v.z, v.w);
     }
     pdl_wait();
     for (uint32_t t = threadIdx.x; t < kHcTileRows * NQ; t += kHcTileThreads) {
@@ -623,21 +659,24 @@ __global__ void __launch_bounds__(kHcTileThreads) hc_mix_tile_kernel(const uint8
 #pragma unroll
         for (uint32_t l = 0; l < 4; ++l) {
             const uint32_t q = c + (l & 1) * 8 + (l >> 1) * 4;
-            float4 x[H];
+            double x[H][4];   // the row's quad, converted once for all its products
 #pragma unroll
-            for (uint32_t h = 0; h < H; ++h) x[h] = xr[h * kHcQuads + q];
+            for (uint32_t h = 0; h < H; ++h) {
+                const float4 v = xr[h * kHcQuads + q];
+                x[h][0] = v.x, x[h][1] = v.y, x[h][2] = v.z, x[h][3] = v.w;
+            }
 #pragma unroll
             for (uint32_t k = 0; k < S::MT; ++k) {
                 const uint32_t m = g + k * kHcGroups;
                 double a = 0;
                 if (m < M) {
 #pragma unroll
-                    for (uint32_t h = 0; h < H; ++h) a = dot4_d(fn_s[(m * H + h) * kHcQuads + q], x[h], a);
+                    for (uint32_t h = 0; h < H; ++h) a = dot4_dd(fn_s + 2 * ((m * H + h) * kHcQuads + q), x[h], a);
                 }
                 lf[k][l] = a;
             }
 #pragma unroll
-            for (uint32_t k = 0; k < S::GT; ++k) lf[S::MT + k][l] = gram_quad<H>(x, g + k * kHcGroups);
+            for (uint32_t k = 0; k < S::GT; ++k) lf[S::MT + k][l] = gram_quad_d<H>(x, g + k * kHcGroups);
         }
 #pragma unroll
         for (uint32_t k = 0; k < S::MT + S::GT; ++k) {

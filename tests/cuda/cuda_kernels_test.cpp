@@ -1720,7 +1720,7 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
     // output's 32-value blocks in k order, one fmaf a block: acc = fmaf(dw_b·da_b, I_b, acc)
     // from 0, with I_b the block's integer dot product. The host below makes exactly those
     // float operations, so every output must match it bit for bit, whatever its 128 × 128
-    // tile, the batch (R, and R - 3 with a strided output) or the stage layout (K of 3 blocks,
+    // or 128 × 64 tile, the batch (R, and R - 3 with a strided output) or the stage layout (K of 3 blocks,
     // 33, not a multiple of the 4-block stage); and lie within the float error bound of the
     // CPU's Q8_0 dot product (an independent order). The model's shapes (q_b, shared expert,
     // out_a grouped, out_b), R of 1, 3 and past the tile, N with tails.
@@ -1757,20 +1757,26 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
                 ref[r * c.N + n] = acc;
                 mag[r * c.N + n] = m;
             }
-        cuda::gemm_prefill_order(true);
-        ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
-                                             false));
-        DevVec<float> y(std::vector<float>(c.R * c.N, std::nanf("")));   // a skipped output shows
-        cuda::gemm_q8_0(pr.dw.w, pr.a, c.R, y.get(), c.N, c.N, 0, c.rpg, nullptr);
-        const uint32_t R2 = c.R > 3 ? c.R - 3 : c.R;
-        DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
-        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
-        cuda::gemm_prefill_order(false);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const auto got = y.download(), w2 = wide.download();
-        ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
-            << "K " << c.K << " N " << c.N << " R " << c.R << " rpg " << c.rpg;
-        expect_strided_rows(w2, ref, R2, c.N, "K " + std::to_string(c.K));
+        std::vector<float> got;
+        for (const int bn : {128, 64}) {   // both tiles: the same operations, so the same bits
+            cuda::gemm_prefill_order(true);
+            cuda::gemm_q8_0_flat_bn(bn);
+            ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
+                                                 false));
+            DevVec<float> y(std::vector<float>(c.R * c.N, std::nanf("")));   // a skipped output shows
+            cuda::gemm_q8_0(pr.dw.w, pr.a, c.R, y.get(), c.N, c.N, 0, c.rpg, nullptr);
+            const uint32_t R2 = c.R > 3 ? c.R - 3 : c.R;
+            DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
+            cuda::gemm_q8_0(pr.dw.w, pr.a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
+            cuda::gemm_prefill_order(false);
+            cuda::gemm_q8_0_flat_bn(-1);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            got = y.download();
+            const auto w2 = wide.download();
+            ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
+                << "tile rows " << bn << " K " << c.K << " N " << c.N << " R " << c.R << " rpg " << c.rpg;
+            expect_strided_rows(w2, ref, R2, c.N, "tile rows " + std::to_string(bn) + " K " + std::to_string(c.K));
+        }
         // the CPU's dot product: a different order of the same terms, so within nb roundings
         std::vector<uint8_t> act(quant::act_bytes(Type::Q8_0, c.K));
         for (uint32_t r = 0; r < c.R; r += 5) {
