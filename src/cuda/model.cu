@@ -592,17 +592,20 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
 // hc_mix_kernel's partials, the same bits, for kHcTileRows rows a block. hc_mix_kernel loads a
 // block's fn slice (24 KB) for at most 4 rows and adds its 16 quads by a half-warp butterfly,
 // half its instructions shuffles: ~0.59 ms a 2,048-row call on the H200, about 10x the FP64
-// rate. Here a block stages its fn slice and 32 rows' column quads in shared memory, a lane
-// takes a row and a warp its share of the row's partials, and the thread adds the 16 quads
-// itself in the butterfly's tree: lane 0 of the xor 8, 4, 2, 1 butterfly ends with
+// rate. Here a block stages its fn slice (as doubles) and 32 rows' column quads in shared
+// memory, a lane takes a row and a warp two of its quads, and the block adds the 16 quads in
+// the butterfly's tree: lane 0 of the xor 8, 4, 2, 1 butterfly ends with
 //   ((a0+a8) + (a4+a12)) + ((a2+a10) + (a6+a14))  +  ((a1+a9) + (a5+a13)) + ((a3+a11) + (a7+a15))
 // (each addition's operands in either order: IEEE addition commutes), with a_q the quad's
 // chain over the streams from 0 as there. The sums over blocks and the rest are hc_mix_finish
-// in hc_mix_finish_kernel.
+// in hc_mix_finish_kernel. Operands are converted to doubles once a block: converting them
+// for every product (each fn value once for each of 32 rows, each x value once for each of 8
+// warps) bound the kernel by the F2F rate (16 a clock an SM, a quarter of the FP64 FMA rate):
+// 501 us a 2,048-row call (run 75), 281 with fn converted once (run 76).
 constexpr uint32_t kHcTileRows = 32;                      // = warp width: a lane per row
 constexpr uint32_t kHcTileThreads = 256;
-constexpr uint32_t kHcTileWarps = kHcTileThreads / 32;   // = kHcGroups: a warp takes group g's partials
-static_assert(kHcTileWarps == kHcGroups && kHcQuads == 16, "hc tile layout");
+constexpr uint32_t kHcTileWarps = kHcTileThreads / 32;   // warp w: quads w and w + 8
+static_assert(kHcTileWarps == 8 && kHcQuads == 16, "hc tile layout");
 
 template <uint32_t H>
 constexpr size_t hc_tile_smem() {   // fn slice [M][H][16] as doubles + rows [32][H·16 + 1] (the pad: lanes on distinct banks)
@@ -632,9 +635,6 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
     const uint32_t NB = gridDim.x, b = blockIdx.x, r0 = blockIdx.y * kHcTileRows, nq = E / 4;
     const uint64_t HD = uint64_t(H) * E;
     const float4 zero = make_float4(0, 0, 0, 0);
-    // fn is converted to doubles once here: converting operands per product (each fn value
-    // once for each of the block's 32 rows) bound the kernel by the F2F rate (16 a clock an
-    // SM, a quarter of the FP64 FMA rate): 500 us a 2,048-row call (run 75).
     for (uint32_t t = threadIdx.x; t < M * NQ; t += kHcTileThreads) {   // a weight: before the wait
         const uint32_t m = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
         const float4 v = u < nq ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u) : zero;
@@ -649,51 +649,55 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
     }
     __syncthreads();
 
-    const uint32_t i = threadIdx.x & 31, g = threadIdx.x >> 5;   // row, partial group (hc_mix_kernel's g)
+    // Warp w takes quads w and w + 8 of its lane's row (each x value converted to double once a
+    // block), forms all P products of both (a quad's chain over the streams from 0, as
+    // hc_mix_kernel), and adds the two: the butterfly's first level, a_q + a_{q+8}.
+    const uint32_t i = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float4* xr = x_s + i * XS;
-    double tot[S::MT + S::GT], half[S::MT + S::GT];
+    double sum[P];
 #pragma unroll
-    for (uint32_t n = 0; n < 4; ++n) {
-        const uint32_t c = (n & 1) * 2 + (n >> 1);   // quads c, c+8, c+4, c+12: n = 0..3 takes c = 0, 2, 1, 3
-        double lf[S::MT + S::GT][4];
+    for (uint32_t hq = 0; hq < 2; ++hq) {
+        const uint32_t q = w + 8 * hq;
+        double x[H][4];
 #pragma unroll
-        for (uint32_t l = 0; l < 4; ++l) {
-            const uint32_t q = c + (l & 1) * 8 + (l >> 1) * 4;
-            double x[H][4];   // the row's quad, converted once for all its products
+        for (uint32_t h = 0; h < H; ++h) {
+            const float4 v = xr[h * kHcQuads + q];
+            x[h][0] = v.x, x[h][1] = v.y, x[h][2] = v.z, x[h][3] = v.w;
+        }
 #pragma unroll
-            for (uint32_t h = 0; h < H; ++h) {
-                const float4 v = xr[h * kHcQuads + q];
-                x[h][0] = v.x, x[h][1] = v.y, x[h][2] = v.z, x[h][3] = v.w;
-            }
+        for (uint32_t m = 0; m < M; ++m) {
+            double a = 0;
 #pragma unroll
-            for (uint32_t k = 0; k < S::MT; ++k) {
-                const uint32_t m = g + k * kHcGroups;
+            for (uint32_t h = 0; h < H; ++h) a = dot4_dd(fn_s + 2 * ((m * H + h) * kHcQuads + q), x[h], a);
+            sum[m] = hq ? sum[m] + a : a;
+        }
+#pragma unroll
+        for (uint32_t h = 0; h < H; ++h)
+#pragma unroll
+            for (uint32_t h2 = h; h2 < H; ++h2) {   // gram_quad's product x[h]·x[h2]
                 double a = 0;
-                if (m < M) {
 #pragma unroll
-                    for (uint32_t h = 0; h < H; ++h) a = dot4_dd(fn_s + 2 * ((m * H + h) * kHcQuads + q), x[h], a);
-                }
-                lf[k][l] = a;
+                for (uint32_t e = 0; e < 4; ++e) a = fma(x[h][e], x[h2][e], a);
+                const uint32_t j = M + gram_index(h, h2, H);
+                sum[j] = hq ? sum[j] + a : a;
             }
-#pragma unroll
-            for (uint32_t k = 0; k < S::GT; ++k) lf[S::MT + k][l] = gram_quad_d<H>(x, g + k * kHcGroups);
-        }
-#pragma unroll
-        for (uint32_t k = 0; k < S::MT + S::GT; ++k) {
-            const double nd = (lf[k][0] + lf[k][1]) + (lf[k][2] + lf[k][3]);
-            if (n == 0 || n == 2) half[k] = nd;
-            else if (n == 1) tot[k] = half[k] + nd;
-            else tot[k] = tot[k] + (half[k] + nd);
-        }
     }
-    if (r0 + i < R) {
-        double* pr = part + (uint64_t(r0 + i) * NB + b) * P;
+    // The rest of the butterfly across the warps, through shared memory (fn_s and x_s are free
+    // once every warp is done): s_w = a_w + a_{w+8}, and lane 0 of the xor 8, 4, 2, 1 butterfly
+    // ends with ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)). Rows 33 doubles apart: the
+    // final pass's lanes (consecutive products) fall on distinct bank pairs.
+    constexpr uint32_t RS = kHcTileRows + 1;
+    static_assert(size_t(kHcTileWarps) * P * RS * sizeof(double) <= hc_tile_smem<H>(), "hc tile reduction space");
+    double* red = reinterpret_cast<double*>(hct_s);   // [warp][product][row]
+    __syncthreads();
 #pragma unroll
-        for (uint32_t k = 0; k < S::MT; ++k)
-            if (g + k * kHcGroups < M) pr[g + k * kHcGroups] = tot[k];
-#pragma unroll
-        for (uint32_t k = 0; k < S::GT; ++k)
-            if (g + k * kHcGroups < S::NG) pr[M + g + k * kHcGroups] = tot[S::MT + k];
+    for (uint32_t p = 0; p < P; ++p) red[(w * P + p) * RS + i] = sum[p];
+    __syncthreads();
+    for (uint32_t t = threadIdx.x; t < kHcTileRows * P; t += kHcTileThreads) {
+        const uint32_t r = t / P, p = t % P;
+        auto sv = [&](uint32_t ww) { return red[(ww * P + p) * RS + r]; };
+        const double tot = ((sv(0) + sv(4)) + (sv(2) + sv(6))) + ((sv(1) + sv(5)) + (sv(3) + sv(7)));
+        if (r0 + r < R) part[(uint64_t(r0 + r) * NB + b) * P + p] = tot;
     }
 }
 
