@@ -71,6 +71,7 @@ const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
 // order (gemm_prefill_order), which lets the tensor-core kernels drop decode's tree of partial
 // sums and take 128 x 128 tiles: run 62, 43 layers, prefill 2,325 and 2,325 tok/s against 2,045
 // and 2,042 with the Q8_0 ones alone; run 65, 2,683 with both (2,349 with DSV4_FLAT_FLOAT=0).
+// The routed experts' 2-bit products too (groups of 64 pairs, the CPU's k order: DSV4_KQ_FLAT).
 // Not decode's bits (validation.md: ~1e-5 where the order differs); every chunking of a
 // prompt, chunks of one token included, takes the same order, so those stay bit-identical;
 // decode steps keep decode's order. DSV4_PREFILL_FLAT=0 gives prompts decode's order
@@ -942,12 +943,17 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // first so each expert's weight rows are read once for up to 8 of its pairs.
     const uint32_t P = R * K;
     // 2-bit experts on the tensor cores take groups of gemm_kq_pairs() pairs (the fused
-    // gate+up there exists for IQ2_XXS); every other case matvec's groups of 8
+    // gate+up there exists for IQ2_XXS); every other case matvec's groups of 8. (The cap of
+    // groups of 8 covers any larger per_group: grp_ is sized for it.)
     MoeGroups groups{grp_.get(), grp_pairs_.get(), grp_count_.get(), moe_groups_cap(P, NE, 8), gemm_kq_pairs()};
     if (!(L.gate_exps.type == uint32_t(quant::Type::IQ2_XXS) && gemm_kq_eligible(L.gate_exps, &groups) &&
           gemm_kq_eligible(L.up_exps, &groups) && gemm_kq_eligible(L.down_exps, &groups)))
         groups.per_group = 8;
-    const MoeGroups* gp = R > 1 ? &groups : nullptr;
+    // A prompt round's 2-bit experts add in k order (groups of gemm_kq_pairs() = 64, DSV4_KQ_FLAT)
+    // where decode's kernels (a round of one row, ungrouped) keep decode's order: so its rounds
+    // of one row are grouped too, and every chunking of a prompt gets the same bits.
+    const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8;
+    const MoeGroups* gp = R > 1 || kq_prompt ? &groups : nullptr;
     if (gp) moe_groups(experts_.get(), P, NE, groups, stream_);
     const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {

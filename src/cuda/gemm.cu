@@ -211,6 +211,14 @@ __global__ void __launch_bounds__(128) gemm_q8_0_kernel(Gemm p) {
 // each has its own scale) gives the same integers for 16 weight rows × the 8 pairs of a
 // group; the super-blocks are visited leaf by leaf in the butterfly's order (bit-reversed
 // j) and the leaf sums merged through a stack of three.
+//
+// Prompt rounds (gemm_prefill_order(true), DSV4_KQ_FLAT; the FLAT kernels below) need not give
+// decode's bits, so they take the CPU's order (quant dot.cpp: dot_iq2_xxs, dot_q2_k): the same
+// exact integers a super-block, the same float step (IQ2_XXS: acc = fmaf(dw·dx, isum, acc),
+// times 0.125 at the end; Q2_K: acc += fmaf(dall, isum, -(dmin·mins))) with super-blocks 0,
+// 1, 2, ... from acc = 0: bit for bit vec_dot's float for every (pair, row), whatever the group,
+// batch or chunk. Without the stack (and the zero lanes' "+ 0 + 0") a block takes groups of
+// kKqFlatPairs = 64 pairs, so the IQ2_XXS expansion and the weight staging serve twice the pairs.
 
 __device__ __forceinline__ void mma_s8_k16(uint32_t a0, uint32_t a1, uint32_t b0, int (&d)[4]) {
     asm volatile(
@@ -250,14 +258,17 @@ struct KqGemm {
 // A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs, so each expanded weight
 // fragment serves NT × 8 pairs; a group of kKqPairs pairs takes kKqPairs / (8 NT) passes.
 // A block: 4 warps, 64 MT rows. IQ2_XXS (costly expansion): MT 1, NT 4; Q2_K (its mins need
-// a per-pair sum per sub-block): MT 2, NT 2.
-constexpr uint32_t kKqPairs = 32;   // MoeGroups::per_group for these kernels
+// a per-pair sum per sub-block): MT 2, NT 2. FLAT (k order, the fallback of the staged FLAT
+// kernels): one running sum an output instead of the leaves and the stack; groups of up to
+// kKqFlatPairs pairs (more passes).
+constexpr uint32_t kKqPairs = 32;       // MoeGroups::per_group for these kernels (decode's order)
+constexpr uint32_t kKqFlatPairs = 64;   // the same in k order (prompt rounds)
 template <uint32_t T>
 constexpr int kq_mt() { return T == T_IQ2_XXS ? 1 : 2; }
 template <uint32_t T>
 constexpr int kq_nt() { return T == T_IQ2_XXS ? 4 : 2; }
 
-template <uint32_t T, int NW>
+template <uint32_t T, int NW, bool FLAT = false>
 __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
     pdl_begin();
     constexpr int MT = kq_mt<T>(), NT = kq_nt<T>();
@@ -301,12 +312,14 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                     wr[j][mt][h] = p.wq[j] + row * nsb * BODY;
                     wdr[j][mt][h] = p.wd[j] + row * nsb * AUX;
                 }
-        float st[3][NW][MT][NT][4], cur[NW][MT][NT][4];
+        // FLAT: one "leaf" of every super-block in k order, its sum the result (no stack)
+        [[maybe_unused]] float st[3][NW][MT][NT][4];
+        float cur[NW][MT][NT][4];
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
+        for (int jj = 0; jj < (FLAT ? 1 : 8); ++jj) {
+            const int leaf = FLAT ? 0 : ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
             each(cur, [](float& x) { x = 0.0f; });
-            for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += 8) {
+            for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += (FLAT ? 1 : 8)) {
                 int isum[NW][MT][NT][4], mins[MT][NT][4];
                 each(isum, [](int& x) { x = 0; });
                 each(mins, [](int& x) { x = 0; });
@@ -424,7 +437,7 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                     }
                 }
             }
-            tree_push(jj, st, cur);
+            if constexpr (!FLAT) tree_push(jj, st, cur);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -435,11 +448,11 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                     const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
                     const int c = nt * 8 + int(2 * tig) + (e & 1);
                     if (n >= p.N || c >= cnt) continue;
-                    // the butterfly's last two steps add the zero lanes' sums
-                    float v = (cur[0][mt][nt][e] + 0.0f) + 0.0f;
+                    // the butterfly's last two steps add the zero lanes' sums (decode's order)
+                    float v = FLAT ? cur[0][mt][nt][e] : (cur[0][mt][nt][e] + 0.0f) + 0.0f;
                     if (T == T_IQ2_XXS) v *= 0.125f;
                     if constexpr (NW == 2) {
-                        float u = (cur[NW - 1][mt][nt][e] + 0.0f) + 0.0f;
+                        float u = FLAT ? cur[NW - 1][mt][nt][e] : (cur[NW - 1][mt][nt][e] + 0.0f) + 0.0f;
                         if (T == T_IQ2_XXS) u *= 0.125f;
                         v = swiglu_pair(v, u, p.clamp, p.ew, pc[nt][e & 1]);
                     }
@@ -453,7 +466,7 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
 // Same integers and the same float steps in the same order as gemm_kq_kernel<T_IQ2_XXS>
 // (so as decode); only where the operands come from differs. A block: 64 weight rows × the
 // group's 32 pairs × NW weights, 8 warps of 16 rows × 16 pairs (2 × NW accumulator tiles a
-// thread: 128 registers with NW = 2, ptxas spilling 32 bytes; 2 blocks = 16 warps an SM,
+// thread: 128 registers with NW = 2, ptxas spilling 20 bytes; 2 blocks = 16 warps an SM,
 // 73 KB of shared memory a block). Per super-block (in the decode tree's
 // visiting order): the raw codes (NW × 64 rows × 64 bytes) and the pairs' activations
 // (32 × 256 bytes) arrive by cp.async one super-block ahead (two stages); the block expands
@@ -473,19 +486,34 @@ constexpr int kSmRowE = 256 + 16;
 // banks. The expansion was most of the kernel's shared-memory traffic (Nsight Compute, run
 // 37: L1/shared throughput 79 %, the kernel's limit). 40 KB more a block: 109 KB, still 2
 // blocks an SM.
+//
+// FLAT (prompt rounds, k order; REP only): groups of 64 pairs, 8 warps of 16 rows × 32 pairs
+// (4 × NW accumulator tiles a thread, the stack's registers freed), so one expansion and one
+// weight stage serve 64 pairs. The 64 pairs' activations take 17 KB more; to stay at 2 blocks
+// an SM (228 KB, 1 KB reserved a block: 112 KB a block at most) the grid has 8 copies instead
+// of 16 (16 KB less; iq2.cuh): 110 KB a block (NW = 2). The price: a warp's 64-bit grid
+// lookups take ~4 shared-memory passes instead of 2, i.e. 4 × 32 × 2 = 256 more passes a
+// super-block and block (counted from the access pattern, not measured: ~2,340 passes a
+// super-block for 64 pairs against ~1,760 for 32 pairs with 16 copies, ~35 % fewer a pair).
+// ptxas: 128 registers with NW = 2 (32 bytes spilled, 40 of reloads; 173 unbounded), 101 with
+// NW = 1.
 constexpr uint32_t kIq2GemmSelCopies = 16;
-template <int NW, bool REP>
+template <int NW, bool REP, bool FLAT = false>
 struct Iq2Smem {
-    static constexpr int grid = 0;                                                // 256 × u64 (REP: 16 copies)
-    static constexpr int sign = grid + (REP ? int(kIq2GridRepBytes) : 256 * 8);   // 128 × u64 masks (REP: selectors)
+    static constexpr int pairs = FLAT ? int(kKqFlatPairs) : int(kKqPairs);   // a group's pairs at most
+    static constexpr uint32_t grid_copies = FLAT ? 8 : kIq2GridCopies;
+    static constexpr int grid = 0;   // 256 × u64 (REP: grid_copies copies)
+    // 128 × u64 masks (REP: selectors)
+    static constexpr int sign = grid + (REP ? int(iq2_grid_rep_bytes(grid_copies)) : 256 * 8);
     static constexpr int exp = sign + (REP ? 128 * int(kIq2GemmSelCopies) * 4 : 128 * 8);   // [NW][64] rows of kSmRowE int8
     static constexpr int ls = exp + NW * kSmRows * kSmRowE;         // [NW][64][8] group scales 2s + 1
     static constexpr int raw = ls + NW * kSmRows * 8;               // [2][NW][64][64] code bytes
-    static constexpr int act = raw + 2 * NW * kSmRows * 64;         // [2][32] rows of kSmRowE int8
-    static constexpr int dw = act + 2 * int(kKqPairs) * kSmRowE;    // [NW][64] float
-    static constexpr int dx = dw + NW * kSmRows * 4;                // [32] float
-    static constexpr int bytes = dx + int(kKqPairs) * 4;
+    static constexpr int act = raw + 2 * NW * kSmRows * 64;         // [2][pairs] rows of kSmRowE int8
+    static constexpr int dw = act + 2 * pairs * kSmRowE;            // [NW][64] float
+    static constexpr int dx = dw + NW * kSmRows * 4;                // [pairs] float
+    static constexpr int bytes = dx + pairs * 4;
 };
+static_assert(Iq2Smem<2, true, true>::bytes + 1024 <= 228 * 1024 / 2, "FLAT IQ2_XXS: 2 blocks an SM");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return uint32_t(__cvta_generic_to_shared(p));
@@ -514,58 +542,67 @@ __device__ __forceinline__ int sb_at(int idx, int nsb) {
     return -1;
 }
 
-template <int NW, bool REP>
+template <int NW, bool REP, bool FLAT = false>
 __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
+    static_assert(REP || !FLAT, "FLAT: replicated tables only");
     pdl_begin();
-    using L = Iq2Smem<NW, REP>;
+    using L = Iq2Smem<NW, REP, FLAT>;
+    constexpr int PAIRS = L::pairs, NT = PAIRS / 16;   // NT: a warp's tiles of 8 pairs
+    constexpr uint32_t GC = L::grid_copies;
     extern __shared__ __align__(16) uint8_t sm[];
     const uint32_t gi = blockIdx.y;
     if (gi >= uint32_t(*p.count)) return;
     const int32_t* g = p.grp + 3 * gi;
     const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
     const int32_t* gp = p.pairs + g[1];
-    const int cnt = min(g[2], int(kKqPairs));
+    const int cnt = min(g[2], PAIRS);
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * 16;   // this warp's rows and pairs in the block
+    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * (PAIRS / 2);   // this warp's rows and pairs in the block
     const uint64_t m0 = uint64_t(blockIdx.x) * kSmRows;
     const int nsb = int(p.K / 256);
-    int nvis = 0;
-    for (int leaf = 0; leaf < 8; ++leaf) nvis += leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+    int nvis = nsb;   // super-blocks visited (FLAT: sb = idx)
+    if constexpr (!FLAT) {
+        nvis = 0;
+        for (int leaf = 0; leaf < 8; ++leaf) nvis += leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+    }
+    auto sb_of = [&](int idx) { return FLAT ? idx : sb_at(idx, nsb); };
 
     // tables
     uint64_t* sgrid = reinterpret_cast<uint64_t*>(sm + L::grid);
     uint64_t* ssign = reinterpret_cast<uint64_t*>(sm + L::sign);
     if constexpr (REP) {
-        iq2_fill_rep<256, kIq2GemmSelCopies>(reinterpret_cast<uint4*>(sm + L::grid),
-                                             reinterpret_cast<uint4*>(sm + L::sign), p.grid, p.sel, t);
+        iq2_fill_rep<256, kIq2GemmSelCopies, GC>(reinterpret_cast<uint4*>(sm + L::grid),
+                                                 reinterpret_cast<uint4*>(sm + L::sign), p.grid, p.sel, t);
     } else {
         sgrid[t] = p.grid[t];
         if (t < 128) ssign[t] = p.sign[t];
     }
     // this thread's copies: code bytes 16 t.. of each weight's 64 rows (row t / 4, part t % 4),
-    // activation chunks t and t + 256 (pair slot q / 16, part q % 16)
+    // activation chunks TP i + t % TP of pair slot t / TP (TP = 256 / PAIRS threads a pair: one
+    // row register; a warp's copy takes 16 TP contiguous bytes of each of its rows)
+    constexpr int TP = 256 / PAIRS;
     const uint64_t woff = (wbase + min(m0 + (t >> 2), p.N - 1)) * uint64_t(nsb) * 64 + (t & 3) * 16;
-    uint32_t arow[2];   // activation rows of the pair slots t / 16 and 16 + t / 16
-#pragma unroll
-    for (int i = 0; i < 2; ++i) arow[i] = uint32_t(gp[min(int(t >> 4) + 16 * i, cnt - 1)]) / p.act_div;
+    const uint32_t arow = uint32_t(gp[min(int(t) / TP, cnt - 1)]) / p.act_div;
     auto issue = [&](int idx) {
-        const int s = idx & 1, sb = sb_at(idx, nsb);
+        const int s = idx & 1, sb = sb_of(idx);
 #pragma unroll
         for (int j = 0; j < NW; ++j)
             cp_async16(sm + L::raw + (s * NW + j) * kSmRows * 64 + t * 16, p.wq[j] + woff + uint64_t(sb) * 64);
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-            cp_async16(sm + L::act + (s * int(kKqPairs) + int(t >> 4) + 16 * i) * kSmRowE + (t & 15) * 16,
-                       p.aq + uint64_t(arow[i]) * p.AL + uint64_t(sb) * 256 + (t & 15) * 16);
+        for (int i = 0; i < 16 / TP; ++i) {
+            const uint32_t part = TP * i + t % TP;
+            cp_async16(sm + L::act + (s * PAIRS + int(t) / TP) * kSmRowE + part * 16,
+                       p.aq + uint64_t(arow) * p.AL + uint64_t(sb) * 256 + part * 16);
+        }
     };
     // the scale this thread stages per super-block: a weight row's d (t < 64 NW) or a pair's dx
-    const bool has_dw = t < uint32_t(NW * kSmRows), has_dx = !has_dw && t < uint32_t(NW * kSmRows) + kKqPairs;
+    const bool has_dw = t < uint32_t(NW * kSmRows), has_dx = !has_dw && t < uint32_t(NW * kSmRows + PAIRS);
     uint64_t soff = 0;
     if (has_dw) soff = (wbase + min(m0 + (t % kSmRows), p.N - 1)) * uint64_t(nsb);
     else if (has_dx)
         soff = uint64_t(uint32_t(gp[min(int(t) - NW * kSmRows, cnt - 1)]) / p.act_div) * (p.AL / 256);
     auto scale_at = [&](int idx) {
-        const int sb = sb_at(idx, nsb);
+        const int sb = sb_of(idx);
         if (has_dw) return f16_to_f32((t >= uint32_t(kSmRows) ? p.wd[NW - 1] : p.wd[0])[soff + sb]);
         return has_dx ? p.ad[soff + sb] : 0.0f;
     };
@@ -574,117 +611,157 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     cp_async_commit();
     float pre = scale_at(0);
 
-    float st[3][NW][2][4], cur[NW][2][4];
-    int idx = 0;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
-        each(cur, [](float& x) { x = 0.0f; });
-        for (int sb = leaf; sb < nsb; sb += 8, ++idx) {
-            const int s = idx & 1;
-            cp_async_wait_all();
-            __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
-            if (idx + 1 < nvis) issue(idx + 1);
-            cp_async_commit();
-            // expand the codes: unit u = (weight, row, 32-value group), 8 int8 per grid row
-            const uint8_t* raw = sm + L::raw + s * NW * kSmRows * 64;
+    // One super-block (the idx-th visited): wait for its stage, start the next one's copies,
+    // expand its codes, its MMAs, its float step into cur.
+    auto step = [&](int idx, float (&cur)[NW][NT][4]) {
+        const int s = idx & 1;
+        cp_async_wait_all();
+        __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
+        if (idx + 1 < nvis) issue(idx + 1);
+        cp_async_commit();
+        // expand the codes: unit u = (weight, row, 32-value group), 8 int8 per grid row
+        const uint8_t* raw = sm + L::raw + s * NW * kSmRows * 64;
 #pragma unroll 1
-            for (int i = 0; i < 2 * NW; ++i) {
-                const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
-                const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
-                uint32_t w[8];
-                if constexpr (REP) {
-                    iq2_expand_rep<kIq2GemmSelCopies>(q.x, q.y, sm + L::grid + (lane & 15) * 8,
+        for (int i = 0; i < 2 * NW; ++i) {
+            const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
+            const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
+            uint32_t w[8];
+            if constexpr (REP) {
+                iq2_expand_rep<kIq2GemmSelCopies, GC>(q.x, q.y, sm + L::grid + (lane & (GC - 1)) * 8,
                                                       sm + L::sign + (lane & 15) * 4, w);
-                } else {
+            } else {
 #pragma unroll
-                    for (int l = 0; l < 4; ++l) {
-                        const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
-                        const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
-                        const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
-                        const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
-                        w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
-                        w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
-                    }
+                for (int l = 0; l < 4; ++l) {
+                    const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
+                    const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
+                    const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
+                    const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
+                    w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
+                    w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
                 }
-                // groups 4-7 store their second half first: 8 lanes' 16-byte stores then fall
-                // on 8 different bank quads
-                uint4* e = reinterpret_cast<uint4*>(sm + L::exp + jr * kSmRowE + grp * 32);
-                const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
-                const uint32_t sw = (grp >> 2) & 1;
-                e[sw] = sw ? hi : lo;
-                e[sw ^ 1] = sw ? lo : hi;
-                sm[L::ls + jr * 8 + grp] = uint8_t(2 * (q.y >> 28) + 1);
             }
-            if (t < uint32_t(NW * kSmRows)) reinterpret_cast<float*>(sm + L::dw)[t] = pre;
-            else if (t < uint32_t(NW * kSmRows) + kKqPairs)
-                reinterpret_cast<float*>(sm + L::dx)[t - NW * kSmRows] = pre;
-            if (idx + 1 < nvis) pre = scale_at(idx + 1);
-            __syncthreads();   // expanded rows, scales visible
-            int isum[NW][2][4];
-            each(isum, [](int& x) { x = 0; });
+            // groups 4-7 store their second half first: 8 lanes' 16-byte stores then fall
+            // on 8 different bank quads
+            uint4* e = reinterpret_cast<uint4*>(sm + L::exp + jr * kSmRowE + grp * 32);
+            const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+            const uint32_t sw = (grp >> 2) & 1;
+            e[sw] = sw ? hi : lo;
+            e[sw ^ 1] = sw ? lo : hi;
+            sm[L::ls + jr * 8 + grp] = uint8_t(2 * (q.y >> 28) + 1);
+        }
+        if (t < uint32_t(NW * kSmRows)) reinterpret_cast<float*>(sm + L::dw)[t] = pre;
+        else if (t < uint32_t(NW * kSmRows + PAIRS))
+            reinterpret_cast<float*>(sm + L::dx)[t - NW * kSmRows] = pre;
+        if (idx + 1 < nvis) pre = scale_at(idx + 1);
+        __syncthreads();   // expanded rows, scales visible
+        int isum[NW][NT][4];
+        each(isum, [](int& x) { x = 0; });
+        const uint8_t* as = sm + L::act + s * PAIRS * kSmRowE;
+        // group grp's MMAs; lsv: words of the group scales of rows gid, gid + 8 (weight j), the
+        // group's byte at bit `shift`
+        auto mma_group = [&](int grp, const uint32_t (&lsv)[NW][2], int shift) {
+            // B, per 16 pairs: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
+            uint32_t b[NT / 2][4];
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np)
+                ldmatrix_x4(b[np], as + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * kSmRowE + grp * 32 +
+                                       ((lane >> 3) & 1) * 16);
+#pragma unroll
+            for (int j = 0; j < NW; ++j) {
+                // A: matrices (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
+                uint32_t a[4];
+                ldmatrix_x4(a, sm + L::exp + (j * kSmRows + wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE +
+                                   grp * 32 + (lane >> 4) * 16);
+                int ls[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) ls[h] = int((lsv[j][h] >> shift) & 0xFF);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int d[4];
+                    const uint32_t bb[2] = {b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]};
+                    mma_s8(a, bb, d);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) isum[j][nt][e] += d[e] * ls[e >> 1];
+                }
+            }
+        };
+        if constexpr (FLAT) {
+            // the scales of 4 groups at a time (a word a row: 4 registers fewer than all 8)
+#pragma unroll 1
+            for (int half = 0; half < 2; ++half) {
+                uint32_t lsw[NW][2];
+#pragma unroll
+                for (int j = 0; j < NW; ++j)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        lsw[j][h] = *reinterpret_cast<const uint32_t*>(
+                            sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8 + 4 * half);
+#pragma unroll 2
+                for (int g4 = 0; g4 < 4; ++g4) mma_group(4 * half + g4, lsw, 8 * g4);
+            }
+        } else {
             uint2 lsw[NW][2];
 #pragma unroll
             for (int j = 0; j < NW; ++j)
 #pragma unroll
                 for (int h = 0; h < 2; ++h)
                     lsw[j][h] = *reinterpret_cast<const uint2*>(sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8);
-            const uint8_t* as = sm + L::act + s * int(kKqPairs) * kSmRowE;
 #pragma unroll 2
             for (int grp = 0; grp < 8; ++grp) {
-                // B: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
-                uint32_t b[4];
-                ldmatrix_x4(b, as + (wn + (lane & 7) + (lane >> 4) * 8) * kSmRowE + grp * 32 + ((lane >> 3) & 1) * 16);
-#pragma unroll
-                for (int j = 0; j < NW; ++j) {
-                    // A: matrices (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
-                    uint32_t a[4];
-                    ldmatrix_x4(a, sm + L::exp + (j * kSmRows + wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE +
-                                       grp * 32 + (lane >> 4) * 16);
-                    int ls[2];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        ls[h] = int(((grp < 4 ? lsw[j][h].x : lsw[j][h].y) >> (8 * (grp & 3))) & 0xFF);
-#pragma unroll
-                    for (int nt = 0; nt < 2; ++nt) {
-                        int d[4];
-                        const uint32_t bb[2] = {b[2 * nt], b[2 * nt + 1]};
-                        mma_s8(a, bb, d);
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) isum[j][nt][e] += d[e] * ls[e >> 1];
-                    }
-                }
-            }
-            // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j) does it
-            const float* sdw = reinterpret_cast<const float*>(sm + L::dw);
-            const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
+                uint32_t lv[NW][2];
 #pragma unroll
                 for (int j = 0; j < NW; ++j)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float dwv = sdw[j * kSmRows + wm + gid + 8 * (e >> 1)];
-                        cur[j][nt][e] = fmaf(dwv * dx[e & 1], float(isum[j][nt][e]), cur[j][nt][e]);
-                    }
+                    for (int h = 0; h < 2; ++h) lv[j][h] = grp < 4 ? lsw[j][h].x : lsw[j][h].y;
+                mma_group(grp, lv, 8 * (grp & 3));
             }
         }
-        tree_push(jj, st, cur);
+        // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j, and the
+        // CPU's dot_iq2_xxs: fmaf(d_w · d_x, bsum, s)) does it
+        const float* sdw = reinterpret_cast<const float*>(sm + L::dw);
+        const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
+#pragma unroll
+            for (int j = 0; j < NW; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float dwv = sdw[j * kSmRows + wm + gid + 8 * (e >> 1)];
+                    cur[j][nt][e] = fmaf(dwv * dx[e & 1], float(isum[j][nt][e]), cur[j][nt][e]);
+                }
+        }
+    };
+
+    float cur[NW][NT][4];
+    if constexpr (FLAT) {   // k order: super-blocks 0, 1, ... into one sum from 0
+        each(cur, [](float& x) { x = 0.0f; });
+        for (int idx = 0; idx < nsb; ++idx) step(idx, cur);
+    } else {   // decode's tree: leaves in bit-reversed order through the stack
+        float st[3][NW][NT][4];
+        int idx = 0;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+            each(cur, [](float& x) { x = 0.0f; });
+            for (int sb = leaf; sb < nsb; sb += 8, ++idx) step(idx, cur);
+            tree_push(jj, st, cur);
+        }
+        // the butterfly's last two steps add the zero lanes' sums
+        each(cur, [](float& x) { x = (x + 0.0f) + 0.0f; });
     }
     cp_async_wait_all();
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
             const int c = int(wn) + nt * 8 + int(2 * tig) + (e & 1);
             if (n >= p.N || c >= cnt) continue;
             const uint32_t pc = uint32_t(gp[c]);
-            // the butterfly's last two steps add the zero lanes' sums
-            float v = ((cur[0][nt][e] + 0.0f) + 0.0f) * 0.125f;
+            float v = cur[0][nt][e] * 0.125f;
             if constexpr (NW == 2) {
-                const float u = ((cur[1][nt][e] + 0.0f) + 0.0f) * 0.125f;
+                const float u = cur[1][nt][e] * 0.125f;
                 v = swiglu_pair(v, u, p.clamp, p.ew, pc);
             }
             p.y[uint64_t(pc) * p.y_stride + n] = v;
@@ -704,16 +781,22 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
 // byte, built in registers from the scale bytes; the same integers as the scalar sums of the
 // staged bsums (MMA_MINS = false, DSV4_GEMM_SMEM=2), which took most of the kernel's
 // instructions (64 multiply-adds and 24 shared loads a thread per super-block).
-// 80 registers (ptxas spills 28 bytes), 50 KB of shared memory: 3 blocks = 24 warps an SM.
+// 80 registers (ptxas spills 8 bytes; 20 without MMA_MINS), 50 KB of shared memory: 3 blocks =
+// 24 warps an SM. FLAT (prompt rounds, k order; MMA_MINS only): groups of 64 pairs, 8 warps of
+// 16 rows × 32 pairs (4 accumulator tiles a thread in the stack's registers), no bsum staging:
+// 62 KB of shared memory, still 3 blocks an SM; 80 registers, 36 bytes spilled (112 unbounded).
+template <bool FLAT = false>
 struct Q2Smem {
+    static constexpr int pairs = FLAT ? int(kKqFlatPairs) : int(kKqPairs);   // a group's pairs at most
     static constexpr int exp = 0;                                  // [64] rows of kSmRowE int8
     static constexpr int raw = exp + kSmRows * kSmRowE;            // [2][64][80] scales + codes
-    static constexpr int act = raw + 2 * kSmRows * 80;             // [2][32] rows of kSmRowE int8
-    static constexpr int bs = act + 2 * int(kKqPairs) * kSmRowE;  // [2][32][20] int32 (16 used)
-    static constexpr int dw = bs + 2 * int(kKqPairs) * 80;         // [64][2] float (d, dmin)
-    static constexpr int dx = dw + kSmRows * 8;                    // [32] float
-    static constexpr int bytes = dx + int(kKqPairs) * 4;
+    static constexpr int act = raw + 2 * kSmRows * 80;             // [2][pairs] rows of kSmRowE int8
+    static constexpr int bs = act + 2 * pairs * kSmRowE;           // [2][pairs][20] int32 (16 used; not FLAT)
+    static constexpr int dw = bs + (FLAT ? 0 : 2 * pairs * 80);    // [64][2] float (d, dmin)
+    static constexpr int dx = dw + kSmRows * 8;                    // [pairs] float
+    static constexpr int bytes = dx + pairs * 4;
 };
+static_assert(3 * (Q2Smem<true>::bytes + 1024) <= 228 * 1024, "FLAT Q2_K: 3 blocks an SM");
 
 __device__ __forceinline__ void mma_s8_acc(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
     asm volatile(
@@ -723,38 +806,44 @@ __device__ __forceinline__ void mma_s8_acc(const uint32_t (&a)[4], uint32_t b0, 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <bool MMA_MINS>
+template <bool MMA_MINS, bool FLAT = false>
 __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
+    static_assert(MMA_MINS || !FLAT, "FLAT: mins by MMA only");
     pdl_begin();
-    using L = Q2Smem;
+    using L = Q2Smem<FLAT>;
+    constexpr int PAIRS = L::pairs, NT = PAIRS / 16;   // NT: a warp's tiles of 8 pairs
     extern __shared__ __align__(16) uint8_t sm[];
     const uint32_t gi = blockIdx.y;
     if (gi >= uint32_t(*p.count)) return;
     const int32_t* g = p.grp + 3 * gi;
     const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
     const int32_t* gp = p.pairs + g[1];
-    const int cnt = min(g[2], int(kKqPairs));
+    const int cnt = min(g[2], PAIRS);
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * 16;
+    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * (PAIRS / 2);
     const uint64_t m0 = uint64_t(blockIdx.x) * kSmRows;
     const int nsb = int(p.K / 256);
-    int nvis = 0;
-    for (int leaf = 0; leaf < 8; ++leaf) nvis += leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+    int nvis = nsb;   // super-blocks visited (FLAT: sb = idx)
+    if constexpr (!FLAT) {
+        nvis = 0;
+        for (int leaf = 0; leaf < 8; ++leaf) nvis += leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+    }
+    auto sb_of = [&](int idx) { return FLAT ? idx : sb_at(idx, nsb); };
 
     // copies: 320 chunks of code rows (row q / 5, part q % 5) for q = t and t + 256 (< 320);
-    // activation chunks t, t + 256; bsum chunks t < 128 (pair t / 4, part t % 4)
+    // activation chunks TP i + t % TP of pair slot t / TP (as gemm_iq2_smem_kernel); bsum chunks
+    // t < 4 PAIRS (pair t / 4, part t % 4)
+    constexpr int TP = 256 / PAIRS;
     uint64_t woff[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const uint32_t q = min(t + 256 * i, 319u);
         woff[i] = (wbase + min(m0 + q / 5, p.N - 1)) * uint64_t(nsb) * 80 + (q % 5) * 16;
     }
-    uint32_t arow[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) arow[i] = uint32_t(gp[min(int(t >> 4) + 16 * i, cnt - 1)]) / p.act_div;
+    const uint32_t arow = uint32_t(gp[min(int(t) / TP, cnt - 1)]) / p.act_div;
     const uint32_t brow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     auto issue = [&](int idx) {
-        const int s = idx & 1, sb = sb_at(idx, nsb);
+        const int s = idx & 1, sb = sb_of(idx);
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             const uint32_t q = t + 256 * i;
@@ -762,20 +851,22 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
                 cp_async16(sm + L::raw + s * kSmRows * 80 + q * 16, p.wq[0] + woff[i] + uint64_t(sb) * 80);
         }
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-            cp_async16(sm + L::act + (s * int(kKqPairs) + int(t >> 4) + 16 * i) * kSmRowE + (t & 15) * 16,
-                       p.aq + uint64_t(arow[i]) * p.AL + uint64_t(sb) * 256 + (t & 15) * 16);
-        if (!MMA_MINS && t < 128)
-            cp_async16(sm + L::bs + (s * int(kKqPairs) + int(t >> 2)) * 80 + (t & 3) * 16,
+        for (int i = 0; i < 16 / TP; ++i) {
+            const uint32_t part = TP * i + t % TP;
+            cp_async16(sm + L::act + (s * PAIRS + int(t) / TP) * kSmRowE + part * 16,
+                       p.aq + uint64_t(arow) * p.AL + uint64_t(sb) * 256 + part * 16);
+        }
+        if (!MMA_MINS && t < uint32_t(4 * PAIRS))
+            cp_async16(sm + L::bs + (s * PAIRS + int(t >> 2)) * 80 + (t & 3) * 16,
                        p.absum + uint64_t(brow) * (p.AL / 16) + uint64_t(sb) * 16 + (t & 3) * 4);
     };
-    // scales staged per super-block: a row's (d, dmin) (t < 64) or a pair's dx (64 <= t < 96)
-    const bool has_dw = t < uint32_t(kSmRows), has_dx = !has_dw && t < uint32_t(kSmRows) + kKqPairs;
+    // scales staged per super-block: a row's (d, dmin) (t < 64) or a pair's dx (64 <= t < 64 + PAIRS)
+    const bool has_dw = t < uint32_t(kSmRows), has_dx = !has_dw && t < uint32_t(kSmRows + PAIRS);
     uint64_t soff = 0;
     if (has_dw) soff = (wbase + min(m0 + t, p.N - 1)) * uint64_t(nsb);
     else if (has_dx) soff = uint64_t(uint32_t(gp[min(int(t) - kSmRows, cnt - 1)]) / p.act_div) * (p.AL / 256);
     auto scale_at = [&](int idx) -> uint32_t {
-        const int sb = sb_at(idx, nsb);
+        const int sb = sb_of(idx);
         return has_dw ? reinterpret_cast<const uint32_t*>(p.wd[0])[soff + sb]
                       : has_dx ? __float_as_uint(p.ad[soff + sb]) : 0u;
     };
@@ -784,120 +875,138 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
     cp_async_commit();
     uint32_t pre = scale_at(0);
 
-    float st[3][2][4], cur[2][4];
-    int idx = 0;
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
-        each(cur, [](float& x) { x = 0.0f; });
-        for (int sb = leaf; sb < nsb; sb += 8, ++idx) {
-            const int s = idx & 1;
-            cp_async_wait_all();
-            __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
-            if (idx + 1 < nvis) issue(idx + 1);
-            cp_async_commit();
-            // expand: unit (row, 32 values = sub-blocks 2c, 2c + 1) -> q · (scale & 15)
-            const uint8_t* raw = sm + L::raw + s * kSmRows * 80;
+    // One super-block (the idx-th visited): wait for its stage, start the next one's copies,
+    // expand its codes, its MMAs, its float step into cur.
+    auto step = [&](int idx, float (&cur)[NT][4]) {
+        const int s = idx & 1;
+        cp_async_wait_all();
+        __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
+        if (idx + 1 < nvis) issue(idx + 1);
+        cp_async_commit();
+        // expand: unit (row, 32 values = sub-blocks 2c, 2c + 1) -> q · (scale & 15)
+        const uint8_t* raw = sm + L::raw + s * kSmRows * 80;
 #pragma unroll 1
-            for (int i = 0; i < 2; ++i) {
-                const uint32_t u = t + 256 * i, c = u & 7, row = u >> 3, hh = c >> 2, jp = c & 3;
-                const uint8_t* rr = raw + row * 80;
-                const uint4 q0 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh);
-                const uint4 q1 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh + 16);
-                const uint32_t s0 = rr[2 * c] & 0xF, s1 = rr[2 * c + 1] & 0xF;
-                auto x2 = [&](uint32_t w, uint32_t sc) { return ((w >> (2 * jp)) & 0x03030303u) * sc; };
-                const uint4 lo = make_uint4(x2(q0.x, s0), x2(q0.y, s0), x2(q0.z, s0), x2(q0.w, s0));
-                const uint4 hi = make_uint4(x2(q1.x, s1), x2(q1.y, s1), x2(q1.z, s1), x2(q1.w, s1));
-                uint4* e = reinterpret_cast<uint4*>(sm + L::exp + row * kSmRowE + c * 32);
-                const uint32_t sw = (c >> 2) & 1;
-                e[sw] = sw ? hi : lo;
-                e[sw ^ 1] = sw ? lo : hi;
-            }
-            float* sdw = reinterpret_cast<float*>(sm + L::dw);
-            if (has_dw) {
-                sdw[2 * t] = f16_to_f32(uint16_t(pre & 0xFFFF));
-                sdw[2 * t + 1] = f16_to_f32(uint16_t(pre >> 16));
-            } else if (has_dx) {
-                reinterpret_cast<float*>(sm + L::dx)[t - kSmRows] = __uint_as_float(pre);
-            }
-            if (idx + 1 < nvis) pre = scale_at(idx + 1);
-            __syncthreads();   // expanded rows, scales visible
-            int isum[2][4], mins[2][4];
-            each(isum, [](int& x) { x = 0; });
-            each(mins, [](int& x) { x = 0; });
-            const uint8_t* as = sm + L::act + s * int(kKqPairs) * kSmRowE;
+        for (int i = 0; i < 2; ++i) {
+            const uint32_t u = t + 256 * i, c = u & 7, row = u >> 3, hh = c >> 2, jp = c & 3;
+            const uint8_t* rr = raw + row * 80;
+            const uint4 q0 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh);
+            const uint4 q1 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh + 16);
+            const uint32_t s0 = rr[2 * c] & 0xF, s1 = rr[2 * c + 1] & 0xF;
+            auto x2 = [&](uint32_t w, uint32_t sc) { return ((w >> (2 * jp)) & 0x03030303u) * sc; };
+            const uint4 lo = make_uint4(x2(q0.x, s0), x2(q0.y, s0), x2(q0.z, s0), x2(q0.w, s0));
+            const uint4 hi = make_uint4(x2(q1.x, s1), x2(q1.y, s1), x2(q1.z, s1), x2(q1.w, s1));
+            uint4* e = reinterpret_cast<uint4*>(sm + L::exp + row * kSmRowE + c * 32);
+            const uint32_t sw = (c >> 2) & 1;
+            e[sw] = sw ? hi : lo;
+            e[sw ^ 1] = sw ? lo : hi;
+        }
+        float* sdw = reinterpret_cast<float*>(sm + L::dw);
+        if (has_dw) {
+            sdw[2 * t] = f16_to_f32(uint16_t(pre & 0xFFFF));
+            sdw[2 * t + 1] = f16_to_f32(uint16_t(pre >> 16));
+        } else if (has_dx) {
+            reinterpret_cast<float*>(sm + L::dx)[t - kSmRows] = __uint_as_float(pre);
+        }
+        if (idx + 1 < nvis) pre = scale_at(idx + 1);
+        __syncthreads();   // expanded rows, scales visible
+        int isum[NT][4], mins[NT][4];
+        each(isum, [](int& x) { x = 0; });
+        each(mins, [](int& x) { x = 0; });
+        const uint8_t* as = sm + L::act + s * PAIRS * kSmRowE;
 #pragma unroll 2
-            for (int c = 0; c < 8; ++c) {
-                uint32_t a[4], b[4];
-                ldmatrix_x4(b, as + (wn + (lane & 7) + (lane >> 4) * 8) * kSmRowE + c * 32 + ((lane >> 3) & 1) * 16);
-                ldmatrix_x4(a, sm + L::exp + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE + c * 32 +
-                                   (lane >> 4) * 16);
-                mma_s8_acc(a, b[0], b[1], isum[0]);
-                mma_s8_acc(a, b[2], b[3], isum[1]);
-                if constexpr (MMA_MINS) {
-                    // sub-blocks 2c (k 0-15) and 2c + 1 (k 16-31) of rows gid, gid + 8: their
-                    // mins (high nibbles of scale bytes 2c, 2c + 1) in every byte
-                    const uint32_t s0 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid) * 80 + 2 * c);
-                    const uint32_t s1 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid + 8) * 80 + 2 * c);
-                    const uint32_t am[4] = {((s0 >> 4) & 0xF) * 0x01010101u, ((s1 >> 4) & 0xF) * 0x01010101u,
-                                            (s0 >> 12) * 0x01010101u, (s1 >> 12) * 0x01010101u};
-                    mma_s8_acc(am, b[0], b[1], mins[0]);
-                    mma_s8_acc(am, b[2], b[3], mins[1]);
-                }
+        for (int c = 0; c < 8; ++c) {
+            // B, per 16 pairs: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
+            uint32_t a[4], b[NT / 2][4];
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np)
+                ldmatrix_x4(b[np], as + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * kSmRowE + c * 32 +
+                                       ((lane >> 3) & 1) * 16);
+            ldmatrix_x4(a, sm + L::exp + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE + c * 32 +
+                               (lane >> 4) * 16);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                mma_s8_acc(a, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], isum[nt]);
+            if constexpr (MMA_MINS) {
+                // sub-blocks 2c (k 0-15) and 2c + 1 (k 16-31) of rows gid, gid + 8: their
+                // mins (high nibbles of scale bytes 2c, 2c + 1) in every byte
+                const uint32_t s0 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid) * 80 + 2 * c);
+                const uint32_t s1 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid + 8) * 80 + 2 * c);
+                const uint32_t am[4] = {((s0 >> 4) & 0xF) * 0x01010101u, ((s1 >> 4) & 0xF) * 0x01010101u,
+                                        (s0 >> 12) * 0x01010101u, (s1 >> 12) * 0x01010101u};
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    mma_s8_acc(am, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], mins[nt]);
             }
-            // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
-            if constexpr (!MMA_MINS) {
-                const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * int(kKqPairs) * 20;
+        }
+        // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
+        if constexpr (!MMA_MINS) {
+            const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * PAIRS * 20;
 #pragma unroll 1
-                for (int u4 = 0; u4 < 4; ++u4) {
-                    uint32_t mw[2];
+            for (int u4 = 0; u4 < 4; ++u4) {
+                uint32_t mw[2];
 #pragma unroll
-                    for (int h = 0; h < 2; ++h)
-                        mw[h] = (*reinterpret_cast<const uint32_t*>(raw + (wm + gid + 8 * h) * 80 + 4 * u4) >> 4) &
-                                0x0F0F0F0Fu;
+                for (int h = 0; h < 2; ++h)
+                    mw[h] = (*reinterpret_cast<const uint32_t*>(raw + (wm + gid + 8 * h) * 80 + 4 * u4) >> 4) &
+                            0x0F0F0F0Fu;
 #pragma unroll
-                    for (int nt = 0; nt < 2; ++nt) {
-                        int4 bv[2];
+                for (int nt = 0; nt < NT; ++nt) {
+                    int4 bv[2];
 #pragma unroll
-                        for (int cc = 0; cc < 2; ++cc)
-                            bv[cc] = *reinterpret_cast<const int4*>(bsp + (wn + nt * 8 + 2 * tig + cc) * 20 + 4 * u4);
+                    for (int cc = 0; cc < 2; ++cc)
+                        bv[cc] = *reinterpret_cast<const int4*>(bsp + (wn + nt * 8 + 2 * tig + cc) * 20 + 4 * u4);
 #pragma unroll
-                        for (int k = 0; k < 4; ++k)
+                    for (int k = 0; k < 4; ++k)
 #pragma unroll
-                            for (int e = 0; e < 4; ++e) {
-                                const int4& v = bv[e & 1];
-                                const int bsv = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-                                mins[nt][e] += int((mw[e >> 1] >> (8 * k)) & 0xFF) * bsv;
-                            }
-                    }
-                }
-            }
-            // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j) does it
-            const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float x = dx[e & 1];
-                    const uint32_t r = wm + gid + 8 * (e >> 1);
-                    const float dall = x * sdw[2 * r], dmin = x * sdw[2 * r + 1];
-                    cur[nt][e] += fmaf(dall, float(isum[nt][e]), -(dmin * float(mins[nt][e])));
+                        for (int e = 0; e < 4; ++e) {
+                            const int4& v = bv[e & 1];
+                            const int bsv = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+                            mins[nt][e] += int((mw[e >> 1] >> (8 * k)) & 0xFF) * bsv;
+                        }
                 }
             }
         }
-        tree_push(jj, st, cur);
+        // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j, and the
+        // CPU's k_superblock) does it
+        const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float x = dx[e & 1];
+                const uint32_t r = wm + gid + 8 * (e >> 1);
+                const float dall = x * sdw[2 * r], dmin = x * sdw[2 * r + 1];
+                cur[nt][e] += fmaf(dall, float(isum[nt][e]), -(dmin * float(mins[nt][e])));
+            }
+        }
+    };
+
+    float cur[NT][4];
+    if constexpr (FLAT) {   // k order: super-blocks 0, 1, ... into one sum from 0
+        each(cur, [](float& x) { x = 0.0f; });
+        for (int idx = 0; idx < nsb; ++idx) step(idx, cur);
+    } else {   // decode's tree: leaves in bit-reversed order through the stack
+        float st[3][NT][4];
+        int idx = 0;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+            each(cur, [](float& x) { x = 0.0f; });
+            for (int sb = leaf; sb < nsb; sb += 8, ++idx) step(idx, cur);
+            tree_push(jj, st, cur);
+        }
+        // the butterfly's last two steps add the zero lanes' sums
+        each(cur, [](float& x) { x = (x + 0.0f) + 0.0f; });
     }
     cp_async_wait_all();
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
+    for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
             const int c = int(wn) + nt * 8 + int(2 * tig) + (e & 1);
             if (n >= p.N || c >= cnt) continue;
-            // the butterfly's last two steps add the zero lanes' sums
-            p.y[uint64_t(uint32_t(gp[c])) * p.y_stride + n] = (cur[nt][e] + 0.0f) + 0.0f;
+            p.y[uint64_t(uint32_t(gp[c])) * p.y_stride + n] = cur[nt][e];
         }
 }
 
@@ -1474,18 +1583,23 @@ bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s) {
     ready = true;
     return true;
 }
-template <int NW, bool REP>
+template <int NW, bool REP, bool FLAT = false>
 bool iq2_smem_ready(cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW, REP>), Iq2Smem<NW, REP>::bytes, ready,
-                      s);
+    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW, REP, FLAT>),
+                      Iq2Smem<NW, REP, FLAT>::bytes, ready, s);
 }
 // The staged IQ2_XXS kernel for gate (NW = 1) or gate+up (NW = 2), replicated tables or not;
-// false when its shared memory cannot be raised yet (a capture first).
+// groups of 64 pairs (flat: k order) take the FLAT kernel (replicated tables, also for
+// DSV4_GEMM_SMEM=2: it has no other form). False when its shared memory cannot be raised yet
+// (a capture first).
 template <int NW>
-bool launch_iq2_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_iq2_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
     const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap), block(256);
-    if (smem_mode() != 2) {
+    if (flat) {
+        if (!iq2_smem_ready<NW, true, true>(s)) return false;
+        gemm_iq2_smem_kernel<NW, true, true><<<grid, block, Iq2Smem<NW, true, true>::bytes, s>>>(p);
+    } else if (smem_mode() != 2) {
         if (!iq2_smem_ready<NW, true>(s)) return false;
         gemm_iq2_smem_kernel<NW, true><<<grid, block, Iq2Smem<NW, true>::bytes, s>>>(p);
     } else {
@@ -1549,21 +1663,26 @@ bool flat_ok(const DevWeight& W, const DevAct& a, uint64_t row0, uint64_t rpg) {
            (rpg == 0 || (rpg % kFlatBM == 0 && row0 % kFlatBM == 0)) &&
            reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0;
 }
-template <bool MMA_MINS>
+template <bool MMA_MINS, bool FLAT = false>
 bool q2k_smem_ready(cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel<MMA_MINS>), Q2Smem::bytes, ready, s);
+    return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel<MMA_MINS, FLAT>), Q2Smem<FLAT>::bytes, ready,
+                      s);
 }
-// The staged Q2_K kernel, the mins by MMA unless DSV4_GEMM_SMEM=2; false when its shared
-// memory cannot be raised yet (a capture first).
-bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+// The staged Q2_K kernel, the mins by MMA unless DSV4_GEMM_SMEM=2; groups of 64 pairs (flat:
+// k order) take the FLAT kernel (mins by MMA, also for DSV4_GEMM_SMEM=2). False when its
+// shared memory cannot be raised yet (a capture first).
+bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
     const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap), block(256);
-    if (smem_mode() != 2) {
+    if (flat) {
+        if (!q2k_smem_ready<true, true>(s)) return false;
+        gemm_q2k_smem_kernel<true, true><<<grid, block, Q2Smem<true>::bytes, s>>>(p);
+    } else if (smem_mode() != 2) {
         if (!q2k_smem_ready<true>(s)) return false;
-        gemm_q2k_smem_kernel<true><<<grid, block, Q2Smem::bytes, s>>>(p);
+        gemm_q2k_smem_kernel<true><<<grid, block, Q2Smem<>::bytes, s>>>(p);
     } else {
         if (!q2k_smem_ready<false>(s)) return false;
-        gemm_q2k_smem_kernel<false><<<grid, block, Q2Smem::bytes, s>>>(p);
+        gemm_q2k_smem_kernel<false><<<grid, block, Q2Smem<>::bytes, s>>>(p);
     }
     return true;
 }
@@ -1623,11 +1742,20 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     check_launch("gemm_q8_0");
 }
 
-uint32_t gemm_kq_pairs() { return kKqPairs; }
+namespace {
+// DSV4_KQ_FLAT (read once, on by default): a prompt round's 2-bit expert products take groups
+// of 64 pairs in k order (the FLAT kernels); 0 keeps decode's order and groups of 32 there.
+bool kq_flat_on() {
+    static const bool on = env_switch("DSV4_KQ_FLAT", true);
+    return on;
+}
+}  // namespace
+
+uint32_t gemm_kq_pairs() { return g_flat_round && kq_flat_on() ? kKqFlatPairs : kKqPairs; }
 
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups) {
-    return tensor_cores_on() && groups && groups->per_group == kKqPairs && (W.type == T_IQ2_XXS || W.type == T_Q2_K) &&
-           W.K % 256 == 0;
+    return tensor_cores_on() && groups && groups->per_group == gemm_kq_pairs() &&
+           (W.type == T_IQ2_XXS || W.type == T_Q2_K) && W.K % 256 == 0;
 }
 
 void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,
@@ -1659,23 +1787,32 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.clamp = clamp;
     p.ew = ew;
     iq2_tables(&p.grid, &p.sign, &p.sel);
+    // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
+    // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
+    const bool flat = g.per_group == kKqFlatPairs;
     const uint32_t bm = 64 * uint32_t(Wg.type == T_IQ2_XXS ? kq_mt<T_IQ2_XXS>() : kq_mt<T_Q2_K>());
     const dim3 grid(uint32_t((N + bm - 1) / bm), g.cap), block(128);
     if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
         reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&
-        (Wu ? launch_iq2_smem<2>(p, N, g.cap, s) : launch_iq2_smem<1>(p, N, g.cap, s))) {
+        (Wu ? launch_iq2_smem<2>(p, N, g.cap, flat, s) : launch_iq2_smem<1>(p, N, g.cap, flat, s))) {
         // (launched by launch_iq2_smem)
     } else if (Wg.type == T_Q2_K && !Wu && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 &&
                p.AL % 256 == 0 && reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 &&
                reinterpret_cast<uintptr_t>(p.absum) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
-               launch_q2k_smem(p, N, g.cap, s)) {
+               launch_q2k_smem(p, N, g.cap, flat, s)) {
         // (launched by launch_q2k_smem)
     } else if (Wg.type == T_IQ2_XXS) {
-        if (Wu) gemm_kq_kernel<T_IQ2_XXS, 2><<<grid, block, 0, s>>>(p);
-        else gemm_kq_kernel<T_IQ2_XXS, 1><<<grid, block, 0, s>>>(p);
+        if (flat) {
+            if (Wu) gemm_kq_kernel<T_IQ2_XXS, 2, true><<<grid, block, 0, s>>>(p);
+            else gemm_kq_kernel<T_IQ2_XXS, 1, true><<<grid, block, 0, s>>>(p);
+        } else {
+            if (Wu) gemm_kq_kernel<T_IQ2_XXS, 2><<<grid, block, 0, s>>>(p);
+            else gemm_kq_kernel<T_IQ2_XXS, 1><<<grid, block, 0, s>>>(p);
+        }
     } else {
         if (Wu) throw_mismatch("gemm_kq_experts: Q2_K gate+up has no tensor-core kernel", Wg.type, Wg.K, a.K);
-        gemm_kq_kernel<T_Q2_K, 1><<<grid, block, 0, s>>>(p);
+        if (flat) gemm_kq_kernel<T_Q2_K, 1, true><<<grid, block, 0, s>>>(p);
+        else gemm_kq_kernel<T_Q2_K, 1><<<grid, block, 0, s>>>(p);
     }
     check_launch("gemm_kq_experts");
 }

@@ -8,6 +8,9 @@
 // are replicated and each lane reads its own copy:
 // - grid: row i, copy c at 8-byte slot 16 i + c (16 copies, 32 KB); lane l reads copy l & 15,
 //   so a half-warp's 64-bit loads fall on 16 different bank pairs: the minimum 2 passes a warp.
+//   With 8 copies (16 KB: GRID_COPIES = 8, slot 8 i + c, lane l reads copy l & 7; the prompt
+//   order's expert GEMM, short of shared memory) lanes l and l + 8 share a copy, whose rows
+//   lie on 2 bank pairs by the parity of i: a half-warp nearly always needs 2 passes, ~4 a warp.
 // - signs: not byte masks but prmt selectors picking, per byte, the grid magnitude or its
 //   negation (byte t of the result is byte t of g, or of 0x01010100 - g, the byte-wise
 //   negation without borrows since no grid byte is 0), i.e. exactly the signed bytes of
@@ -23,6 +26,8 @@ namespace dsv4::cuda {
 
 constexpr uint32_t kIq2GridCopies = 16;
 constexpr uint32_t kIq2GridRepBytes = 256 * kIq2GridCopies * 8;   // 32 KB
+// bytes of the grid in `copies` copies (16 or 8)
+constexpr uint32_t iq2_grid_rep_bytes(uint32_t copies) { return 256 * copies * 8; }
 
 // The 128 selectors (a constant: they depend on ksigns alone), built at compile time.
 struct Iq2Selectors {
@@ -42,17 +47,19 @@ constexpr Iq2Selectors iq2_selectors() {
 }
 
 // Fills the replicated tables in shared memory with the block's NT threads: grid_s gets
-// kIq2GridRepBytes (row i, copy c at 8-byte slot 16 i + c), sel_s the selectors in SEL_COPIES
-// copies (entry i, copy c at word SEL_COPIES i + c), from grid (256 rows) and sel (128
-// selectors) in global memory. The selectors' loads first, then the grid's in rounds of 4 (few
-// registers beside loads the caller has in flight); 16-byte stores to consecutive addresses
-// per warp (conflict-free). No barrier: the caller's next one makes the tables visible.
-template <uint32_t NT, uint32_t SEL_COPIES>
+// iq2_grid_rep_bytes(GRID_COPIES) (row i, copy c at 8-byte slot GRID_COPIES i + c), sel_s the
+// selectors in SEL_COPIES copies (entry i, copy c at word SEL_COPIES i + c), from grid (256
+// rows) and sel (128 selectors) in global memory. The selectors' loads first, then the grid's
+// in rounds of 4 (few registers beside loads the caller has in flight); 16-byte stores to
+// consecutive addresses per warp (conflict-free). No barrier: the caller's next one makes the
+// tables visible.
+template <uint32_t NT, uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
 __device__ __forceinline__ void iq2_fill_rep(uint4* grid_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
                                              uint32_t tid) {
-    constexpr uint32_t NG = kIq2GridRepBytes / 16 / NT, NS = 128 * SEL_COPIES * 4 / 16 / NT;
-    static_assert(NG % 4 == 0 && NG * NT * 16 == kIq2GridRepBytes && NS * NT * 16 == 128 * SEL_COPIES * 4,
-                  "fill shape");
+    static_assert(GRID_COPIES == 16 || GRID_COPIES == 8, "grid copies: 16 or 8");
+    constexpr uint32_t GB = iq2_grid_rep_bytes(GRID_COPIES);
+    constexpr uint32_t NG = GB / 16 / NT, NS = 128 * SEL_COPIES * 4 / 16 / NT;
+    static_assert(NG % 4 == 0 && NG * NT * 16 == GB && NS * NT * 16 == 128 * SEL_COPIES * 4, "fill shape");
     uint32_t sv[NS];
 #pragma unroll
     for (uint32_t j = 0; j < NS; ++j) sv[j] = __ldg(&sel[(tid + NT * j) / (SEL_COPIES / 4)]);
@@ -62,7 +69,7 @@ __device__ __forceinline__ void iq2_fill_rep(uint4* grid_s, uint4* sel_s, const 
     for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
         uint64_t g[4];
 #pragma unroll
-        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&grid[(tid + NT * (j0 + j)) >> 3]);
+        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&grid[(tid + NT * (j0 + j)) / (GRID_COPIES / 2)]);
 #pragma unroll
         for (uint32_t j = 0; j < 4; ++j)
             grid_s[tid + NT * (j0 + j)] =
@@ -83,30 +90,32 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 __device__ __forceinline__ uint32_t shift_right(uint32_t x, int s) { return s >= 0 ? x >> s : x << -s; }
 
 // Row l (0..3) of one group (a0: grid indices, a1: signs and scale): its 8 grid magnitudes g
-// and its prmt sign selector sel. gb: this lane's grid copy (tables + 8 (lane & 15)); sb: its
-// selector copy (selectors + 4 copy); SEL_COPIES: the selector table's copies (its entries
-// are 4 SEL_COPIES bytes apart).
-template <uint32_t SEL_COPIES>
+// and its prmt sign selector sel. gb: this lane's grid copy (tables + 8 (lane % GRID_COPIES));
+// sb: its selector copy (selectors + 4 copy); SEL_COPIES: the selector table's copies (its
+// entries are 4 SEL_COPIES bytes apart); GRID_COPIES: the grid's (rows 8 GRID_COPIES apart).
+template <uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
 __device__ __forceinline__ void iq2_row_rep(uint32_t a0, uint32_t a1, int l, const uint8_t* gb, const uint8_t* sb,
                                             uint2& g, uint32_t& sel) {
     static_assert(SEL_COPIES == 16 || SEL_COPIES == 32, "selector copies: 16 or 32");
-    constexpr int kSelShift = SEL_COPIES == 32 ? 7 : 6;   // log2 of the selector entry stride
-    // 128 × grid index (byte l of a0); 4 SEL_COPIES × sign index (bits 7l..7l+6 of a1)
-    const uint32_t go = shift_right(a0, 8 * l - 7) & 0x7F80u;
+    static_assert(GRID_COPIES == 16 || GRID_COPIES == 8, "grid copies: 16 or 8");
+    constexpr int kSelShift = SEL_COPIES == 32 ? 7 : 6;    // log2 of the selector entry stride
+    constexpr int kGridShift = GRID_COPIES == 16 ? 7 : 6;  // log2 of the grid row stride
+    // 8 GRID_COPIES × grid index (byte l of a0); 4 SEL_COPIES × sign index (bits 7l..7l+6 of a1)
+    const uint32_t go = shift_right(a0, 8 * l - kGridShift) & (0xFFu << kGridShift);
     const uint32_t so = shift_right(a1, 7 * l - kSelShift) & (127u << kSelShift);
     g = *reinterpret_cast<const uint2*>(gb + go);
     sel = *reinterpret_cast<const uint32_t*>(sb + so);
 }
 
 // The 8 signed code words of one group (iq2_row_rep's arguments).
-template <uint32_t SEL_COPIES>
+template <uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
 __device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const uint8_t* gb, const uint8_t* sb,
                                                uint32_t* w) {
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
         uint2 g;
         uint32_t sel;
-        iq2_row_rep<SEL_COPIES>(a0, a1, l, gb, sb, g, sel);
+        iq2_row_rep<SEL_COPIES, GRID_COPIES>(a0, a1, l, gb, sb, g, sel);
         w[2 * l] = prmt(g.x, 0x01010100u - g.x, sel);
         w[2 * l + 1] = prmt(g.y, 0x01010100u - g.y, sel >> 16);
     }

@@ -112,8 +112,9 @@ struct MoeGroups {
     int32_t* pairs = nullptr;
     int32_t* count = nullptr;
     uint32_t cap = 0;          // >= moe_groups_cap(P, NE, per_group)
-    uint32_t per_group = 8;    // pairs a group: 8 (matvec's slots), or gemm_kq_pairs() where
-                               // every product of the experts takes gemm_kq_experts
+    uint32_t per_group = 8;    // pairs a group: 8 (matvec's slots), or gemm_kq_pairs() (32, or 64
+                               // in a prompt round) where every product of the experts takes
+                               // gemm_kq_experts
 };
 uint32_t moe_groups_cap(uint32_t P, uint32_t NE, uint32_t per_group);
 void moe_groups(const int32_t* experts, uint32_t P, uint32_t NE, const MoeGroups& g, cudaStream_t s);
@@ -201,6 +202,11 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
 
 // The routed experts' IQ2_XXS / Q2_K products of a prefill (pairs gathered in groups) on the
 // tensor cores, bit for bit what matvec / matvec_swiglu give; they call it where eligible.
+// gemm_kq_pairs(): the pairs a group (MoeGroups::per_group) the products take now: 32 (decode's
+// order), or 64 in a prompt round (gemm_prefill_order(true), DSV4_KQ_FLAT on by default): the
+// super-blocks then added in k order, bit for bit the CPU's vec_dot for every (pair, row) (the
+// fused gate+up: swiglu of the two), not decode's bits. Eligible: groups of exactly gemm_kq_pairs() (a
+// product never mixes the orders).
 uint32_t gemm_kq_pairs();
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups);
 void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,

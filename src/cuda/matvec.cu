@@ -1420,7 +1420,8 @@ MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y
         p.n_grp = groups->count;
         p.grp_cap = groups->cap;
         if (!expert || groups->per_group != 8)
-            throw_mismatch("matvec: pair groups need experts and 8 pairs a group (32 only for the tensor-core types)",
+            throw_mismatch("matvec: pair groups need experts and 8 pairs a group (32 or 64 only for the tensor-core "
+                           "types)",
                            W.type, W.K, a.K);
     }
     return p;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -1907,7 +1908,10 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
     // gives it alone: groups of 1 to 32 pairs (experts with 1, 8, 31, 32, 38 and no pairs), N with a tail
     // past the block's 64 rows, K of 1 to 16 super-blocks (leaves with none, one, two: K 2,304
     // gives the decode lanes unequal counts), one weight alone and IQ2_XXS gate+up fused
-    // (clamp, weights).
+    // (clamp, weights). Decode's order: groups of 32 (a prompt round's 64 take k order:
+    // ExpertsPromptOrderEqualCpuDot).
+    cuda::gemm_prefill_order(false);
+    ASSERT_EQ(cuda::gemm_kq_pairs(), 32u);
     const uint32_t counts[] = {1, 8, 31, 32, 38, 0};
     const uint32_t NEXP = 6, KU = 2;
     std::vector<int32_t> ex;
@@ -1962,6 +1966,174 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
                         ASSERT_EQ(0, std::memcmp(sw_ref.data(), r2.data(), sw_ref.size() * 4))
                             << "gate+up, smem " << smem << " K " << K << " N " << N;
                     }
+                }
+            }
+        }
+    }
+}
+
+TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
+    // A prompt round's IQ2_XXS / Q2_K expert products (gemm_prefill_order(true), DSV4_KQ_FLAT:
+    // groups of gemm_kq_pairs() = 64 pairs; gemm_iq2_smem_kernel / gemm_q2k_smem_kernel with
+    // FLAT, or gemm_kq_kernel with FLAT where not staged) add a row's super-blocks in k order,
+    // one float step each, as the CPU's dot_iq2_xxs / dot_q2_k: every (pair, row) must be
+    // quant::vec_dot's float bit for bit, on the very activation codes the GPU made (checked
+    // equal to the host quantiser's), and the fused IQ2_XXS gate+up the GPU's swiglu of the
+    // two CPU dots (which matvec + matvec + swiglu equals: MatvecSwigluEqualsMatvecThenSwiglu).
+    // Experts with 1 to 130 pairs (past 64 a group splits: 65 = 64 + 1, 130 = 64 + 64 + 2) and
+    // none, N with a tail past the block's 64 rows, K of 1 to 16 super-blocks, every path
+    // (staged: smem 1 and 2; register-fed: 0), and batches of the first 20 rows and of the
+    // first row alone (other groups; the one-row rounds of a prompt chunked token by token).
+    struct Restore {
+        ~Restore() {
+            cuda::gemm_prefill_order(false);
+            cuda::gemm_smem_override(-1);
+        }
+    } restore;
+    if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
+        GTEST_SKIP() << "DSV4_KQ_FLAT=0: prompt rounds keep decode's order";
+    cuda::gemm_prefill_order(true);
+    const uint32_t PG = cuda::gemm_kq_pairs();
+    ASSERT_EQ(PG, 64u);
+    const uint32_t counts[] = {1, 8, 31, 32, 33, 63, 64, 65, 130, 0};
+    const uint32_t NEXP = 10, KU = 7;
+    std::vector<int32_t> ex;
+    for (uint32_t e = 0; e < NEXP; ++e)
+        for (uint32_t i = 0; i < counts[e]; ++i) ex.push_back(int32_t(e));
+    // interleave so a group's pairs are not consecutive activation rows
+    std::vector<int32_t> mixed(ex.size());
+    for (size_t i = 0; i < ex.size(); ++i) mixed[(i * 37) % ex.size()] = ex[i];
+    const uint32_t P = uint32_t(mixed.size()), R = P / KU;
+    ASSERT_EQ(P % KU, 0u);
+    DevVec<int32_t> dex(mixed);
+    // the batches: all R rows, the first 20, the first alone (pairs p < rows · KU: the same pairs)
+    const uint32_t batch_rows[3] = {R, 20, 1};
+    struct Batch {
+        uint32_t P, cap;
+        DevVec<int32_t> grp, pairs, count;
+        cuda::MoeGroups g;
+    };
+    std::vector<std::unique_ptr<Batch>> batches;
+    for (const uint32_t rows : batch_rows) {
+        auto b = std::make_unique<Batch>();
+        b->P = rows * KU;
+        b->cap = cuda::moe_groups_cap(b->P, NEXP, PG);
+        b->grp.resize(3 * b->cap);
+        b->pairs.resize(b->P);
+        b->count.resize(1);
+        b->g = cuda::MoeGroups{b->grp.get(), b->pairs.get(), b->count.get(), b->cap, PG};
+        cuda::moe_groups(dex.get(), b->P, NEXP, b->g, nullptr);
+        batches.push_back(std::move(b));
+    }
+    // the whole batch's groups: ceil(count / 64) an expert
+    uint32_t want_groups = 0;
+    for (const uint32_t c : counts) want_groups += (c + PG - 1) / PG;
+    ASSERT_EQ(batches[0]->count.download()[0], int32_t(want_groups));
+    for (const Type wt : {Type::IQ2_XXS, Type::Q2_K}) {
+        for (const uint64_t K : {256, 1024, 2304, 4096}) {
+            for (const uint64_t N : {uint64_t(70), uint64_t(130)}) {
+                const bool fused = wt == Type::IQ2_XXS;
+                const std::string what = std::string(quant::traits(wt).name) + " K " + std::to_string(K) + " N " +
+                                         std::to_string(N);
+                const uint64_t RPE = N + 3;
+                const HostWeight hg = random_weight(wt, K, RPE * NEXP, 1701 + K + N + uint64_t(wt));
+                const HostWeight hu = random_weight(wt, K, RPE * NEXP, 1801 + K + N + uint64_t(wt));
+                DevWeightHolder dg(hg), du(hu);
+                // a batch of decode's groups (32) is not eligible in a prompt round: no product
+                // mixes the orders
+                const cuda::MoeGroups g32{batches[0]->grp.get(), batches[0]->pairs.get(), batches[0]->count.get(),
+                                          batches[0]->cap, 32};
+                ASSERT_FALSE(cuda::gemm_kq_eligible(dg.w, &g32)) << what;
+                ASSERT_TRUE(cuda::gemm_kq_eligible(dg.w, &batches[0]->g)) << what;
+                auto x = random_floats(R * K, 123 + K, -2.0f, 2.0f);
+                DevVec<float> dx(x);
+                ActHolder ah(R * K);
+                const cuda::DevAct a = cuda::quantize_act(uint32_t(wt), dx.get(), K, R, K, ah.buf, nullptr);
+                // the CPU's activation blocks (Q8_K: d, 256 codes, 16 bsums), the GPU's codes
+                const size_t ab = quant::act_bytes(wt, K);
+                std::vector<uint8_t> act(R * ab);
+                {
+                    const auto q = ah.q.download();
+                    const auto d = ah.d.download();
+                    const auto bs = ah.b.download();
+                    for (uint32_t r = 0; r < R; ++r) {
+                        uint8_t* ar = act.data() + r * ab;
+                        quant::quantize_act(wt, &x[r * K], ar, K);
+                        for (uint64_t blk = 0; blk < K / 256; ++blk) {
+                            const uint8_t* rb = ar + blk * 292;
+                            float dd;
+                            std::memcpy(&dd, rb, 4);
+                            ASSERT_EQ(dd, d[r * (K / 256) + blk]) << what << " row " << r << " block " << blk;
+                            ASSERT_EQ(0, std::memcmp(rb + 4, &q[r * K + blk * 256], 256)) << what << " row " << r;
+                            for (int j = 0; j < 16; ++j) {
+                                int16_t sv;
+                                std::memcpy(&sv, rb + 260 + 2 * j, 2);
+                                ASSERT_EQ(int32_t(sv), bs[r * (K / 16) + blk * 16 + j]) << what << " row " << r;
+                            }
+                        }
+                    }
+                }
+                // the CPU's dots: pair p, output n = expert mixed[p]'s row n · activation row p / KU
+                const size_t rb = quant::row_bytes(wt, K);
+                std::vector<float> ref(P * N), ref_u(P * N);
+                for (uint32_t p = 0; p < P; ++p)
+                    for (uint64_t n = 0; n < N; ++n) {
+                        const uint64_t row = uint64_t(mixed[p]) * RPE + n;
+                        const uint8_t* av = act.data() + (p / KU) * ab;
+                        ref[p * N + n] = quant::vec_dot(wt, hg.bytes.data() + row * rb, av, K);
+                        if (fused) ref_u[p * N + n] = quant::vec_dot(wt, hu.bytes.data() + row * rb, av, K);
+                    }
+                // fused gate+up: the GPU's swiglu of the CPU's dots, with a clamp that cuts about
+                // a third of the up values (and the gate's tail), and without clamp or weights
+                auto wv = random_floats(P, 29, 0.1f, 1.0f);
+                DevVec<float> dew(wv);
+                std::vector<float> mag(ref_u.size());
+                for (size_t i = 0; i < mag.size(); ++i) mag[i] = std::fabs(ref_u[i]);
+                std::nth_element(mag.begin(), mag.begin() + mag.size() * 2 / 3, mag.end());
+                const float clamps[2] = {std::max(mag[mag.size() * 2 / 3], 1e-3f), 0.0f};
+                std::vector<float> sw_ref[2];
+                if (fused) {
+                    DevVec<float> g(ref), u(ref_u), mid(P * N);
+                    for (int c = 0; c < 2; ++c) {
+                        cuda::swiglu(g.get(), u.get(), mid.get(), P, uint32_t(N), clamps[c], c ? nullptr : dew.get(),
+                                     nullptr);
+                        sw_ref[c] = mid.download();
+                    }
+                }
+                // the first output that differs, for the message
+                auto first_diff = [&](const std::vector<float>& got, const std::vector<float>& want, uint32_t np) {
+                    for (uint64_t i = 0; i < uint64_t(np) * N; ++i)
+                        if (std::memcmp(&got[i], &want[i], 4) != 0)
+                            return "pair " + std::to_string(i / N) + " (expert " + std::to_string(mixed[i / N]) +
+                                   ") row " + std::to_string(i % N) + ": " + std::to_string(got[i]) + " vs CPU " +
+                                   std::to_string(want[i]);
+                    return std::string("none");
+                };
+                for (const int smem : {1, 2, 0}) {   // staged FLAT (1; 2 takes it too), register-fed FLAT
+                    cuda::gemm_smem_override(smem);
+                    for (size_t bi = 0; bi < batches.size(); ++bi) {
+                        const Batch& b = *batches[bi];
+                        const std::string where = what + " smem " + std::to_string(smem) + " batch of " +
+                                                  std::to_string(batch_rows[bi]) + " rows: ";
+                        // poisoned outputs: a skipped one shows
+                        DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
+                        cuda::matvec(dg.w, a, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
+                        const auto r1 = got.download();
+                        ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
+                            << where << "gate alone, first difference at " << first_diff(r1, ref, b.P);
+                        if (!fused) continue;
+                        for (int c = 0; c < 2; ++c) {
+                            DevVec<float> sw(std::vector<float>(b.P * N, std::nanf("")));
+                            cuda::matvec_swiglu(dg.w, du.w, a, b.P, sw.get(), N, N, clamps[c],
+                                                c ? nullptr : dew.get(), nullptr, dex.get(), RPE, KU, &b.g);
+                            const auto r2 = sw.download();
+                            ASSERT_EQ(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
+                                << where << "gate+up, clamp " << clamps[c] << ", first difference at "
+                                << first_diff(r2, sw_ref[c], b.P);
+                        }
+                    }
+                    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                    cuda::gemm_smem_override(-1);
                 }
             }
         }
