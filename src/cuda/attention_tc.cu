@@ -479,6 +479,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 // into a fresh accumulator (the small terms first), added to the running sum by an FP32 add.
 // Shared memory at 64 heads × 512: 217.5 KB (queries 129, two key tiles 64.5, scores 24), one
 // block an SM.
+// WARPS = 8 holds 128 accumulators a thread (238 registers): 2 warps a scheduler, issue 0.39 a
+// cycle, stalled mostly on fixed-latency dependencies (run 78). WARPS = 16 (widths of 128 or
+// more): a score warp takes one m-tile (the same four D-quarter parts, so the same scores), the
+// weighted sum D/16 columns (64 accumulators, ≤ 128 registers), the softmax stays on the first
+// 256 threads: twice the warps to hide the latencies.
 constexpr uint32_t kRowKT = 16;
 constexpr uint32_t kRowMaxMT = 4;   // m-tiles of 16 heads: up to 64 heads
 constexpr uint32_t kRowRS = 24;     // score / weight row stride, ≡ 8 (mod 32): conflict-free float2 / uint2 rows
@@ -488,15 +493,19 @@ constexpr size_t rows_smem_floats(uint32_t D, uint32_t MT) {
     return size_t(16 * MT + 2 * kRowKT) * (D + kAttnPad) + size_t(4) * 16 * MT * kRowRS;
 }
 
-template <uint32_t NT>
-__global__ void __launch_bounds__(kTcThreads, 1)
+template <uint32_t NT, uint32_t WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1)
     attn_rows_tc_kernel(const float* __restrict__ q, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
                         uint32_t ratio, uint32_t top_k, const uint32_t* __restrict__ sel,
                         const DevRow* __restrict__ rows, const DevLayerKV* __restrict__ lkv, uint32_t n_layer,
                         uint32_t il, uint32_t R, uint32_t n_rot, const double* __restrict__ inv_freq,
                         float* __restrict__ o, int8_t* __restrict__ oq, float* __restrict__ od) {
     pdl_begin();
-    constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4;
+    constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4, T = 32 * WARPS;
+    // 16 warps: each score m-tile alone and half the weighted sum's columns (NTW n-tiles a warp)
+    constexpr uint32_t MPW = WARPS == 16 ? 1 : 2, MG = 4 / MPW, NTW = WARPS == 16 ? NT / 2 : NT, KTH = T / kRowKT;
+    constexpr int SU = WARPS == 16 ? 2 : 4;   // score k-steps unrolled (16 warps: 128 registers)
+    static_assert((WARPS == 8 || WARPS == 16) && NTW >= 1, "rows kernel: 8 or 16 warps, 16 for D >= 128");
     const uint32_t MT = (n_head + 15) / 16, HP = 16 * MT;   // padded heads (the padding: zero queries)
     extern __shared__ float4 sm4[];
     float* q_s = reinterpret_cast<float*>(sm4);   // [HP][DP]: the row's queries, then its output
@@ -508,7 +517,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t li = lane >> 3, lr = lane & 7;                    // ldmatrix: matrix, row
-    const uint32_t kj = threadIdx.x >> 4, ksub = threadIdx.x & 15;   // key staging: row, first float4
+    const uint32_t kj = threadIdx.x / KTH, ksub = threadIdx.x % KTH;   // key staging: row, first float4
     const uint32_t hs = threadIdx.x >> 2, kc = threadIdx.x & 3;      // softmax: head, key quad
     const float scale = float(1.0 / sqrt(double(D)));
     // The key ranges of the last row asked for (the tiles around a step are mostly one row's;
@@ -546,14 +555,14 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const uint64_t g = t0 + kj;
         if (g < ks.NK) {
             const float* kp = attn_key_row_sel(ks, lkv[uint64_t(rows[r].sess) * n_layer + il], g, sg, D);
-            for (uint32_t u = ksub; u < D4; u += 16) cp_async16(row + 4 * u, kp + 4 * u);
+            for (uint32_t u = ksub; u < D4; u += KTH) cp_async16(row + 4 * u, kp + 4 * u);
         } else {
-            for (uint32_t u = ksub; u < D4; u += 16) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
+            for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
         }
     };
     auto stage_q = [&](uint32_t r) {
         const float* qr = q + uint64_t(r) * n_head * D;
-        for (uint32_t i = threadIdx.x; i < HP * D4; i += kTcThreads) {
+        for (uint32_t i = threadIdx.x; i < HP * D4; i += T) {
             const uint32_t h = i / D4, u = i % D4;
             if (h < n_head) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
             else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
@@ -569,15 +578,15 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     advance(r1, t1);
     uint32_t sg1 = sel_of(r1, t1), buf = 0;
 
-    float ob[kRowMaxMT][NT][4];   // running output: heads 16m + gid (+ 8) × this warp's columns
+    float ob[kRowMaxMT][NTW][4];   // running output: heads 16m + gid (+ 8) × this warp's columns
 #pragma unroll
     for (uint32_t m = 0; m < kRowMaxMT; ++m)
 #pragma unroll
-        for (uint32_t t = 0; t < NT; ++t)
+        for (uint32_t t = 0; t < NTW; ++t)
 #pragma unroll
             for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
     float m_run = -INFINITY, l_run = 0.0f;   // head hs (four lanes hold it)
-    const uint32_t base = w * 8 * NT;        // this warp's columns of the weighted sum
+    const uint32_t base = w * 8 * NTW;        // this warp's columns of the weighted sum
 
     while (true) {
         cp_async_wait_all();
@@ -595,17 +604,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         }
         const float* kt = k_s + buf * kRowKT * DP;
 
-        {   // Scores: warp w, heads of m-tiles 2mp, 2mp + 1 × 16 keys over dims dq·D/4 ...
-            const uint32_t mp = w & 1, dq = w >> 1;
-            if (2 * mp < MT) {
-                float sb[2][2][4];
+        {   // Scores: warp w, heads of m-tiles MPW mp .. MPW mp + MPW - 1 × 16 keys over dims dq·D/4 ...
+            const uint32_t mp = w % MG, dq = w / MG;
+            if (MPW * mp < MT) {
+                float sb[MPW][2][4];
 #pragma unroll
-                for (uint32_t mi = 0; mi < 2; ++mi)
+                for (uint32_t mi = 0; mi < MPW; ++mi)
 #pragma unroll
                     for (uint32_t n = 0; n < 2; ++n)
 #pragma unroll
                         for (uint32_t i = 0; i < 4; ++i) sb[mi][n][i] = 0.0f;
-#pragma unroll 4
+#pragma unroll(SU)
                 for (uint32_t kk = 0; kk < 2 * NT; ++kk) {
                     const uint32_t d0 = dq * (D / 4) + 8 * kk;
                     uint32_t b[4], bh[4], bl[4];
@@ -620,8 +629,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                         else bh[i] = b[i];
                     }
 #pragma unroll
-                    for (uint32_t mi = 0; mi < 2; ++mi) {
-                        const uint32_t m = 2 * mp + mi;
+                    for (uint32_t mi = 0; mi < MPW; ++mi) {
+                        const uint32_t m = MPW * mp + mi;
                         if (m >= MT) continue;
                         uint32_t a[4], ah[4], al[4];
                         ldsm_x4(a, q_s + (16 * m + lr + 8 * (li & 1)) * DP + d0 + 4 * (li >> 1));
@@ -640,8 +649,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                 }
                 float* part = s_s + dq * HP * kRowRS;
 #pragma unroll
-                for (uint32_t mi = 0; mi < 2; ++mi) {
-                    const uint32_t m = 2 * mp + mi;
+                for (uint32_t mi = 0; mi < MPW; ++mi) {
+                    const uint32_t m = MPW * mp + mi;
                     if (m >= MT) continue;
 #pragma unroll
                     for (uint32_t n = 0; n < 2; ++n) {
@@ -722,7 +731,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                 if (m >= MT) continue;
                 const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
 #pragma unroll
-                for (uint32_t t = 0; t < NT; ++t) {
+                for (uint32_t t = 0; t < NTW; ++t) {
                     ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
                     ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
                     ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
@@ -733,43 +742,37 @@ __global__ void __launch_bounds__(kTcThreads, 1)
             for (uint32_t kk = 0; kk < kRowKT / 8; ++kk) {
                 if (8 * kk >= nt) continue;
                 const uint32_t k0 = 8 * kk;
-                uint32_t ah[kRowMaxMT][4], al[kRowMaxMT][4];
+                // B: this lane's two keys of the warp's NTW n-tiles, split once for every m-tile
+                // (values exact in TF32 skip their lo products, as klo above)
+                const float* v0 = kt + (k0 + 2 * tig) * DP + base;   // key of k slot tig
+                const float* v1 = v0 + DP;                            // key of k slot tig + 4
+                uint32_t bh[NTW][2], bl[NTW][2];
+                bool vlo[NTW];
+                value_tiles<NTW>(v0, v1, gid, [&](uint32_t t, float x0, float x1) {
+                    bh[t][0] = __float_as_uint(x0), bh[t][1] = __float_as_uint(x1), bl[t][0] = bl[t][1] = 0;
+                    vlo[t] = tf32_inexact(bh[t][0] | bh[t][1]);
+                    if (vlo[t]) {
+                        tf32_split(x0, bh[t][0], bl[t][0]);
+                        tf32_split(x1, bh[t][1], bl[t][1]);
+                    }
+                });
 #pragma unroll
                 for (uint32_t m = 0; m < kRowMaxMT; ++m) {
                     if (m >= MT) continue;
                     const uint32_t o0 = (16 * m + gid) * kRowRS + k0 + 2 * tig, o1 = o0 + 8 * kRowRS;
                     const uint2 h0 = *reinterpret_cast<const uint2*>(ph + o0), h1 = *reinterpret_cast<const uint2*>(ph + o1);
                     const uint2 l0 = *reinterpret_cast<const uint2*>(pl + o0), l1 = *reinterpret_cast<const uint2*>(pl + o1);
-                    ah[m][0] = h0.x;
-                    ah[m][1] = h1.x;
-                    ah[m][2] = h0.y;
-                    ah[m][3] = h1.y;
-                    al[m][0] = l0.x;
-                    al[m][1] = l1.x;
-                    al[m][2] = l0.y;
-                    al[m][3] = l1.y;
-                }
-                const float* v0 = kt + (k0 + 2 * tig) * DP + base;   // key of k slot tig
-                const float* v1 = v0 + DP;                            // key of k slot tig + 4
-                auto step = [&](uint32_t t, float x0, float x1) {
-                    uint32_t bh0 = __float_as_uint(x0), bh1 = __float_as_uint(x1), bl0 = 0, bl1 = 0;
-                    const bool vlo = tf32_inexact(bh0 | bh1);   // (as klo above)
-                    if (vlo) {
-                        tf32_split(x0, bh0, bl0);
-                        tf32_split(x1, bh1, bl1);
-                    }
+                    const uint32_t ah[4] = {h0.x, h1.x, h0.y, h1.y}, al[4] = {l0.x, l1.x, l0.y, l1.y};
 #pragma unroll
-                    for (uint32_t m = 0; m < kRowMaxMT; ++m) {
-                        if (m >= MT) continue;
+                    for (uint32_t t = 0; t < NTW; ++t) {
                         float u[4];
-                        mma_tf32_0(u, al[m], bh0, bh1);
-                        if (vlo) mma_tf32(u, ah[m], bl0, bl1);
-                        mma_tf32(u, ah[m], bh0, bh1);
+                        mma_tf32_0(u, al, bh[t][0], bh[t][1]);
+                        if (vlo[t]) mma_tf32(u, ah, bl[t][0], bl[t][1]);
+                        mma_tf32(u, ah, bh[t][0], bh[t][1]);
 #pragma unroll
                         for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = __fadd_rn(ob[m][t][i], u[i]);
                     }
-                };
-                value_tiles<NT>(v0, v1, gid, step);
+                }
             }
         }
 
@@ -782,21 +785,21 @@ __global__ void __launch_bounds__(kTcThreads, 1)
                     const uint32_t h = 16 * m + gid + 8 * half;
                     const float fw = h < n_head ? fw_s[h] : 0.0f, inv = h < n_head ? inv_s[h] : 0.0f;
                     float* dst = q_s + h * DP + base;
-                    store_out_row<NT>(dst, tig, half, [&](uint32_t t, uint32_t x) {
+                    store_out_row<NTW>(dst, tig, half, [&](uint32_t t, uint32_t x) {
                         return __fmul_rn(__fmul_rn(ob[m][t][x], fw), inv);
                     });
                 }
 #pragma unroll
-                for (uint32_t t = 0; t < NT; ++t)
+                for (uint32_t t = 0; t < NTW; ++t)
 #pragma unroll
                     for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
             }
             __syncthreads();   // the output rows complete
             const uint32_t pairs = n_rot / 2;
-            for (uint32_t i = threadIdx.x; i < n_head * pairs; i += kTcThreads)
+            for (uint32_t i = threadIdx.x; i < n_head * pairs; i += T)
                 rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs], rs_s[i % pairs]);
             __syncthreads();   // rotated
-            for (uint32_t i = threadIdx.x; i < n_head * D4; i += kTcThreads) {
+            for (uint32_t i = threadIdx.x; i < n_head * D4; i += T) {
                 const uint32_t h = i / D4, c = i % D4;
                 const float4 y = *reinterpret_cast<const float4*>(q_s + h * DP + 4 * c);
                 const uint64_t at = (uint64_t(r) * n_head + h) * D;
@@ -816,25 +819,34 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
 }
 
-template <uint32_t NT>
+template <uint32_t NT, uint32_t WARPS>
 void launch_rows(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                  const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                  uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od, cudaStream_t s) {
     // Once per width (the first call is an eager round, so a graph capture finds it done): the
     // shared-memory limit for 64 heads, and the blocks the GPU holds at once (the persistent grid).
+    constexpr auto kernel = attn_rows_tc_kernel<NT, WARPS>;
     static const uint32_t resident = [] {
         const size_t most = rows_smem_floats(64 * NT, kRowMaxMT) * sizeof(float);
-        check(cudaFuncSetAttribute(attn_rows_tc_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)),
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)),
               "attention (rows) shared memory");
-        return resident_blocks(reinterpret_cast<const void*>(attn_rows_tc_kernel<NT>), kTcThreads, most);
+        return resident_blocks(reinterpret_cast<const void*>(kernel), 32 * WARPS, most);
     }();
     const size_t smem = rows_smem_floats(64 * NT, (n_head + 15) / 16) * sizeof(float);
-    attn_rows_tc_kernel<NT><<<std::min(R, std::max(1u, resident)), kTcThreads, smem, s>>>(
+    kernel<<<std::min(R, std::max(1u, resident)), 32 * WARPS, smem, s>>>(
         q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od);
     check_launch("attention (rows)");
 }
 
 int g_tc_override = -1;
+// The rows kernel's warps: DSV4_ATTN_ROWS=2 (default) 16 for heads of width 128 or more, =1
+// 8; attn_rows_warps_override (tests) wins.
+int g_rows_warps_override = -1;
+uint32_t rows_warps(uint32_t D) {
+    static const int env = env_int("DSV4_ATTN_ROWS", 2);
+    const int v = g_rows_warps_override > 0 ? g_rows_warps_override : env == 1 ? 8 : 16;
+    return v == 16 && D >= 128 ? 16 : 8;
+}
 
 template <uint32_t NT, bool LOOP>
 void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k, const uint32_t* sel,
@@ -861,6 +873,7 @@ void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, 
 }  // namespace
 
 void attn_tc_override(int on) { g_tc_override = on; }
+void attn_rows_warps_override(int warps) { g_rows_warps_override = warps; }
 
 bool attn_tc_on() {
     // Off by default: on the H200 (4 layers, run 34) the tensor-core splits gave 0.148 ms a
@@ -901,7 +914,12 @@ void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_hea
                   float* od, cudaStream_t s) {
     if (!attn_rows_ok(n_head, D, n_rot))
         throw_mismatch("attention (rows): up to 64 heads of width 64, 128, 256 or 512", 0, D, D);
-    auto* launch = D == 64 ? launch_rows<1> : D == 128 ? launch_rows<2> : D == 256 ? launch_rows<4> : launch_rows<8>;
+    auto* launch = rows_warps(D) == 16
+                       ? (D == 128 ? launch_rows<2, 16> : D == 256 ? launch_rows<4, 16> : launch_rows<8, 16>)
+                       : (D == 64    ? launch_rows<1, 8>
+                          : D == 128 ? launch_rows<2, 8>
+                          : D == 256 ? launch_rows<4, 8>
+                                     : launch_rows<8, 8>);
     launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, s);
 }
 

@@ -435,8 +435,13 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
 // In a prompt round (gemm_prefill_order(true)) and for the shapes attn_rows_ok takes (up to 64
 // heads of width 64, 128, 256 or 512), an item is a whole row instead: all its heads over all
 // its keys on the tensor cores (3xTF32), no splits and no merge; FP32-accurate, not decode's
-// bits, a row's the same in any batch. DSV4_ATTN_ROWS=0 (read once) keeps the splits.
+// bits, a row's the same in any batch. DSV4_ATTN_ROWS=0 (read once) keeps the splits; =1 takes
+// the rows kernel with 8 warps, =2 (default) with 16 for heads of width 128 or more (each
+// variant its own bits).
 bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot);
+// Tests: the rows kernel's warps, 8 or 16 (16 applies to widths of 128 or more); -1 the
+// environment's choice.
+void attn_rows_warps_override(int warps);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

@@ -1100,17 +1100,22 @@ struct AttnCase {
 };
 
 // The attention path for a scope: 1 the tensor-core splits, 0 the FP32 splits (both with the
-// merge: decode's path), 2 a prompt round's item per row (gemm_prefill_order(true): the rows
-// kernel of attention_tc.cu where attn_rows_ok, else the environment's splits); the
-// environment's choice again afterwards.
+// merge: decode's path), 2 / 3 a prompt round's item per row (gemm_prefill_order(true): the
+// rows kernel of attention_tc.cu with 8 / 16 warps where attn_rows_ok (16: widths of 128 or
+// more), else the environment's splits); the environment's choice again afterwards.
 struct AttnKernel {
     explicit AttnKernel(int mode) {
-        if (mode == 2) cuda::gemm_prefill_order(true);
-        else cuda::attn_tc_override(mode);
+        if (mode >= 2) {
+            cuda::gemm_prefill_order(true);
+            cuda::attn_rows_warps_override(mode == 3 ? 16 : 8);
+        } else {
+            cuda::attn_tc_override(mode);
+        }
     }
     ~AttnKernel() {
         cuda::gemm_prefill_order(false);
         cuda::attn_tc_override(-1);
+        cuda::attn_rows_warps_override(-1);
     }
     AttnKernel(const AttnKernel&) = delete;
     AttnKernel& operator=(const AttnKernel&) = delete;
@@ -1141,7 +1146,7 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // wrap-around), all visible or the selected compressed rows, sinks, inverse RoPE; key counts
 // from 1 to ~3000, so rows have one split up to the capped 32.
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (int tc : {2, 1, 0}) {
+    for (int tc : {3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1179,7 +1184,7 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32).
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (int tc : {2, 1, 0}) {
+    for (int tc : {3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1208,7 +1213,7 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
                 for (int loop : {0, 1, 2, 3}) {
                     if (loop == 2 && !tc) continue;   // (the FP32 kernel takes 2 as 1)
                     if (loop == 3 && tc) continue;    // (the tensor cores take 3 as 1)
-                    if (tc == 2 && loop) continue;    // (a prompt round's rows kernel has no loop modes)
+                    if (tc >= 2 && loop) continue;    // (a prompt round's rows kernel has no loop modes)
                     const AttnLoop looped(loop);
                     const auto batch = P.run(rows, q, sel);
                     const auto rev = P.run(rrows, rq, rsel);
@@ -1252,7 +1257,7 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
 TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
     // The merge (and a prompt round's rows kernel) can write the output projection's Q8_0 codes
     // of o itself: the same bytes as quantize_act from o, and o unchanged.
-    for (int tc : {2, 1, 0}) {
+    for (int tc : {3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
@@ -1281,7 +1286,7 @@ TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
 }
 
 TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
-    for (int tc : {2, 1, 0}) {
+    for (int tc : {3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         const AttnShape sh = kAttnShapes[0];
         const AttnCase c(sh, 4, {5, 700, 2051, 9000}, 77, 78);
@@ -1343,7 +1348,7 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
             std::vector<std::vector<double>> refs;
             for (size_t i = 0; i < rows.size(); ++i)
                 refs.push_back(P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]));
-            for (int mode : {1, 2}) {
+            for (int mode : {1, 2, 3}) {
                 std::vector<float> got_tc;
                 {
                     const AttnKernel kernel(mode);
@@ -1376,10 +1381,10 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
                     }
                 }
                 const double rms_tc = std::sqrt(sq_tc / double(count)), rms_old = std::sqrt(sq_old / double(count));
+                const char* path = mode == 3 ? "rows kernel (16 warps)" : mode == 2 ? "rows kernel" : "tensor cores";
                 std::printf("attention n_head %u D %u ratio %u: error / max|ref| %s max %.3g rms %.3g, FP32 max "
                             "%.3g rms %.3g; largest difference %.3g\n",
-                            sh.n_head, sh.D, ratio, mode == 2 ? "rows kernel" : "tensor cores", max_tc, rms_tc, max_old,
-                            rms_old, max_diff);
+                            sh.n_head, sh.D, ratio, path, max_tc, rms_tc, max_old, rms_old, max_diff);
                 EXPECT_LE(rms_tc, 2.0 * rms_old + std::ldexp(1.0, -25))
                     << "mode " << mode << " D " << sh.D << " ratio " << ratio;
                 EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22))
