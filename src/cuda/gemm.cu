@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include <cooperative_groups.h>
+
 #include "cuda/common.cuh"
 #include "cuda/iq2.cuh"
 
@@ -2017,10 +2019,18 @@ __global__ void __launch_bounds__(256, TR == 2 ? 2 : 1) gemm_float_kernel(FGemm 
 // rows, a block 128 × 128; both operands go global -> registers (a stage ahead) -> shared
 // memory (two buffers): the weights converted to floats there (F16 and BF16 values are TF32
 // values), the activations split at the fragment loads.
+// SPLIT (opt-in; products of up to 1,024 rows, K of 512 or more: flat_splits): a block walks one of S
+// equal runs of the stages, S = gridDim.z blocks of one cluster per tile, and the cluster adds
+// the S run sums in run order (p0 + p1 + ... through distributed shared memory) into y. A
+// block walks its stages one after another (each a global load, a barrier, 64 MMAs), ~1.5 us
+// a stage: the router's product (N 256, K 4,096: 32 blocks of 128 stages) took 190 us, the
+// output mix of one row (K 16,384) 677 us (run 80). S depends on N and K alone, so a row's
+// bits do not depend on its batch.
 constexpr int kFfBM = 128, kFfBN = 128, kFfK = 32, kFfStride = kFfK + 4;   // (36 words: ldmatrix rows on distinct banks)
 constexpr int kFfSmem = 2 * (kFfBM + kFfBN) * kFfStride * 4;
+static_assert(64 * 256 * 4 <= kFfSmem, "split reduction buffer: a block's 64 accumulators a thread");
 
-template <uint32_t T>
+template <uint32_t T, bool SPLIT>
 __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
     pdl_begin();
     extern __shared__ __align__(16) float ff_s[];   // [2][kFfBM + kFfBN][kFfStride]: weights, then activations
@@ -2030,7 +2040,12 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
     const uint32_t r0 = blockIdx.x * kFfBN;
     // a tile's weight rows lie in one group (the launcher checks rpg % 128 == 0, row0 % 128 == 0)
     const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
-    const uint32_t nst = uint32_t((p.K + kFfK - 1) / kFfK);
+    uint32_t s0 = 0, nst = uint32_t((p.K + kFfK - 1) / kFfK);   // this block's stages s0 .. s0 + nst - 1
+    if constexpr (SPLIT) {
+        const uint32_t per = (nst + gridDim.z - 1) / gridDim.z;
+        s0 = min(nst, blockIdx.z * per);
+        nst = min(nst - s0, per);
+    }
     // loads: row t >> 1 of the tile, values 16 (t & 1) .. + 15 of the stage (K % 8 == 0: an
     // 8-value group is wholly inside K or past it, and past it loads zeros)
     const uint32_t lr = t >> 1, lk = 16 * (t & 1);
@@ -2039,7 +2054,7 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
     uint4 wv[2];
     float4 av[4];
     auto load = [&](uint32_t s) {
-        const uint64_t k = uint64_t(s) * kFfK + lk;
+        const uint64_t k = uint64_t(s0 + s) * kFfK + lk;
 #pragma unroll
         for (int j = 0; j < 2; ++j)
             wv[j] = k + 8 * j < p.K ? *reinterpret_cast<const uint4*>(wrow + (k + 8 * j) * 2) : make_uint4(0, 0, 0, 0);
@@ -2099,7 +2114,40 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
         if (s + 1 < nst) store((s + 1) & 1);   // its last readers were stage s - 1's, before the barrier
         __syncthreads();
     }
-    store_warp_tiles(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
+    if constexpr (!SPLIT) {
+        store_warp_tiles(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
+    } else {
+        // Every block's run sums into its shared memory (the stages' buffers are free after
+        // the loop's last barrier), then each block of the cluster adds the runs of every S-th
+        // accumulator, in run order, and stores them.
+        namespace cg = cooperative_groups;
+        const cg::cluster_group cluster = cg::this_cluster();
+        const uint32_t S = cluster.num_blocks(), rank = cluster.block_rank();
+        float* red = ff_s;   // [64 accumulators][256 threads]
+        int e = 0;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i, ++e) red[e * 256 + t] = acc[mt][nt][i];
+        cluster.sync();
+        e = 0;
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i, ++e) {
+                    if (uint32_t(e) % S != rank) continue;
+                    float v = cluster.map_shared_rank(red, 0u)[e * 256 + t];
+                    for (uint32_t z = 1; z < S; ++z) v = __fadd_rn(v, cluster.map_shared_rank(red, z)[e * 256 + t]);
+                    const uint64_t n = m0 + 64 * wmi + 16 * mt + gid + 8 * (i >> 1);
+                    const uint32_t r = r0 + 32 * wni + 8 * nt + 2 * tig + (i & 1);
+                    if (n < p.N && r < p.R) p.y[uint64_t(r) * p.y_stride + n] = v;
+                }
+        cluster.sync();   // no block leaves while the others read its shared memory
+    }
 }
 
 // Whether a float product of this prompt round takes gemm_float_flat_kernel (DSV4_FLAT_FLOAT=0:
@@ -2112,6 +2160,25 @@ bool float_flat_ok(const DevWeight& W, const DevAct& a, uint64_t N, uint64_t row
            (rpg == 0 || (rpg % kFfBM == 0 && row0 % kFfBM == 0)) && (N + kFfBM - 1) / kFfBM < 65536;
 }
 
+// The runs of stages gemm_float_flat_kernel's tiles of a product take (a cluster of S blocks
+// a tile) with DSV4_FLAT_SPLIT=1 (opt-in) for products of up to 1,024 rows: S doubles, up to
+// 8, while every run keeps 16 stages (512 values) or more (K 4,096: 8; K 1,024: 2); 1 (no
+// split) for more rows, whose tiles fill the GPU. From N and K alone (a row's bits do not
+// depend on its batch). Off by default: on 43 layers (run 82, same call) prefill took 3,730 /
+// 3,747 tok/s with it against 3,835 / 3,833 without. These small products run on the side
+// streams beside the query path, where their few blocks cost little; split, they take every
+// SM from it. gemm_flat_split_override (tests) wins.
+int g_flat_split_override = -1;
+uint32_t flat_splits(uint64_t N, uint64_t K) {
+    static const bool env = env_switch("DSV4_FLAT_SPLIT", false);
+    const bool on = g_flat_split_override >= 0 ? g_flat_split_override != 0 : env;
+    if (!on || N > 1024) return 1;
+    const uint64_t nst = (K + kFfK - 1) / kFfK;
+    uint32_t S = 1;
+    while (S < 8 && nst >= 32 * uint64_t(S)) S *= 2;
+    return S;
+}
+
 // DSV4_GEMM_F16=0 keeps the float-weight products of prefill on matvec_kernel (A/B).
 bool gemm_float_on() {
     static const bool on = env_switch("DSV4_GEMM_F16", true);
@@ -2120,6 +2187,8 @@ bool gemm_float_on() {
 
 }  // namespace
 
+void gemm_flat_split_override(int on) { g_flat_split_override = on; }
+
 void gemm_prefill_order(bool flat) {
     static bool raised = false;
     if (flat && !raised) {   // the flat kernels' shared memory limits (called before any capture of the round)
@@ -2127,8 +2196,10 @@ void gemm_prefill_order(bool flat) {
             {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 2, 64>), flat_smem(3, 64)},
             {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1, 128>), flat_smem(3, 128)},
             {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1, 128>), flat_smem(4, 128)},
-            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16>), kFfSmem},
-            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16>), kFfSmem}};
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16, false>), kFfSmem},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16, false>), kFfSmem},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16, true>), kFfSmem},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16, true>), kFfSmem}};
         for (const auto& [k, bytes] : kernels)
             check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                   "gemm: dynamic shared memory of a flat (prompt-order) kernel");
@@ -2169,9 +2240,28 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
     p.y = y;
     p.y_stride = y_stride;
     if (float_flat_ok(W, a, N, row0, rpg)) {
-        const dim3 grid((R + kFfBN - 1) / kFfBN, uint32_t((N + kFfBM - 1) / kFfBM));
-        if (W.type == T_F16) gemm_float_flat_kernel<T_F16><<<grid, 256, kFfSmem, s>>>(p);
-        else gemm_float_flat_kernel<T_BF16><<<grid, 256, kFfSmem, s>>>(p);
+        const uint32_t S = flat_splits(N, W.K);
+        const dim3 grid((R + kFfBN - 1) / kFfBN, uint32_t((N + kFfBM - 1) / kFfBM), S);
+        if (S == 1) {
+            if (W.type == T_F16) gemm_float_flat_kernel<T_F16, false><<<grid, 256, kFfSmem, s>>>(p);
+            else gemm_float_flat_kernel<T_BF16, false><<<grid, 256, kFfSmem, s>>>(p);
+        } else {
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = grid;
+            cfg.blockDim = dim3(256);
+            cfg.dynamicSmemBytes = kFfSmem;
+            cfg.stream = s;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = 1;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = S;
+            cfg.attrs = at;
+            cfg.numAttrs = 1;
+            check(W.type == T_F16 ? cudaLaunchKernelEx(&cfg, gemm_float_flat_kernel<T_F16, true>, p)
+                                  : cudaLaunchKernelEx(&cfg, gemm_float_flat_kernel<T_BF16, true>, p),
+                  "gemm_float (flat, split)");
+        }
         check_launch("gemm_float (flat)");
         return;
     }

@@ -224,6 +224,9 @@ void gemm_q8_0_version(int v);
 // Prompt rounds' Q8_0 tile (gemm_q8_0_flat_kernel): 128 or 64 activation rows (the same bits
 // either way); -1 DSV4_FLAT_BN's choice (tests, benchmarks).
 void gemm_q8_0_flat_bn(int bn);
+// Prompt rounds' F16/BF16 products of up to 1,024 rows with their stages split over a cluster
+// (1) or not (0); -1 DSV4_FLAT_SPLIT's choice (off by default). Tests.
+void gemm_flat_split_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);

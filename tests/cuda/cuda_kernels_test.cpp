@@ -1802,48 +1802,55 @@ TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
     // orders that differ; reported: the worst ratio), and the same bits for a row in any batch
     // (R, and R - 3 with a strided output) and tile. Shapes: the compressor's and indexer's
     // widths, K not a multiple of the 32-value stage (1,000: 8-value groups past K load zeros),
-    // R of 1, 3 and past the 128-row tile, N with tails, the grouped product (rpg 128).
+    // R of 1, 3 and past the 128-row tile, N with tails, the grouped product (rpg 128). Both
+    // forms: the stages in one run, and (gemm_flat_split_override(1)) products of up to 1,024
+    // rows with their stages split over a cluster (K 4,096 and 16,384 in 8 runs, K 1,000 and
+    // 1,024 in 2, K 256 none; N 1,100 and 8,192 never).
     const Q8_0Case cases[] = {{4096, 1024, 0, 130}, {4096, 512, 0, 300}, {1024, 8192, 0, 16}, {1000, 200, 0, 3},
-                              {4096, 1100, 0, 1},   {1024, 256, 128, 70}, {256, 100, 0, 129}};
+                              {4096, 1100, 0, 1},   {1024, 256, 128, 70}, {256, 100, 0, 129}, {16384, 24, 0, 2}};
     double worst = 0;
-    for (const Type wt : {Type::F16, Type::BF16}) {
-        for (const Q8_0Case c : cases) {
-            const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
-            const HostWeight hw = random_weight(wt, c.K, c.N, 2900 + c.K + c.N + uint64_t(wt));
-            DevWeightHolder dw(hw);
-            auto x = random_floats(c.R * AK, 77 + c.R, -2.0f, 2.0f);
-            for (size_t i = 0; i < x.size(); i += 17) x[i] *= 1e-3f;   // small values too (lo's range)
-            DevVec<float> dx(x);
-            ActHolder ah(16);
-            const cuda::DevAct a = cuda::quantize_act(uint32_t(wt), dx.get(), AK, c.R, AK, ah.buf, nullptr);
-            cuda::gemm_prefill_order(true);
-            ASSERT_TRUE(cuda::gemm_float_eligible(dw.w, a, c.R, c.N, 0, c.rpg, false))
-                << "type " << uint32_t(wt) << " K " << c.K << " N " << c.N << " R " << c.R;
-            DevVec<float> gm(std::vector<float>(c.R * c.N, std::nanf("")));
-            cuda::gemm_float(dw.w, a, c.R, gm.get(), c.N, c.N, 0, c.rpg, nullptr);
-            const uint32_t R2 = c.R > 3 ? c.R - 3 : c.R;
-            DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
-            cuda::gemm_float(dw.w, a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
-            cuda::gemm_prefill_order(false);
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            const auto got = gm.download(), w2 = wide.download();
-            expect_strided_rows(w2, got, R2, c.N, "K " + std::to_string(c.K));
-            const size_t rb = quant::row_bytes(wt, c.K);
-            std::vector<float> wrow(c.K);
-            for (uint64_t n = 0; n < c.N; n += (c.N > 300 ? 7 : 1)) {
-                quant::dequantize_row(wt, hw.bytes.data() + n * rb, wrow.data(), c.K);
-                const uint64_t g = c.rpg ? n / c.rpg : 0;
-                for (uint32_t r = 0; r < c.R; ++r) {
-                    double ref = 0, mag = 0;
-                    for (uint64_t k = 0; k < c.K; ++k) {
-                        const double t = double(wrow[k]) * x[r * AK + g * c.K + k];
-                        ref += t;
-                        mag += std::fabs(t);
+    for (const int split : {0, 1}) {
+        for (const Type wt : {Type::F16, Type::BF16}) {
+            for (const Q8_0Case c : cases) {
+                const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K;
+                const HostWeight hw = random_weight(wt, c.K, c.N, 2900 + c.K + c.N + uint64_t(wt));
+                DevWeightHolder dw(hw);
+                auto x = random_floats(c.R * AK, 77 + c.R, -2.0f, 2.0f);
+                for (size_t i = 0; i < x.size(); i += 17) x[i] *= 1e-3f;   // small values too (lo's range)
+                DevVec<float> dx(x);
+                ActHolder ah(16);
+                const cuda::DevAct a = cuda::quantize_act(uint32_t(wt), dx.get(), AK, c.R, AK, ah.buf, nullptr);
+                cuda::gemm_prefill_order(true);
+                cuda::gemm_flat_split_override(split);
+                ASSERT_TRUE(cuda::gemm_float_eligible(dw.w, a, c.R, c.N, 0, c.rpg, false))
+                    << "type " << uint32_t(wt) << " K " << c.K << " N " << c.N << " R " << c.R;
+                DevVec<float> gm(std::vector<float>(c.R * c.N, std::nanf("")));
+                cuda::gemm_float(dw.w, a, c.R, gm.get(), c.N, c.N, 0, c.rpg, nullptr);
+                const uint32_t R2 = c.R > 3 ? c.R - 3 : c.R;
+                DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
+                cuda::gemm_float(dw.w, a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
+                cuda::gemm_prefill_order(false);
+                cuda::gemm_flat_split_override(-1);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                const auto got = gm.download(), w2 = wide.download();
+                expect_strided_rows(w2, got, R2, c.N, "K " + std::to_string(c.K));
+                const size_t rb = quant::row_bytes(wt, c.K);
+                std::vector<float> wrow(c.K);
+                for (uint64_t n = 0; n < c.N; n += (c.N > 300 ? 7 : 1)) {
+                    quant::dequantize_row(wt, hw.bytes.data() + n * rb, wrow.data(), c.K);
+                    const uint64_t g = c.rpg ? n / c.rpg : 0;
+                    for (uint32_t r = 0; r < c.R; ++r) {
+                        double ref = 0, mag = 0;
+                        for (uint64_t k = 0; k < c.K; ++k) {
+                            const double t = double(wrow[k]) * x[r * AK + g * c.K + k];
+                            ref += t;
+                            mag += std::fabs(t);
+                        }
+                        const double err = std::fabs(got[r * c.N + n] - ref);
+                        worst = std::max(worst, err / mag);
+                        ASSERT_LE(err, 1e-5 * mag) << "split " << split << " type " << uint32_t(wt) << " K " << c.K
+                                                   << " N " << c.N << " row " << r << " output " << n;
                     }
-                    const double err = std::fabs(got[r * c.N + n] - ref);
-                    worst = std::max(worst, err / mag);
-                    ASSERT_LE(err, 1e-5 * mag) << "type " << uint32_t(wt) << " K " << c.K << " N " << c.N
-                                               << " row " << r << " output " << n;
                 }
             }
         }
