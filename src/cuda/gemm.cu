@@ -84,6 +84,30 @@ __device__ __forceinline__ void tree_push(int j, A (&st)[L], A& cur) {
     if (level < L) each2(st[level], cur, [](float& a, float& b) { a = b; });
 }
 
+// A 2-bit expert kernel's sums of a (row, pair) over its super-blocks: step(idx, cur) adds the
+// idx-th visited super-block's float step into cur. FLAT (a prompt round): k order, super-blocks
+// 0, 1, ... into one sum from 0 (the CPU's vec_dot). Else decode's tree: leaves in bit-reversed
+// order (leaf j: super-blocks j, j + 8, ...) through a stack of three, then the butterfly's last
+// two steps adding the zero lanes' sums.
+template <bool FLAT, typename A, typename Step>
+__device__ __forceinline__ void sum_superblocks(int nsb, A& cur, Step&& step) {
+    if constexpr (FLAT) {
+        each(cur, [](float& x) { x = 0.0f; });
+        for (int idx = 0; idx < nsb; ++idx) step(idx, cur);
+    } else {
+        A st[3];
+        int idx = 0;
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+            each(cur, [](float& x) { x = 0.0f; });
+            for (int sb = leaf; sb < nsb; sb += 8, ++idx) step(idx, cur);
+            tree_push(jj, st, cur);
+        }
+        each(cur, [](float& x) { x = (x + 0.0f) + 0.0f; });
+    }
+}
+
 __host__ __device__ constexpr int bitrev5(int j) {
     return ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
 }
@@ -736,22 +760,7 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     };
 
     float cur[NW][NT][4];
-    if constexpr (FLAT) {   // k order: super-blocks 0, 1, ... into one sum from 0
-        each(cur, [](float& x) { x = 0.0f; });
-        for (int idx = 0; idx < nsb; ++idx) step(idx, cur);
-    } else {   // decode's tree: leaves in bit-reversed order through the stack
-        float st[3][NW][NT][4];
-        int idx = 0;
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
-            each(cur, [](float& x) { x = 0.0f; });
-            for (int sb = leaf; sb < nsb; sb += 8, ++idx) step(idx, cur);
-            tree_push(jj, st, cur);
-        }
-        // the butterfly's last two steps add the zero lanes' sums
-        each(cur, [](float& x) { x = (x + 0.0f) + 0.0f; });
-    }
+    sum_superblocks<FLAT>(nsb, cur, step);
     cp_async_wait_all();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -984,22 +993,7 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
     };
 
     float cur[NT][4];
-    if constexpr (FLAT) {   // k order: super-blocks 0, 1, ... into one sum from 0
-        each(cur, [](float& x) { x = 0.0f; });
-        for (int idx = 0; idx < nsb; ++idx) step(idx, cur);
-    } else {   // decode's tree: leaves in bit-reversed order through the stack
-        float st[3][NT][4];
-        int idx = 0;
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-            const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
-            each(cur, [](float& x) { x = 0.0f; });
-            for (int sb = leaf; sb < nsb; sb += 8, ++idx) step(idx, cur);
-            tree_push(jj, st, cur);
-        }
-        // the butterfly's last two steps add the zero lanes' sums
-        each(cur, [](float& x) { x = (x + 0.0f) + 0.0f; });
-    }
+    sum_superblocks<FLAT>(nsb, cur, step);
     cp_async_wait_all();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)

@@ -1914,6 +1914,17 @@ TEST_F(CudaKernels, FloatWeightGemmEqualsDecodeBitForBit) {
     EXPECT_FALSE(cuda::gemm_float_eligible(dw.w, a, 15, 40, 0, 0, false));
 }
 
+// Routed pairs of experts with counts[e] pairs each (expert e's pairs), interleaved so that a
+// group's pairs are not consecutive activation rows.
+static std::vector<int32_t> interleaved_pairs(const std::vector<uint32_t>& counts) {
+    std::vector<int32_t> ex;
+    for (uint32_t e = 0; e < counts.size(); ++e)
+        for (uint32_t i = 0; i < counts[e]; ++i) ex.push_back(int32_t(e));
+    std::vector<int32_t> mixed(ex.size());
+    for (size_t i = 0; i < ex.size(); ++i) mixed[(i * 37) % ex.size()] = ex[i];
+    return mixed;
+}
+
 TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
     // The IQ2_XXS and Q2_K expert products staged through shared memory (gemm.cu,
     // DSV4_GEMM_SMEM) and the register-fed ones must both give every pair exactly what decode
@@ -1924,14 +1935,8 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
     // ExpertsPromptOrderEqualCpuDot).
     cuda::gemm_prefill_order(false);
     ASSERT_EQ(cuda::gemm_kq_pairs(), 32u);
-    const uint32_t counts[] = {1, 8, 31, 32, 38, 0};
     const uint32_t NEXP = 6, KU = 2;
-    std::vector<int32_t> ex;
-    for (uint32_t e = 0; e < NEXP; ++e)
-        for (uint32_t i = 0; i < counts[e]; ++i) ex.push_back(int32_t(e));
-    // interleave so a group's pairs are not consecutive activation rows
-    std::vector<int32_t> mixed(ex.size());
-    for (size_t i = 0; i < ex.size(); ++i) mixed[(i * 37) % ex.size()] = ex[i];
+    const std::vector<int32_t> mixed = interleaved_pairs({1, 8, 31, 32, 38, 0});
     const uint32_t P = uint32_t(mixed.size()), R = P / KU;
     ASSERT_EQ(P % KU, 0u);
     DevVec<int32_t> dex(mixed);
@@ -2007,14 +2012,9 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     cuda::gemm_prefill_order(true);
     const uint32_t PG = cuda::gemm_kq_pairs();
     ASSERT_EQ(PG, 64u);
-    const uint32_t counts[] = {1, 8, 31, 32, 33, 63, 64, 65, 130, 0};
-    const uint32_t NEXP = 10, KU = 7;
-    std::vector<int32_t> ex;
-    for (uint32_t e = 0; e < NEXP; ++e)
-        for (uint32_t i = 0; i < counts[e]; ++i) ex.push_back(int32_t(e));
-    // interleave so a group's pairs are not consecutive activation rows
-    std::vector<int32_t> mixed(ex.size());
-    for (size_t i = 0; i < ex.size(); ++i) mixed[(i * 37) % ex.size()] = ex[i];
+    const std::vector<uint32_t> counts = {1, 8, 31, 32, 33, 63, 64, 65, 130, 0};
+    const uint32_t NEXP = uint32_t(counts.size()), KU = 7;
+    const std::vector<int32_t> mixed = interleaved_pairs(counts);
     const uint32_t P = uint32_t(mixed.size()), R = P / KU;
     ASSERT_EQ(P % KU, 0u);
     DevVec<int32_t> dex(mixed);
