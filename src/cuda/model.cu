@@ -346,27 +346,6 @@ __device__ __forceinline__ double gram_quad(const float4 (&x)[H], uint32_t j) {
     return dot4_d(xa, xb, 0.0);
 }
 
-// gram_quad on a quad already converted to doubles (the same fmas).
-template <uint32_t H>
-__device__ __forceinline__ double gram_quad_d(const double (&x)[H][4], uint32_t j) {
-    uint32_t h = 0, h2 = 0;
-    gram_pair(j < H * (H + 1) / 2 ? j : 0, H, h, h2);
-    double xa[4], xb[4];
-#pragma unroll
-    for (uint32_t e = 0; e < 4; ++e) xa[e] = x[0][e], xb[e] = x[0][e];
-#pragma unroll
-    for (uint32_t t = 1; t < H; ++t)
-#pragma unroll
-        for (uint32_t e = 0; e < 4; ++e) {
-            if (h == t) xa[e] = x[t][e];
-            if (h2 == t) xb[e] = x[t][e];
-        }
-    double a = 0;
-#pragma unroll
-    for (uint32_t e = 0; e < 4; ++e) a = fma(xa[e], xb[e], a);
-    return a;
-}
-
 // mHC post (§5.5) of one value: stream j's new value from the H streams' values in[], the
 // sublayer's output yv, the post gates po and comb C of the row. hc_post_kernel and the post
 // folded into hc_mix_kernel both make it so.
