@@ -126,6 +126,58 @@ __device__ __forceinline__ void attn_store_codes(float4 y, uint32_t c, uint64_t 
     if ((c & 7) == 0) od[at / 32 + c / 8] = f16_round(dd);
 }
 
+// The prompt rounds' query fold (the rows kernels' qn: q is q_b's raw output): head_norm_rope's
+// per-head RMSNorm and RoPE (norm, not inverse) on one staged head x of D values by one warp,
+// with its bits: lane l plays threads l, l + 32, l + 64, l + 96 of head_norm_rope_reg_kernel's
+// block of 128 (thread t: values t + 128 j, j in order), so the squares in double in each
+// thread's order (rms_scale_reg's), warp_sum_d's butterfly on each of the four (side by side:
+// independent chains) and their totals added in warp order from 0 (block_sum_d's) are that
+// kernel's. At D = 64 (head_norm_rope_kernel's rms_norm_block: threads 64 .. 127 hold nothing)
+// the last two totals are 0 and add nothing. Then rr, the unit weight's product, and
+// rope_pair's operations on each tail pair (i: cos cs[i], sin sn[i]), the partner exchanged by
+// a shuffle (any even n_rot <= D: a pair never straddles two runs of 32). eps comes as a
+// double: a float converted here is hoisted out of attn_rows_tc_kernel's tile loop into two
+// registers, and its 16-warp form at D = 512 spilled.
+template <uint32_t D>
+__device__ __forceinline__ void rows_head_norm_rope(float* x, uint32_t n_rot, double eps, const float* cs,
+                                                    const float* sn) {
+    constexpr uint32_t VPT = (D + 127) / 128;        // values of a thread (D = 64: one, threads 0 .. 63)
+    constexpr uint32_t NW = D < 128 ? D / 32 : 4;   // the block's warps that hold values
+    const uint32_t lane = threadIdx.x & 31, tail0 = D - n_rot;
+    double ss[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (uint32_t j = 0; j < VPT; ++j)
+#pragma unroll
+        for (uint32_t w = 0; w < NW; ++w) {
+            const float v = x[128 * j + 32 * w + lane];
+            ss[w] += double(v) * double(v);
+        }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (uint32_t w = 0; w < 4; ++w) ss[w] += __shfl_xor_sync(0xffffffffu, ss[w], o);
+    double tot = 0;
+#pragma unroll
+    for (uint32_t w = 0; w < 4; ++w) tot += ss[w];
+    const float rr = float(1.0 / sqrt(tot / D + eps));
+#pragma unroll 4
+    for (uint32_t c = 0; c < D / 32; ++c) {   // run c: values 32c .. 32c + 31
+        const uint32_t e = 32 * c + lane;
+        float v = __fmul_rn(__fmul_rn(x[e], rr), 1.0f);   // (rms_norm_block's unit weight)
+        if (32 * c + 31 >= tail0) {   // (the whole warp: the shuffle)
+            const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+            if (e >= tail0) {
+                const uint32_t i = (e - tail0) / 2;
+                const float c0 = cs[i], s0 = sn[i];
+                const bool odd = (e - tail0) & 1;
+                const float x0 = odd ? other : v, x1 = odd ? v : other;
+                v = odd ? __fadd_rn(__fmul_rn(x0, s0), __fmul_rn(x1, c0)) : __fsub_rn(__fmul_rn(x0, c0), __fmul_rn(x1, s0));
+            }
+        }
+        x[e] = v;
+    }
+}
+
 // ---- the tensor-core split kernel (attention_tc.cu) -------------------------------------
 // Shapes it takes: head widths D = 64, 128, 256 or 512 (the old kernel takes the rest).
 bool attn_tc_ok(uint32_t n_head, uint32_t D);
@@ -145,9 +197,23 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
 // Shapes it takes: attn_rows_ok (kernels.h).
 // Rows 0 .. R-1 whole (all heads, all keys, the sink, normalisation, inverse RoPE, oq / od the
 // output projection's Q8_0 codes when given): FP32-accurate, not the split kernels' bits.
+// qn: q raw (q_b's output), each row's staged heads normalised and rotated in the kernel with
+// head_norm_rope's operations (eps q_eps): head_norm_rope then the kernel's bits.
 void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                  float* od, cudaStream_t s);
+                  float* od, bool qn, float q_eps, cudaStream_t s);
+// Whether the rows kernel takes raw queries (DSV4_ATTN_QNORM_ROWS, read once, default 1, unless a
+// test forced it with attn_rows_qnorm_override): attn_rows_qnorm (kernels.h) asks it.
+bool attn_rows_qnorm_on();
+// The same rows on the FP16 tensor cores (attention_rows_f16.cu: FP32-accurate by hi + lo halves,
+// its own bits; widths 256 and 512, official or plain numerics): attn_rows_tc takes it when
+// attn_rows_f16_on (DSV4_ATTN_F16, read once, default 1, unless a test forced it with
+// attn_rows_f16_override, kernels.h).
+bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot);
+void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
+                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
+                   float* od, bool qn, float q_eps, cudaStream_t s);
 
 }  // namespace dsv4::cuda

@@ -484,6 +484,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 // more): a score warp takes one m-tile (the same four D-quarter parts, so the same scores), the
 // weighted sum D/16 columns (64 accumulators, ≤ 128 registers), the softmax stays on the first
 // 256 threads: twice the warps to hide the latencies.
+// qn (attn_rows_qnorm, kernels.h): q is q_b's raw output; the kernel normalises and rotates
+// each row's staged heads itself once they land (attention.cuh's rows_head_norm_rope:
+// head_norm_rope's bits), which saves head_norm_rope's launch and its read and write of q.
 constexpr uint32_t kRowKT = 16;
 constexpr uint32_t kRowMaxMT = 4;   // m-tiles of 16 heads: up to 64 heads
 constexpr uint32_t kRowRS = 24;     // score / weight row stride, ≡ 8 (mod 32): conflict-free float2 / uint2 rows
@@ -499,7 +502,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
                         uint32_t ratio, uint32_t top_k, const uint32_t* __restrict__ sel,
                         const DevRow* __restrict__ rows, const DevLayerKV* __restrict__ lkv, uint32_t n_layer,
                         uint32_t il, uint32_t R, uint32_t n_rot, const double* __restrict__ inv_freq,
-                        float* __restrict__ o, int8_t* __restrict__ oq, float* __restrict__ od) {
+                        float* __restrict__ o, int8_t* __restrict__ oq, float* __restrict__ od, bool qn,
+                        double q_eps) {
     pdl_begin();
     constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4, T = 32 * WARPS;
     // 16 warps: each score m-tile alone and half the weighted sum's columns (NTW n-tiles a warp)
@@ -512,6 +516,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
     float* k_s = q_s + HP * DP;                    // [2][kRowKT][DP]
     float* s_s = k_s + 2 * kRowKT * DP;            // [4][HP][kRowRS]: score parts; weights hi, lo in parts 0, 1
     __shared__ float corr_s[16 * kRowMaxMT], fw_s[16 * kRowMaxMT], inv_s[16 * kRowMaxMT];
+    // The row's RoPE angles: qn, cos and sin of the forward rotation, made when its queries are
+    // staged (rope_angle's inverse sin is the forward one negated: -rs_s serves the output);
+    // else the inverse's, made in its last tile.
     __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];
     if (blockIdx.x >= R) return;
 
@@ -573,6 +580,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
     uint64_t t0 = 0;
     stage_q(r);
     stage_keys(r, t0, sel_of(r, t0), k_s);
+    if (qn && threadIdx.x < n_rot / 2)
+        rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
     uint32_t r1 = r;   // the next tile (copied during this one) and its key's selection
     uint64_t t1 = t0;
     advance(r1, t1);
@@ -603,6 +612,10 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             sg2 = sel_of(r2, t2);
         }
         const float* kt = k_s + buf * kRowKT * DP;
+        if (qn && t0 == 0) {   // the row's raw queries, in: warp w takes heads w, w + WARPS, ... (padding: 0)
+            for (uint32_t h = w; h < n_head; h += WARPS) rows_head_norm_rope<D>(q_s + h * DP, n_rot, q_eps, rc_s, rs_s);
+            __syncthreads();   // normalised and rotated
+        }
 
         {   // Scores: warp w, heads of m-tiles MPW mp .. MPW mp + MPW - 1 × 16 keys over dims dq·D/4 ...
             const uint32_t mp = w % MG, dq = w / MG;
@@ -663,7 +676,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             }
         }
         // The row's inverse RoPE angles, for its output (read after the barriers below).
-        if (last && threadIdx.x < n_rot / 2)
+        if (last && !qn && threadIdx.x < n_rot / 2)
             rope_angle(rows[r].pos, inv_freq, threadIdx.x, true, rc_s[threadIdx.x], rs_s[threadIdx.x]);
         __syncthreads();   // score parts complete
 
@@ -797,7 +810,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             __syncthreads();   // the output rows complete
             const uint32_t pairs = n_rot / 2;
             for (uint32_t i = threadIdx.x; i < n_head * pairs; i += T)
-                rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs], rs_s[i % pairs]);
+                rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs],
+                          qn ? -rs_s[i % pairs] : rs_s[i % pairs]);
             __syncthreads();   // rotated
             for (uint32_t i = threadIdx.x; i < n_head * D4; i += T) {
                 const uint32_t h = i / D4, c = i % D4;
@@ -808,6 +822,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             }
             __syncthreads();   // q_s read out
             if (more) stage_q(r1);
+            if (qn && more && threadIdx.x < n_rot / 2)   // the next row's angles (rc_s, rs_s read out above)
+                rope_angle(rows[r1].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
         }
         if (!more) break;
         r = r1;
@@ -822,7 +838,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
 template <uint32_t NT, uint32_t WARPS>
 void launch_rows(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                  const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
-                 uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od, cudaStream_t s) {
+                 uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od, bool qn,
+                 float q_eps, cudaStream_t s) {
     // Once per width (the first call is an eager round, so a graph capture finds it done): the
     // shared-memory limit for 64 heads, and the blocks the GPU holds at once (the persistent grid).
     constexpr auto kernel = attn_rows_tc_kernel<NT, WARPS>;
@@ -834,7 +851,8 @@ void launch_rows(const float* q, const float* sinks, uint32_t n_head, uint32_t n
     }();
     const size_t smem = rows_smem_floats(64 * NT, (n_head + 15) / 16) * sizeof(float);
     kernel<<<std::min(R, std::max(1u, resident)), 32 * WARPS, smem, s>>>(
-        q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od);
+        q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn,
+        double(q_eps));
     check_launch("attention (rows)");
 }
 
@@ -847,6 +865,9 @@ uint32_t rows_warps(uint32_t D) {
     const int v = g_rows_warps_override > 0 ? g_rows_warps_override : env == 1 ? 8 : 16;
     return v == 16 && D >= 128 ? 16 : 8;
 }
+// The rows kernel's query fold (attn_rows_qnorm_on): DSV4_ATTN_QNORM_ROWS, default 1;
+// attn_rows_qnorm_override (tests) wins.
+int g_rows_qnorm_override = -1;
 
 template <uint32_t NT, bool LOOP>
 void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k, const uint32_t* sel,
@@ -874,6 +895,12 @@ void launch_tc(const float* q, uint32_t n_head, uint32_t n_swa, uint32_t ratio, 
 
 void attn_tc_override(int on) { g_tc_override = on; }
 void attn_rows_warps_override(int warps) { g_rows_warps_override = warps; }
+void attn_rows_qnorm_override(int on) { g_rows_qnorm_override = on; }
+
+bool attn_rows_qnorm_on() {
+    static const bool on = env_switch("DSV4_ATTN_QNORM_ROWS", true);
+    return g_rows_qnorm_override >= 0 ? g_rows_qnorm_override != 0 : on;
+}
 
 bool attn_tc_on() {
     // Off by default: on the H200 (4 layers, run 34) the tensor-core splits gave 0.148 ms a
@@ -911,16 +938,22 @@ bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot) {
 void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                  float* od, cudaStream_t s) {
+                  float* od, bool qn, float q_eps, cudaStream_t s) {
     if (!attn_rows_ok(n_head, D, n_rot))
         throw_mismatch("attention (rows): up to 64 heads of width 64, 128, 256 or 512", 0, D, D);
+    if (attn_rows_f16_on(n_head, D, n_rot)) {   // (attention_rows_f16.cu: FP16 products, widths 256 and 512)
+        attn_rows_f16(q, sinks, R, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, n_rot, inv_freq, o, oq,
+                      od, qn, q_eps, s);
+        return;
+    }
     auto* launch = rows_warps(D) == 16
                        ? (D == 128 ? launch_rows<2, 16> : D == 256 ? launch_rows<4, 16> : launch_rows<8, 16>)
                        : (D == 64    ? launch_rows<1, 8>
                           : D == 128 ? launch_rows<2, 8>
                           : D == 256 ? launch_rows<4, 8>
                                      : launch_rows<8, 8>);
-    launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, s);
+    launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn, q_eps,
+           s);
 }
 
 }  // namespace dsv4::cuda

@@ -871,8 +871,14 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     }
     matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
-    head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
-    mark("q norm+rope");
+    // The queries' per-head norm and RoPE: in a prompt round's rows kernel on its staged heads
+    // (attn_rows_qnorm: the same bits, one launch and a pass over q_ fewer; nothing else reads
+    // q_), else head_norm_rope first.
+    const bool q_fold = attn_rows_qnorm(c_.n_head, D, c_.n_rot);
+    if (!q_fold) {
+        head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
+        mark("q norm+rope");
+    }
     join(0);
     if (ratio != 0) join(1);
     if (ratio == 4) join(2);
@@ -881,7 +887,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     // the attention's merge itself), one product
     const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
-              c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr);
+              c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr, AttnQNorm{q_fold, c_.rms_eps});
     mark("attention");
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
     const DevAct ao = o_codes ? codes_in(ActKind::Q8_0, c_.q_dim(), act_)

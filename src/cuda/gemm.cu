@@ -1538,6 +1538,210 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
     store_warp_tiles(p, m0 + WM * wmi, r0 + WN * wni, gid, tig, acc);
 }
 
+// gemm_q8_0_flat_kernel<3, 2, 64> with the per-stage overhead cut (DSV4_FLAT_LEAN, on by
+// default): the same operations on the same operands in the same order, so the same bits.
+// Nsight Compute (q_b): 20.9 instructions an MMA, issue-bound (0.60 a cycle, 1.44 "not
+// selected" an issue). A 32-value block's own work is 111 instructions a warp (4 ldmatrix, 3
+// scale loads, 8 MMAs, 96 float steps): 444 of the stage loop's 671 SASS instructions; the
+// rest recomputed per stage the % NS of three stage indices, every cp.async address, the
+// scales' shared offsets (scale_pos_w / _a) and global addresses, the ldmatrix bases and a k
+// check per block. Here the thread's offsets are computed once (the global ones as 32-bit
+// offsets from the tile's first rows, clamped by one VIADDMNMX: 64-bit pointers spilled at
+// the 128-register cap), a stage adds its byte offset (rotating, no division) and its k, and
+// the stages whose copies, scales and blocks all lie below K (all but the last NS - 1 or NS)
+// run without checks: 515 SASS instructions a stage (16.1 an MMA; the checked ones 557), 128
+// registers, no spills.
+// At the cap the compilers' choices are fragile (the same source with small changes: 526 to
+// 598, or spills); the helpers below pin them: addresses added in PTX, shared memory through
+// 32-bit addresses, the MMA threads' four bases kept opaque (pin) so they stay hoisted.
+__device__ __forceinline__ void cp_async16_s(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// base + E off (one mad in PTX: otherwise the compiler splits a stage's base into its parts
+// and adds them per address), and global loads from such addresses
+template <int E>
+__device__ __forceinline__ uint64_t addr_off(uint64_t base, uint32_t off) {
+    uint64_t r;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(off), "n"(E), "l"(base));
+    return r;
+}
+__device__ __forceinline__ float ld_f16_as_f32(uint64_t a) {
+    uint16_t h;
+    asm volatile("ld.global.u16 %0, [%1];" : "=h"(h) : "l"(a));
+    return f16_to_f32(h);
+}
+__device__ __forceinline__ float ld_f32(uint64_t a) {
+    float x;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(x) : "l"(a));
+    return x;
+}
+// x, opaque to the compiler (computed where it stands, not again inside a loop)
+__device__ __forceinline__ uint32_t pin(uint32_t x) {
+    asm("" : "+r"(x));
+    return x;
+}
+__device__ __forceinline__ void st_shared_f32(uint32_t a, float x) {
+    asm volatile("st.shared.f32 [%0], %1;" ::"r"(a), "f"(x) : "memory");
+}
+__device__ __forceinline__ float4 ld_shared_f32x4(uint32_t a) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0,%1,%2,%3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void ldmatrix_x4_s(uint32_t (&r)[4], uint32_t a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+template <int NS>
+__global__ void __launch_bounds__(256, 2) gemm_q8_0_flat_lean_kernel(Gemm p) {
+    pdl_begin();
+    constexpr int BN = 64, WM = 32, WN = 32, MT = 2, NT = 4, WMN = 4;
+    constexpr uint32_t SB = flat_stage_bytes(BN), SC = (kFlatBM + BN) * kFlatStride;   // a stage; its scales
+    static_assert(NS >= 3, "a stage loads the scales of the stage 2 ahead");
+    extern __shared__ __align__(16) uint8_t sm[];
+    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t wmi = warp % WMN, wni = warp / WMN;
+    const uint64_t m0 = uint64_t(blockIdx.y) * kFlatBM;
+    const uint32_t r0 = blockIdx.x * BN;
+    const uint32_t nb = uint32_t(p.K / 32), nst = (nb + kFlatSlots - 1) / kFlatSlots, nfull = nb / kFlatSlots;
+    const uint64_t anb = p.AL / 32;
+    const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
+    const uint32_t sm0 = smem_addr(sm);
+
+    // global addresses: the tile's first rows (the block's) + a thread's 32-bit offset (K, AL <
+    // 2^24: the launcher checks), rows past N or R clamped as there (to the tile's last row)
+    const uint64_t wt = reinterpret_cast<uint64_t>(p.wq + (p.row0 + m0) * p.K);
+    const uint64_t at = reinterpret_cast<uint64_t>(p.aq + uint64_t(r0) * p.AL + goff);
+    const uint32_t wlast = uint32_t(min(p.N - 1 - m0, uint64_t(kFlatBM - 1)));   // the tile's last rows
+    const uint32_t alast = min(p.R - 1 - r0, uint32_t(BN - 1));
+    // copies (as gemm_q8_0_flat_kernel): chunk c = t & 7 of staged rows (t >> 3) + 32 u, weights
+    // u < 4 then activations; stage s reads k = 128 s + 16 c of each. Row offsets: min(the
+    // first one + 32 u rows, the last row's) (one VIADDMNMX)
+    const uint32_t c = t & 7, cdst = sm0 + (t >> 3) * kFlatStride + c * 16;
+    const uint32_t K32 = uint32_t(p.K), AL32 = uint32_t(p.AL);
+    const uint32_t wsrc = (t >> 3) * K32 + c * 16, wlim = wlast * K32 + c * 16;
+    const uint32_t asrc = (t >> 3) * AL32 + c * 16, alim = alast * AL32 + c * 16;
+    auto issue = [&](uint32_t s, uint32_t so, bool full) {
+        if (!full && s * kFlatSlots + c / 2 >= nb) return;
+        const uint64_t k = uint64_t(s) * (kFlatSlots * 32), wk = wt + k, ak = at + k;
+#pragma unroll
+        for (int u = 0; u < 6; ++u)
+            cp_async16_s(cdst + so + u * 32 * kFlatStride,
+                         reinterpret_cast<const void*>(
+                             u < 4 ? addr_off<1>(wk, __viaddmin_u32(wsrc, 32 * u * K32, wlim))
+                                   : addr_off<1>(ak, __viaddmin_u32(asrc, 32 * (u - 4) * AL32, alim))));
+    };
+    // scales (as load_stage_scales / store_stage_scales): block t & 3 of the stage, weight rows
+    // t / 4 and t / 4 + 64 (stored 64 floats apart: scale_pos_w), activation row t / 4
+    const uint32_t sslot = t % kFlatSlots;
+    const uint64_t wdt = reinterpret_cast<uint64_t>(p.wd + (p.row0 + m0) * nb);
+    const uint64_t adt = reinterpret_cast<uint64_t>(p.ad + uint64_t(r0) * anb + goff / 32);
+    const uint32_t wso0 = min(t >> 2, wlast) * nb + sslot, wso1 = min((t >> 2) + 64, wlast) * nb + sslot,
+                   aso = min(t >> 2, alast) * uint32_t(anb) + sslot;
+    float pre[3];
+    auto load_scales = [&](uint32_t s, bool full) {
+        const uint32_t b = s * kFlatSlots;
+        const bool in = full || b + sslot < nb;
+        const uint64_t wb = wdt + 2 * b, ab = adt + 4 * b;
+        pre[0] = in ? ld_f16_as_f32(addr_off<2>(wb, wso0)) : 0.0f;
+        pre[1] = in ? ld_f16_as_f32(addr_off<2>(wb, wso1)) : 0.0f;
+        pre[2] = in ? ld_f32(addr_off<4>(ab, aso)) : 0.0f;
+    };
+    const uint32_t sws = sm0 + SC + 4 * (sslot * kFlatBM + scale_pos_w<WM>(t >> 2));
+    const uint32_t sas = sm0 + SC + 4 * (kFlatSlots * kFlatBM + sslot * BN + scale_pos_a<WN>(t >> 2));
+    auto store_scales = [&](uint32_t so) {
+        st_shared_f32(sws + so, pre[0]);
+        st_shared_f32(sws + so + 4 * 64, pre[1]);
+        st_shared_f32(sas + so, pre[2]);
+    };
+    // the MMA threads' reads: ldmatrix rows (as gemm_q8_0_flat_kernel) and scales
+    const uint32_t aoff = pin(sm0 + (WM * wmi + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlatStride + (lane >> 4) * 16);
+    const uint32_t boff = pin(sm0 + kFlatBM * kFlatStride + (WN * wni + (lane & 7) + (lane >> 4) * 8) * kFlatStride +
+                              ((lane >> 3) & 1) * 16);
+    const uint32_t rws = pin(sm0 + SC + 4 * (WM * wmi + 2 * MT * gid));
+    const uint32_t ras = pin(sm0 + SC + 4 * (kFlatSlots * kFlatBM + WN * wni + 2 * NT * tig));
+    float acc[MT][NT][4];
+    auto compute = [&](uint32_t so, uint32_t jn) {   // blocks 0 .. jn - 1 of the stage at so
+#pragma unroll
+        for (uint32_t j = 0; j < kFlatSlots; ++j) {
+            if (j >= jn) break;
+            uint32_t a[MT][4], b[NT / 2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) ldmatrix_x4_s(a[mt], aoff + so + mt * 16 * kFlatStride + j * 32);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) ldmatrix_x4_s(b[np], boff + so + np * 16 * kFlatStride + j * 32);
+            float dw[2 * MT], da[2 * NT];
+#pragma unroll
+            for (int q = 0; q < MT / 2; ++q) {
+                const float4 v = ld_shared_f32x4(rws + so + 4 * j * kFlatBM + 16 * q);
+                dw[4 * q] = v.x, dw[4 * q + 1] = v.y, dw[4 * q + 2] = v.z, dw[4 * q + 3] = v.w;
+            }
+#pragma unroll
+            for (int q = 0; q < NT / 2; ++q) {
+                const float4 v = ld_shared_f32x4(ras + so + 4 * j * BN + 16 * q);
+                da[4 * q] = v.x, da[4 * q + 1] = v.y, da[4 * q + 2] = v.z, da[4 * q + 3] = v.w;
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    int d[4];
+                    mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
+                        acc[mt][nt][e] = fmaf(dw[2 * mt + (e >> 1)] * da[2 * nt + (e & 1)], isum, acc[mt][nt][e]);
+                    }
+                }
+        }
+    };
+
+    // pipe_prologue
+#pragma unroll
+    for (uint32_t s = 0; s < NS - 1; ++s) {
+        if (s < nst) issue(s, s * SB, s < nfull);
+        cp_async_commit();
+    }
+    if (nst > 0) {
+        load_scales(0, nfull > 0);
+        store_scales(0);
+    }
+    if (nst > 1) load_scales(1, nfull > 1);
+    each(acc, [](float& x) { x = 0.0f; });
+
+    // stage s's buffer at rd = (s % NS) SB; its scales go to nx (stage s + 1), its copies to pv
+    // (stage s + NS - 1)
+    auto next = [](uint32_t o) { return o == (NS - 1) * SB ? 0u : o + SB; };
+    auto prev = [](uint32_t o, uint32_t n) { return NS == 3 ? 3 * SB - o - n : o == 0 ? (NS - 1) * SB : o - SB; };
+    uint32_t s = 0, rd = 0;
+    for (; s + NS - 1 < nfull; ++s) {   // every copy, scale and block of the stage below K
+        const uint32_t nx = next(rd), pv = prev(rd, nx);
+        cp_async_wait_group<NS - 2>();
+        __syncthreads();   // stage s landed for all; every warp is done with stage s - 1
+        issue(s + NS - 1, pv, true);
+        cp_async_commit();
+        store_scales(nx);
+        load_scales(s + 2, true);
+        compute(rd, kFlatSlots);
+        rd = nx;
+    }
+    for (; s < nst; ++s) {   // the last NS - 1 stages, NS with a short last one (pipe_stage's checks)
+        const uint32_t nx = next(rd), pv = prev(rd, nx);
+        cp_async_wait_group<NS - 2>();
+        __syncthreads();
+        if (s + NS - 1 < nst) issue(s + NS - 1, pv, s + NS - 1 < nfull);
+        cp_async_commit();
+        if (s + 1 < nst) store_scales(nx);
+        if (s + 2 < nst) load_scales(s + 2, s + 2 < nfull);
+        compute(rd, min(uint32_t(kFlatSlots), nb - s * kFlatSlots));
+        rd = nx;
+    }
+    cp_async_wait_all();
+    store_warp_tiles(p, m0 + WM * wmi, r0 + WN * wni, gid, tig, acc);
+}
+
 }  // namespace
 
 namespace {
@@ -1654,6 +1858,13 @@ int flat_bn() {
     static const int bn = env_int("DSV4_FLAT_BN", 64) == 128 ? 128 : 64;
     return g_flat_bn_override > 0 ? (g_flat_bn_override == 128 ? 128 : 64) : bn;
 }
+// DSV4_FLAT_LEAN (default 1): the 64-row tile takes gemm_q8_0_flat_lean_kernel; 0 keeps
+// gemm_q8_0_flat_kernel<3, 2, 64> (A/B: the same bits). gemm_q8_0_flat_lean (tests) wins.
+int g_flat_lean_override = -1;
+bool flat_lean() {
+    static const bool on = env_int("DSV4_FLAT_LEAN", 1) != 0;
+    return g_flat_lean_override >= 0 ? g_flat_lean_override != 0 : on;
+}
 bool flat_ok(const DevWeight& W, const DevAct& a, uint64_t row0, uint64_t rpg) {
     return g_flat_round && W.type == T_Q8_0 && a.kind == ActKind::Q8_0 && W.K % 32 == 0 && a.K % 32 == 0 &&
            (rpg == 0 || (rpg % kFlatBM == 0 && row0 % kFlatBM == 0)) &&
@@ -1687,6 +1898,7 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaS
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 void gemm_q8_0_flat_bn(int bn) { g_flat_bn_override = bn; }
+void gemm_q8_0_flat_lean(int on) { g_flat_lean_override = on; }
 
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert) {
     if (!tensor_cores_on() || W.type != T_Q8_0 || expert || W.K % 32 != 0) return false;
@@ -1704,7 +1916,9 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     if (flat_ok(W, a, row0, rpg) && (N + kFlatBM - 1) / kFlatBM < 65536) {
         const int bn = flat_bn();
         const dim3 fgrid((R + bn - 1) / bn, uint32_t((N + kFlatBM - 1) / kFlatBM));
-        if (bn == 64) gemm_q8_0_flat_kernel<3, 2, 64><<<fgrid, 256, flat_smem(3, 64), s>>>(p);
+        if (bn == 64 && flat_lean() && W.K < (1u << 24) && a.K < (1u << 24))   // (its 32-bit offsets)
+            gemm_q8_0_flat_lean_kernel<3><<<fgrid, 256, flat_smem(3, 64), s>>>(p);
+        else if (bn == 64) gemm_q8_0_flat_kernel<3, 2, 64><<<fgrid, 256, flat_smem(3, 64), s>>>(p);
         else if (flat_stages() == 3) gemm_q8_0_flat_kernel<3, 1, 128><<<fgrid, 256, flat_smem(3, 128), s>>>(p);
         else gemm_q8_0_flat_kernel<4, 1, 128><<<fgrid, 256, flat_smem(4, 128), s>>>(p);
         check_launch("gemm_q8_0 (flat)");
@@ -2188,6 +2402,7 @@ void gemm_prefill_order(bool flat) {
     if (flat && !raised) {   // the flat kernels' shared memory limits (called before any capture of the round)
         const std::pair<const void*, int> kernels[] = {
             {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 2, 64>), flat_smem(3, 64)},
+            {reinterpret_cast<const void*>(gemm_q8_0_flat_lean_kernel<3>), flat_smem(3, 64)},
             {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<3, 1, 128>), flat_smem(3, 128)},
             {reinterpret_cast<const void*>(gemm_q8_0_flat_kernel<4, 1, 128>), flat_smem(4, 128)},
             {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16, false>), kFfSmem},

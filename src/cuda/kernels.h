@@ -224,6 +224,9 @@ void gemm_q8_0_version(int v);
 // Prompt rounds' Q8_0 tile (gemm_q8_0_flat_kernel): 128 or 64 activation rows (the same bits
 // either way); -1 DSV4_FLAT_BN's choice (tests, benchmarks).
 void gemm_q8_0_flat_bn(int bn);
+// The 64-row tile's kernel: 1 the lean form (gemm_q8_0_flat_lean_kernel, fewer instructions
+// a stage), 0 the plain one (the same bits); -1 DSV4_FLAT_LEAN's choice (tests, benchmarks).
+void gemm_q8_0_flat_lean(int on);
 // Prompt rounds' F16/BF16 products of up to 1,024 rows with their stages split over a cluster
 // (1) or not (0); -1 DSV4_FLAT_SPLIT's choice (off by default). Tests.
 void gemm_flat_split_override(int on);
@@ -431,10 +434,17 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
 // rows (ratio 128, or ratio 4 with n_vis <= top_k) or the selected rows (sel); K = V.
 // Output o [R][n_head][D], inverse-RoPE'd.
 // o_q8: also o's Q8_0 codes there (quantize_act's bytes for a Q8_0 output projection).
+// qn.on (only where attn_rows_qnorm says so, else an error): q is the query product's raw
+// output, and the rows kernel applies head_norm_rope's per-head RMSNorm (eps qn.eps) and RoPE
+// itself: head_norm_rope (norm, not inverse) then attention's bits.
+struct AttnQNorm {
+    bool on = false;
+    float eps = 0.0f;
+};
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8 = nullptr);
+               const ActBuf* o_q8 = nullptr, AttnQNorm qn = {});
 // In a prompt round (gemm_prefill_order(true)) and for the shapes attn_rows_ok takes (up to 64
 // heads of width 64, 128, 256 or 512), an item is a whole row instead: all its heads over all
 // its keys on the tensor cores (3xTF32), no splits and no merge; FP32-accurate, not decode's
@@ -445,6 +455,15 @@ bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot);
 // Tests: the rows kernel's warps, 8 or 16 (16 applies to widths of 128 or more); -1 the
 // environment's choice.
 void attn_rows_warps_override(int warps);
+// Whether attention() of this shape takes the rows kernel now (a prompt round, as above) with
+// the query norm folded in (DSV4_ATTN_QNORM_ROWS, read once, default 1): the caller then skips
+// head_norm_rope and passes the raw queries with AttnQNorm (one launch and a pass over q fewer).
+bool attn_rows_qnorm(uint32_t n_head, uint32_t D, uint32_t n_rot);
+// Tests: the fold on (1) or off (0); -1 the environment's choice.
+void attn_rows_qnorm_override(int on);
+// Tests: prompt rounds' rows kernel on the FP16 tensor cores (1, widths 256 and 512) or the TF32
+// ones (0); -1 DSV4_ATTN_F16's choice (default 1).
+void attn_rows_f16_override(int on);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

@@ -2549,25 +2549,37 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
 
 namespace {
 int g_attn_loop_override = -1;
+// Whether attention() takes the rows kernel (attention_tc.cu): a prompt round, DSV4_ATTN_ROWS
+// (read once; 0 keeps the splits), a shape attn_rows_ok takes.
+bool attn_rows_path(uint32_t n_head, uint32_t D, uint32_t n_rot) {
+    static const bool rows_on = env_switch("DSV4_ATTN_ROWS", true);
+    return rows_on && gemm_prefill_order() && attn_rows_ok(n_head, D, n_rot);
+}
 }  // namespace
 
 void attn_loop_override(int mode) { g_attn_loop_override = mode; }
 
+bool attn_rows_qnorm(uint32_t n_head, uint32_t D, uint32_t n_rot) {
+    return attn_rows_path(n_head, D, n_rot) && attn_rows_qnorm_on();
+}
+
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8) {
+               const ActBuf* o_q8, AttnQNorm qn) {
     if (!R || !n_head) return;
     if (D > kAttnMaxD || D % 4 != 0 || D == 0)
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
     if (o_q8 && (D % 128 != 0 || uint64_t(R) * n_head * D > o_q8->cap_values))
         throw_mismatch("attention: Q8_0 output codes need heads of a multiple of 128 values", 0, D, D);
+    // Raw queries only where the rows kernel folds their norm in (the caller asked attn_rows_qnorm).
+    if (qn.on && !attn_rows_qnorm(n_head, D, n_rot))
+        throw_mismatch("attention: raw queries (AttnQNorm) only where attn_rows_qnorm", 0, D, D);
     // A prompt round (gemm_prefill_order): an item per row, all heads and keys, no partials
     // (attention_tc.cu; DSV4_ATTN_ROWS=0 keeps the splits).
-    static const bool rows_on = env_switch("DSV4_ATTN_ROWS", true);
-    if (rows_on && gemm_prefill_order() && attn_rows_ok(n_head, D, n_rot)) {
+    if (attn_rows_path(n_head, D, n_rot)) {
         attn_rows_tc(q, sinks, R, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, n_rot, inv_freq, o,
-                     o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr, s);
+                     o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr, qn.on, qn.eps, s);
         return;
     }
     // Splits per row at most: a layer without compression sees at most n_swa keys, a ratio-4

@@ -1102,12 +1102,15 @@ struct AttnCase {
 // The attention path for a scope: 1 the tensor-core splits, 0 the FP32 splits (both with the
 // merge: decode's path), 2 / 3 a prompt round's item per row (gemm_prefill_order(true): the
 // rows kernel of attention_tc.cu with 8 / 16 warps where attn_rows_ok (16: widths of 128 or
-// more), else the environment's splits); the environment's choice again afterwards.
+// more), else the environment's splits), 4 the rows kernel on the FP16 tensor cores
+// (attention_rows_f16.cu) for widths 256 and 512, else as 3; the environment's choice again
+// afterwards.
 struct AttnKernel {
     explicit AttnKernel(int mode) {
         if (mode >= 2) {
             cuda::gemm_prefill_order(true);
-            cuda::attn_rows_warps_override(mode == 3 ? 16 : 8);
+            cuda::attn_rows_warps_override(mode >= 3 ? 16 : 8);
+            cuda::attn_rows_f16_override(mode == 4 ? 1 : 0);
         } else {
             cuda::attn_tc_override(mode);
         }
@@ -1116,6 +1119,7 @@ struct AttnKernel {
         cuda::gemm_prefill_order(false);
         cuda::attn_tc_override(-1);
         cuda::attn_rows_warps_override(-1);
+        cuda::attn_rows_f16_override(-1);
     }
     AttnKernel(const AttnKernel&) = delete;
     AttnKernel& operator=(const AttnKernel&) = delete;
@@ -1146,7 +1150,7 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // wrap-around), all visible or the selected compressed rows, sinks, inverse RoPE; key counts
 // from 1 to ~3000, so rows have one split up to the capped 32.
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (int tc : {3, 2, 1, 0}) {
+    for (int tc : {4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1184,7 +1188,7 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32).
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (int tc : {3, 2, 1, 0}) {
+    for (int tc : {4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1257,7 +1261,7 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
 TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
     // The merge (and a prompt round's rows kernel) can write the output projection's Q8_0 codes
     // of o itself: the same bytes as quantize_act from o, and o unchanged.
-    for (int tc : {3, 2, 1, 0}) {
+    for (int tc : {4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
@@ -1286,7 +1290,7 @@ TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
 }
 
 TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
-    for (int tc : {3, 2, 1, 0}) {
+    for (int tc : {4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         const AttnShape sh = kAttnShapes[0];
         const AttnCase c(sh, 4, {5, 700, 2051, 9000}, 77, 78);
@@ -1331,7 +1335,9 @@ TEST_F(CudaKernels, AttentionGraphReplayMatchesEager) {
 // and 2^-22 (that representation error) for rows of a few keys, where the FP32 kernel is
 // within an ulp or two; and the two kernels within 4e-6 of max|ref| of each other per head.
 // The same bounds hold for a prompt round's rows kernel (mode 2: one running softmax a head
-// over all its keys, on the same 3xTF32 products, no partials and no merge).
+// over all its keys, on the same 3xTF32 products, no partials and no merge), and for its FP16
+// form (mode 4, widths 256 and 512: each operand as two FP16 halves, 22 bits as 3xTF32's pair,
+// the queries and weights scaled by powers of two so small values keep them).
 TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
     for (const AttnShape& sh : kAttnShapes) {
         if (!(sh.D == 64 || sh.D == 128 || sh.D == 256 || sh.D == 512)) continue;
@@ -1348,7 +1354,7 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
             std::vector<std::vector<double>> refs;
             for (size_t i = 0; i < rows.size(); ++i)
                 refs.push_back(P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]));
-            for (int mode : {1, 2, 3}) {
+            for (int mode : {1, 2, 3, 4}) {
                 std::vector<float> got_tc;
                 {
                     const AttnKernel kernel(mode);
@@ -1381,7 +1387,10 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
                     }
                 }
                 const double rms_tc = std::sqrt(sq_tc / double(count)), rms_old = std::sqrt(sq_old / double(count));
-                const char* path = mode == 3 ? "rows kernel (16 warps)" : mode == 2 ? "rows kernel" : "tensor cores";
+                const char* path = mode == 4   ? "rows kernel (FP16 where D >= 256)"
+                                   : mode == 3 ? "rows kernel (16 warps)"
+                                   : mode == 2 ? "rows kernel"
+                                               : "tensor cores";
                 std::printf("attention n_head %u D %u ratio %u: error / max|ref| %s max %.3g rms %.3g, FP32 max "
                             "%.3g rms %.3g; largest difference %.3g\n",
                             sh.n_head, sh.D, ratio, path, max_tc, rms_tc, max_old, rms_old, max_diff);
@@ -1389,6 +1398,82 @@ TEST_F(CudaKernels, AttentionTensorCoresMatchFp32Kernel) {
                     << "mode " << mode << " D " << sh.D << " ratio " << ratio;
                 EXPECT_LE(max_tc, 2.0 * max_old + std::ldexp(1.0, -22))
                     << "mode " << mode << " D " << sh.D << " ratio " << ratio;
+            }
+        }
+    }
+}
+
+// A prompt round's rows kernel with the queries' norm and RoPE folded in (attn_rows_qnorm,
+// AttnQNorm), given the raw queries, against head_norm_rope then the kernel with the fold off,
+// bit for bit: the outputs and (D a multiple of 128) the output projection's Q8_0 codes and
+// scales. Every shape the rows kernel takes (12, 4 and 20 heads: partial m-tiles, their padding
+// heads zero), every layer kind, 8 and 16 warps, rows 1, 3, 40 and 300 (more rows than the
+// H200's blocks: a block's later rows take their angles from the end of the row before). The
+// raw queries' rms is ~2.3, so a kernel that skipped the norm would differ: the fold-off kernel
+// given them raw must not match.
+TEST_F(CudaKernels, AttentionRowsQueryNormInKernelEqualsHeadNormRope) {
+    constexpr float eps = 1e-6f;
+    struct Fold {   // the fold forced for a scope, the environment's choice again afterwards
+        explicit Fold(bool on) { cuda::attn_rows_qnorm_override(on ? 1 : 0); }
+        ~Fold() { cuda::attn_rows_qnorm_override(-1); }
+        Fold(const Fold&) = delete;
+        Fold& operator=(const Fold&) = delete;
+    };
+    struct Out {
+        std::vector<float> o, d;
+        std::vector<int8_t> q;
+    };
+    for (int mode : {2, 3, 4}) {   // (AttnKernel: the rows kernel with 8 / 16 warps, FP16)
+        const AttnKernel kernel(mode);
+        for (const AttnShape& sh : kAttnShapes) {
+            if (!cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) continue;   // (D = 96: the splits)
+            if (mode == 3 && sh.D < 128) continue;                         // (16 warps: D >= 128 only)
+            if (mode == 4 && sh.D < 256) continue;                         // (FP16: D of 256 and 512)
+            for (uint32_t ratio : {0u, 4u, 128u}) {
+                const auto base = attn_positions(sh, ratio);
+                for (uint32_t R : {1u, 3u, 40u, 300u}) {
+                    std::vector<int64_t> pos;
+                    for (uint32_t i = 0; i < R; ++i) pos.push_back(base[(i * 5 + 1) % base.size()] + (i % 2));
+                    const AttnCase c(sh, ratio, pos, 5 * sh.D + ratio, 29 + R);
+                    const auto& [P, rows, q, sel] = c;
+                    const uint64_t n = uint64_t(R) * sh.n_head * sh.D;
+                    const bool codes = sh.D % 128 == 0;
+                    DevVec<cuda::DevRow> drows(rows);
+                    DevVec<uint32_t> dsel(sel);
+                    // how: 0 the raw queries, fold off; 1 head_norm_rope first, fold off; 2 the fold
+                    auto go = [&](int how) {
+                        const Fold fold(how == 2);
+                        EXPECT_EQ(cuda::attn_rows_qnorm(sh.n_head, sh.D, sh.n_rot), how == 2);
+                        DevVec<float> dq(q), dout(n);
+                        ActHolder oc(n);
+                        if (how == 1)
+                            cuda::head_norm_rope(dq.get(), R, sh.n_head, sh.D, sh.n_rot, eps, true, false,
+                                                 P.dinv->get(), drows.get(), nullptr);
+                        cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, ratio, sh.top_k,
+                                        dsel.get(), drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot,
+                                        P.dinv->get(), dout.get(), nullptr, codes ? &oc.buf : nullptr,
+                                        cuda::AttnQNorm{how == 2, eps});
+                        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                        Out r;
+                        r.o = dout.download();
+                        if (codes) {
+                            r.q = oc.q.download();
+                            r.d = oc.d.download();
+                        }
+                        return r;
+                    };
+                    const Out raw = go(0), ref = go(1), got = go(2);
+                    const std::string what = (mode == 4 ? std::string("FP16") : "warps " + std::to_string(mode == 3 ? 16 : 8)) + " heads " +
+                                             std::to_string(sh.n_head) + " D " + std::to_string(sh.D) + " ratio " +
+                                             std::to_string(ratio) + " R " + std::to_string(R);
+                    ASSERT_NE(0, std::memcmp(raw.o.data(), ref.o.data(), n * sizeof(float))) << what;
+                    ASSERT_EQ(0, std::memcmp(got.o.data(), ref.o.data(), n * sizeof(float))) << what;
+                    if (codes) {
+                        ASSERT_EQ(0, std::memcmp(got.q.data(), ref.q.data(), n)) << what << " (codes)";
+                        ASSERT_EQ(0, std::memcmp(got.d.data(), ref.d.data(), n / 32 * sizeof(float)))
+                            << what << " (scales)";
+                    }
+                }
             }
         }
     }
@@ -1764,9 +1849,12 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
                 mag[r * c.N + n] = m;
             }
         std::vector<float> got;
-        for (const int bn : {128, 64}) {   // both tiles: the same operations, so the same bits
+        // both tiles, the 64-row one also in its lean form (gemm_q8_0_flat_lean): the same
+        // operations, so the same bits
+        for (const auto& [bn, lean] : {std::pair{128, 0}, std::pair{64, 0}, std::pair{64, 1}}) {
             cuda::gemm_prefill_order(true);
             cuda::gemm_q8_0_flat_bn(bn);
+            cuda::gemm_q8_0_flat_lean(lean);
             ASSERT_TRUE(cuda::gemm_q8_0_eligible(cuda::DevWeight{uint32_t(Type::Q8_0), c.K, c.N, 0}, c.R, c.N, c.rpg,
                                                  false));
             DevVec<float> y(std::vector<float>(c.R * c.N, std::nanf("")));   // a skipped output shows
@@ -1776,12 +1864,16 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
             cuda::gemm_q8_0(pr.dw.w, pr.a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
             cuda::gemm_prefill_order(false);
             cuda::gemm_q8_0_flat_bn(-1);
+            cuda::gemm_q8_0_flat_lean(-1);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             got = y.download();
             const auto w2 = wide.download();
             ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), got.size() * 4))
-                << "tile rows " << bn << " K " << c.K << " N " << c.N << " R " << c.R << " rpg " << c.rpg;
-            expect_strided_rows(w2, ref, R2, c.N, "tile rows " + std::to_string(bn) + " K " + std::to_string(c.K));
+                << "tile rows " << bn << " lean " << lean << " K " << c.K << " N " << c.N << " R " << c.R << " rpg "
+                << c.rpg;
+            expect_strided_rows(w2, ref, R2, c.N,
+                                "tile rows " + std::to_string(bn) + " lean " + std::to_string(lean) + " K " +
+                                    std::to_string(c.K));
         }
         // the CPU's dot product: a different order of the same terms, so within nb roundings
         std::vector<uint8_t> act(quant::act_bytes(Type::Q8_0, c.K));

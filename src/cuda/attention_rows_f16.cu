@@ -1,0 +1,526 @@
+// Prompt rounds' attention (an item per row: all heads, all keys) on the FP16 tensor cores,
+// FP32-accurate — attn_rows_tc_kernel's algorithm (attention_tc.cu) with m16n8k16 FP16
+// products instead of m16n8k8 TF32 ones.
+//
+// Why: the TF32 rows kernel spends most of its instructions outside its MMAs. Its queries are
+// split (x = hi + lo, 3 instructions a value) again for every 16-key tile, since a row's split
+// queries take twice their FP32 space and the FP32 ones already fill 132 of the 227 KB (the
+// score phase: ~30 instructions for 4 MMAs of k = 8). Here a value is split into two FP16
+// halves, hi = fp16(x), lo = fp16(x − hi): together they hold its 22 leading bits, as TF32's
+// pair does, in the same 4 bytes as the float, so a row's queries are split once (in place,
+// when they land) and the score phase takes ~16 instructions for 4 MMAs of k = 16. FP16's MMA
+// also runs at twice TF32's rate.
+//
+// Operands, per tile of 16 keys:
+//   Q: hi and lo halves of each head row (one split a row);
+//   K, V (the same latent rows): the tile staged as floats by cp.async, then converted once for
+//     every warp into hi and lo halves. A 16-dim chunk whose lo halves are all zero in the tile
+//     (the value was an FP16 value already: window rows are rounded to F16, compressed rows'
+//     FP8-simulated dims are FP16 values) skips its hi·lo products, as the TF32 kernel skips
+//     TF32-exact keys: they would add exact zeros;
+//   Q also times 2^10 before its split (lo parts of small values stay normal), divided out of
+//     the softmax scale (a power of two: the same scaled scores);
+//   P: the softmax weights (in [0, 1]) times 2^12 before their split (so weights down to 2^-36
+//     keep 22 bits instead of flushing in FP16's subnormal range), the 2^12 divided out of the
+//     output's normalisation (a power of two: exact).
+// Each product a·b ≈ hi·hi + hi·lo + lo·hi, the small terms first into a fresh accumulator,
+// the sum added to the running one by an FP32 add (the tensor cores truncate their sums), as
+// in the TF32 kernel. What FP16 cannot hold: magnitudes from 65,504 up (queries are RMS-normed
+// heads, |q| <= sqrt(D); keys RMS-normed latent rows) and lo parts below 2^-24 (values under
+// ~2^-13, whose products then carry an absolute error below 2^-25 |b|).
+//
+// Numerics are their own (not the TF32 kernel's bits); each row is computed by the same
+// operations whatever the batch or chunking, as the rows kernel's contract requires.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "cuda/attention.cuh"
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr uint32_t kF16Warps = 16, kF16Threads = 32 * kF16Warps;
+constexpr uint32_t kF16KT = 16;        // keys a tile: the weighted sum's one k16 step; = warps (key conversion)
+constexpr uint32_t kF16MaxMT = 4;      // m-tiles of 16 heads: up to 64 heads
+constexpr uint32_t kF16RS = 24;        // score-part row stride in floats (≡ 8 mod 32: conflict-free float2 stores)
+constexpr uint32_t kF16PS = 24;        // weight row stride in halves: 48 bytes, so an ldmatrix's 8 rows fall on
+                                       // 8 different 16-byte bank groups
+constexpr float kF16PScale = 4096.0f;  // the weights' scale before their split (2^12)
+constexpr float kF16QScale = 1024.0f;  // the queries' (2^10; RMS-normed heads: |q| <= sqrt(D) <= 22.7)
+static_assert(kF16KT == kF16Warps && kF16Threads == 4 * 16 * kF16MaxMT * 2, "key conversion, softmax threads");
+
+// Shared memory for head width D (rows of D + kAttnPad floats, DP), the regions of fixed size
+// first (sized for 64 heads: their offsets are constants, no registers) and the queries last:
+//   the staged tile [kF16KT][DP] floats | its hi, lo halves [kF16KT][D + 8] each | score parts
+//   [4][64][kF16RS] floats | weights hi, lo [64][kF16PS] halves each | queries [16 MT][DP] floats
+//   (as halves: each 8 dims' 8 hi halves, then their 8 lo halves, in the 32 bytes of their
+//   floats; at a row's end its output in floats).
+// Row strides ≡ 16 bytes mod 128: an ldmatrix's 8 rows fall on distinct bank groups.
+constexpr uint32_t f16_off_kh(uint32_t D) { return kF16KT * (D + kAttnPad) * 4; }
+constexpr uint32_t f16_off_kl(uint32_t D) { return f16_off_kh(D) + kF16KT * (D + 8) * 2; }
+constexpr uint32_t f16_off_s(uint32_t D) { return f16_off_kl(D) + kF16KT * (D + 8) * 2; }
+constexpr uint32_t f16_off_ph(uint32_t D) { return f16_off_s(D) + 4 * 16 * kF16MaxMT * kF16RS * 4; }
+constexpr uint32_t f16_off_pl(uint32_t D) { return f16_off_ph(D) + 16 * kF16MaxMT * kF16PS * 2; }
+constexpr uint32_t f16_off_q(uint32_t D) { return f16_off_pl(D) + 16 * kF16MaxMT * kF16PS * 2; }
+constexpr size_t f16_smem_bytes(uint32_t D, uint32_t MT) {
+    return f16_off_q(D) + size_t(16) * MT * (D + kAttnPad) * 4;
+}
+static_assert(f16_smem_bytes(512, kF16MaxMT) + 2832 <= 227 * 1024, "FP16 rows kernel: one block an SM");
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+// x0, x1 as FP16 pairs hi (x0 in the low half) and lo = fp16(x − float(hi)).
+__device__ __forceinline__ void f16_split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+    const __half2 h = __floats2half2_rn(x0, x1);
+    const float2 b = __half22float2(h);
+    hi = h2_bits(h);
+    lo = h2_bits(__floats2half2_rn(__fsub_rn(x0, b.x), __fsub_rn(x1, b.y)));
+}
+
+// d += a·b (m16n8k16, FP16 inputs, FP32 accumulate). a0 (row gid, k 2tig..+1), a1 (gid+8, same),
+// a2 (gid, 2tig+8..+9), a3 (gid+8, same); b0 (k 2tig..+1, n gid), b1 (k 2tig+8..+9, n gid); d as
+// mma_tf32's.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// d = a·b (a fresh accumulator).
+__device__ __forceinline__ void mma_f16_0(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+// Four 8×8 matrices of halves (lanes 8i..8i+7 give matrix i's row addresses, shared-window
+// byte addresses: 32-bit registers, not generic pointers); TRANS: each
+// transposed (register i of lane l: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1 of matrix i).
+template <bool TRANS = false>
+__device__ __forceinline__ void ldsm_x4_h(uint32_t (&r)[4], uint32_t s) {
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s)
+                     : "memory");
+}
+
+// The lane-group bits of a ballot gathered: bit c of the result = OR of bits 4c .. 4c + 3.
+__device__ __forceinline__ uint32_t quad_bits(uint32_t b) {
+    b |= b >> 1;
+    b |= b >> 2;
+    b &= 0x11111111u;
+    b = (b | (b >> 3)) & 0x03030303u;
+    b = (b | (b >> 6)) & 0x000F000Fu;
+    return (b | (b >> 12)) & 0xFFu;
+}
+
+// Per tile of kF16KT = 16 keys (16 warps; NT = D / 64):
+//   S = Q·Kᵀ: warp w takes m-tile w % 4 and both key n-tiles over the quarter w / 4 of D (NT
+//     k16 steps); the softmax adds the four quarters in order;
+//   the online softmax: a thread per (head, four keys), as the TF32 kernel's;
+//   O = O·corr + P·V: warp w takes D / 16 columns (NT / 2 n-tiles) of every head, one k16 step.
+template <uint32_t NT>
+__global__ void __launch_bounds__(kF16Threads, 1)
+    attn_rows_f16_kernel(const float* __restrict__ q, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
+                         uint32_t ratio, uint32_t top_k, const uint32_t* __restrict__ sel,
+                         const DevRow* __restrict__ rows, const DevLayerKV* __restrict__ lkv, uint32_t n_layer,
+                         uint32_t il, uint32_t R, uint32_t n_rot, const double* __restrict__ inv_freq,
+                         float* __restrict__ o, int8_t* __restrict__ oq, float* __restrict__ od, bool qn,
+                         double q_eps) {
+    pdl_begin();
+    constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4, T = kF16Threads;
+    constexpr uint32_t KH = D + 8;              // a converted key row in halves
+    constexpr uint32_t NTW = NT / 2;            // the weighted sum's n-tiles a warp
+    constexpr uint32_t KTH = T / kF16KT;        // staging threads a key row
+    constexpr uint32_t CPL = D4 / 32;           // float4s a lane converts of a row
+    static_assert(NT == 4 || NT == 8, "FP16 rows kernel: head widths 256 and 512");
+    const uint32_t MT = (n_head + 15) / 16, HP = 16 * MT;
+    extern __shared__ float4 sm4[];
+    uint8_t* smb = reinterpret_cast<uint8_t*>(sm4);
+    float* k32 = reinterpret_cast<float*>(smb);
+    __half* kh_s = reinterpret_cast<__half*>(smb + f16_off_kh(D));
+    __half* kl_s = reinterpret_cast<__half*>(smb + f16_off_kl(D));
+    float* s_s = reinterpret_cast<float*>(smb + f16_off_s(D));
+    __half* ph_s = reinterpret_cast<__half*>(smb + f16_off_ph(D));
+    __half* pl_s = reinterpret_cast<__half*>(smb + f16_off_pl(D));
+    float* q_s = reinterpret_cast<float*>(smb + f16_off_q(D));
+    __shared__ float corr_s[16 * kF16MaxMT], fw_s[16 * kF16MaxMT], inv_s[16 * kF16MaxMT];
+    // The row's RoPE angles: qn, the forward rotation's (made when its queries are staged; the
+    // output's inverse takes -rs_s), else the inverse's (made in its last tile).
+    __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];
+    __shared__ uint32_t mask_s[2];   // per tile (alternating): its 16-dim chunks with lo halves
+    if (blockIdx.x >= R) return;
+    const uint32_t s_a = uint32_t(__cvta_generic_to_shared(smb)), q_a = s_a + f16_off_q(D),
+                   kh_a = s_a + f16_off_kh(D), kl_a = s_a + f16_off_kl(D), ph_a = s_a + f16_off_ph(D),
+                   pl_a = s_a + f16_off_pl(D);
+
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t li = lane >> 3, lr = lane & 7;                    // ldmatrix: matrix, row
+    const uint32_t kj = threadIdx.x / KTH, ksub = threadIdx.x % KTH;   // key staging: row, first float4
+    const uint32_t hs = threadIdx.x >> 2, kc = threadIdx.x & 3;      // softmax: head, key quad
+    // the softmax scale with the queries' 2^10 divided out (powers of two: the same product)
+    const float scale = float(1.0 / sqrt(double(D))) / kF16QScale;
+    uint32_t kr = ~0u;
+    AttnKeys kks{};
+    auto keys_of = [&](uint32_t r) {
+        if (r != kr) {
+            kr = r;
+            kks = attn_keys(rows[r].pos, n_swa, ratio, top_k);
+        }
+        return kks;
+    };
+    auto advance = [&](uint32_t& r, uint64_t& t0) {
+        t0 += kF16KT;
+        if (t0 >= keys_of(r).NK) {
+            r += gridDim.x;
+            t0 = 0;
+        }
+    };
+    auto sel_of = [&](uint32_t r, uint64_t t0) -> uint32_t {
+        if (r >= R) return 0u;
+        const AttnKeys ks = keys_of(r);
+        const uint64_t g = t0 + kj;
+        return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
+    };
+    auto stage_keys = [&](uint32_t r, uint64_t t0, uint32_t sg) {
+        float* row = k32 + kj * DP;
+        const AttnKeys ks = keys_of(r);
+        const uint64_t g = t0 + kj;
+        if (g < ks.NK) {
+            const float* kp = attn_key_row_sel(ks, lkv[uint64_t(rows[r].sess) * n_layer + il], g, sg, D);
+            for (uint32_t u = ksub; u < D4; u += KTH) cp_async16(row + 4 * u, kp + 4 * u);
+        } else {
+            for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
+        }
+    };
+    auto stage_q = [&](uint32_t r) {
+        const float* qr = q + uint64_t(r) * n_head * D;
+        for (uint32_t i = threadIdx.x; i < HP * D4; i += T) {
+            const uint32_t h = i / D4, u = i % D4;
+            if (h < n_head) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
+            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
+        }
+    };
+    // The row's queries, landed as floats (qn: raw, normalised and rotated first with
+    // head_norm_rope's bits, rows_head_norm_rope), split in place: each 8 dims' 32 bytes become
+    // their 8 hi halves, then their 8 lo halves (an ldmatrix row either way). A warp a head row.
+    auto split_q = [&] {
+        for (uint32_t h = w; h < HP; h += kF16Warps) {
+            float* row = q_s + h * DP;
+            if (qn && h < n_head) {
+                rows_head_norm_rope<D>(row, n_rot, q_eps, rc_s, rs_s);
+                __syncwarp();
+            }
+#pragma unroll 1
+            for (uint32_t j = 0; j < D / 256; ++j) {
+                float4* g = reinterpret_cast<float4*>(row) + 2 * (lane + 32 * j);
+                const float4 a = g[0], b = g[1];
+                constexpr float k = kF16QScale;
+                uint4 hi, lo;
+                f16_split2(a.x * k, a.y * k, hi.x, lo.x);
+                f16_split2(a.z * k, a.w * k, hi.y, lo.y);
+                f16_split2(b.x * k, b.y * k, hi.z, lo.z);
+                f16_split2(b.z * k, b.w * k, hi.w, lo.w);
+                reinterpret_cast<uint4*>(g)[0] = hi;
+                reinterpret_cast<uint4*>(g)[1] = lo;
+            }
+        }
+    };
+    // The staged tile converted (warp w: key row w) into hi and lo halves; the 16-dim chunks
+    // with any nonzero lo half OR-ed into mask_s[mb].
+    auto split_keys = [&](uint32_t mb) {
+        const float4* src = reinterpret_cast<const float4*>(k32 + w * DP);
+        uint2* hi = reinterpret_cast<uint2*>(kh_s + w * KH);
+        uint2* lo = reinterpret_cast<uint2*>(kl_s + w * KH);
+        uint32_t cm = 0;
+#pragma unroll
+        for (uint32_t j = 0; j < CPL; ++j) {
+            const float4 x = src[lane + 32 * j];
+            uint2 a, b;
+            f16_split2(x.x, x.y, a.x, b.x);
+            f16_split2(x.z, x.w, a.y, b.y);
+            hi[lane + 32 * j] = a;
+            lo[lane + 32 * j] = b;
+            // lane's values: chunk lane / 4 + 8 j
+            cm |= quad_bits(__ballot_sync(0xffffffffu, (b.x | b.y) != 0u)) << (8 * j);
+        }
+        if (lane == 0 && cm) atomicOr(&mask_s[mb], cm);
+    };
+
+    uint32_t r = blockIdx.x;
+    uint64_t t0 = 0;
+    if (threadIdx.x < 2) mask_s[threadIdx.x] = 0;
+    stage_q(r);
+    stage_keys(r, t0, sel_of(r, t0));
+    if (qn && threadIdx.x < n_rot / 2)
+        rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+    uint32_t r1 = r;
+    uint64_t t1 = t0;
+    advance(r1, t1);
+    uint32_t sg1 = sel_of(r1, t1), mb = 0;
+
+    const uint32_t base = w * (D / 16);      // this warp's columns of the weighted sum
+
+    float ob[kF16MaxMT][NTW][4];   // running output (times 2^12): heads 16m + gid (+ 8) × this warp's columns
+#pragma unroll
+    for (uint32_t m = 0; m < kF16MaxMT; ++m)
+#pragma unroll
+        for (uint32_t t = 0; t < NTW; ++t)
+#pragma unroll
+            for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
+    float m_run = -INFINITY, l_run = 0.0f;   // head hs (four lanes hold it)
+
+    while (true) {
+        cp_async_wait_all();
+        __syncthreads();   // the tile (and a new row's queries) in; every warp done with the last tile's halves
+        if (t0 == 0) split_q();
+        split_keys(mb);
+        const uint64_t NK = keys_of(r).NK;
+        const uint32_t nt = NK - t0 < kF16KT ? uint32_t(NK - t0) : kF16KT;
+        const bool last = t0 + kF16KT >= NK;
+        const bool more = r1 < R;
+        __syncthreads();   // halves and the chunk mask complete; the staged tile free
+        if (threadIdx.x == 0) mask_s[mb ^ 1] = 0;   // (the last tile's mask: read before its scores' barrier)
+        if (more) stage_keys(r1, t1, sg1);
+        uint32_t r2 = r1, sg2 = 0;
+        uint64_t t2 = t1;
+        if (more) {
+            advance(r2, t2);
+            sg2 = sel_of(r2, t2);
+        }
+        const uint32_t kmask = mask_s[mb];
+
+        {   // Scores: warp w, m-tile mp × 16 keys over dims dq·D/4 ...
+            const uint32_t mp = w % 4, dq = w / 4;
+            if (mp < MT) {
+                float sb[2][4];
+#pragma unroll
+                for (uint32_t n = 0; n < 2; ++n)
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) sb[n][i] = 0.0f;
+                const uint32_t qa = q_a + (16 * mp + (li & 1) * 8 + lr) * DP * 4 + (li >> 1) * 32;
+                const uint32_t ko = 2 * (((li >> 1) * 8 + lr) * KH + (li & 1) * 8);
+#pragma unroll 2
+                for (uint32_t kk = 0; kk < NT; ++kk) {
+                    const uint32_t d0 = dq * (D / 4) + 16 * kk;
+                    const bool klo = (kmask >> (d0 / 16)) & 1u;
+                    uint32_t ah[4], al[4], b[4], bl[4];
+                    ldsm_x4_h(ah, qa + 4 * d0);
+                    ldsm_x4_h(al, qa + 4 * d0 + 16);
+                    ldsm_x4_h(b, kh_a + ko + 2 * d0);
+                    if (klo) ldsm_x4_h(bl, kl_a + ko + 2 * d0);
+#pragma unroll
+                    for (uint32_t n = 0; n < 2; ++n) {
+                        float u[4];
+                        mma_f16_0(u, al, b[2 * n], b[2 * n + 1]);
+                        if (klo) mma_f16(u, ah, bl[2 * n], bl[2 * n + 1]);
+                        mma_f16(u, ah, b[2 * n], b[2 * n + 1]);
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; ++i) sb[n][i] = __fadd_rn(sb[n][i], u[i]);
+                    }
+                }
+                float* part = s_s + dq * (16 * kF16MaxMT) * kF16RS;
+#pragma unroll
+                for (uint32_t n = 0; n < 2; ++n) {
+                    *reinterpret_cast<float2*>(part + (16 * mp + gid) * kF16RS + 8 * n + 2 * tig) =
+                        make_float2(sb[n][0], sb[n][1]);
+                    *reinterpret_cast<float2*>(part + (16 * mp + gid + 8) * kF16RS + 8 * n + 2 * tig) =
+                        make_float2(sb[n][2], sb[n][3]);
+                }
+            }
+        }
+        if (last && !qn && threadIdx.x < n_rot / 2)
+            rope_angle(rows[r].pos, inv_freq, threadIdx.x, true, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+        __syncthreads();   // score parts complete
+
+        if (hs < HP) {   // Online softmax of head hs, keys 4kc .. 4kc + 3
+            float sv[4];
+            {
+                float4 a = *reinterpret_cast<const float4*>(s_s + hs * kF16RS + 4 * kc);
+#pragma unroll
+                for (uint32_t v = 1; v < 4; ++v) {
+                    const float4 b = *reinterpret_cast<const float4*>(s_s + (v * (16 * kF16MaxMT) + hs) * kF16RS + 4 * kc);
+                    a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+                }
+                sv[0] = a.x, sv[1] = a.y, sv[2] = a.z, sv[3] = a.w;
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (uint32_t j = 0; j < 4; ++j) {
+                sv[j] = 4 * kc + j < nt ? __fmul_rn(sv[j], scale) : -INFINITY;
+                mx = fmaxf(mx, sv[j]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float nm = fmaxf(m_run, mx);
+            const float corr = exp_cr(m_run - nm);
+            float e[4];
+#pragma unroll
+            for (uint32_t j = 0; j < 4; ++j) e[j] = 4 * kc + j < nt ? exp_cr(sv[j] - nm) : 0.0f;
+            float sum = __fadd_rn(__fadd_rn(e[0], e[1]), __fadd_rn(e[2], e[3]));
+            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+            l_run = __fadd_rn(__fmul_rn(l_run, corr), sum);
+            m_run = nm;
+            uint2 eh, el;
+            f16_split2(e[0] * kF16PScale, e[1] * kF16PScale, eh.x, el.x);
+            f16_split2(e[2] * kF16PScale, e[3] * kF16PScale, eh.y, el.y);
+            *reinterpret_cast<uint2*>(ph_s + hs * kF16PS + 4 * kc) = eh;
+            *reinterpret_cast<uint2*>(pl_s + hs * kF16PS + 4 * kc) = el;
+            if (kc == 0) corr_s[hs] = corr;
+            if (last) {
+                if (kc == 0 && hs < n_head) {
+                    const float sink = sinks[hs];
+                    const float M = fmaxf(sink, m_run);
+                    const float fw = exp_cr(m_run - M);
+                    fw_s[hs] = fw;
+                    // (the weights' 2^12 divided out here: a power of two, exact)
+                    inv_s[hs] = __fmul_rn(1.0f / __fadd_rn(exp_cr(sink - M), __fmul_rn(l_run, fw)), 1.0f / kF16PScale);
+                }
+                m_run = -INFINITY;
+                l_run = 0.0f;
+            }
+        }
+        __syncthreads();   // weights and corrections complete
+
+        {   // Weighted sum: n-tile t of this warp = columns base + 8t ..; keys of the tile, one k16
+            // step. The corrections first; then per 16 columns (their V halves held) every m-tile's
+            // weights (re-read per 16 columns: 8 registers fewer than holding all V halves).
+#pragma unroll
+            for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+                if (m >= MT) continue;
+                const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
+#pragma unroll
+                for (uint32_t t = 0; t < NTW; ++t) {
+                    ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
+                    ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
+                    ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
+                    ob[m][t][3] = __fmul_rn(ob[m][t][3], c1);
+                }
+            }
+            const uint32_t vo = 2 * (((li & 1) * 8 + lr) * KH + base + (li >> 1) * 8);
+            const uint32_t po = 2 * (((li & 1) * 8 + lr) * kF16PS + (li >> 1) * 8);
+#pragma unroll
+            for (uint32_t c = 0; c < NTW / 2; ++c) {
+                const bool vlo = (kmask >> ((base + 16 * c) / 16)) & 1u;
+                uint32_t vb[4], vl[4];
+                ldsm_x4_h<true>(vb, kh_a + vo + 32 * c);
+                if (vlo) ldsm_x4_h<true>(vl, kl_a + vo + 32 * c);
+#pragma unroll
+                for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+                    if (m >= MT) continue;
+                    uint32_t ah[4], al[4];
+                    ldsm_x4_h(ah, ph_a + po + 32 * m * kF16PS);
+                    ldsm_x4_h(al, pl_a + po + 32 * m * kF16PS);
+#pragma unroll
+                    for (uint32_t tt = 0; tt < 2; ++tt) {
+                        const uint32_t t = 2 * c + tt, j = 2 * tt;
+                        float u[4];
+                        mma_f16_0(u, al, vb[j], vb[j + 1]);
+                        if (vlo) mma_f16(u, ah, vl[j], vl[j + 1]);
+                        mma_f16(u, ah, vb[j], vb[j + 1]);
+#pragma unroll
+                        for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = __fadd_rn(ob[m][t][i], u[i]);
+                    }
+                }
+            }
+        }
+
+        if (last) {   // the row's output: normalised into q_s (its halves no longer read), rotated back, written
+#pragma unroll
+            for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+                if (m >= MT) continue;
+#pragma unroll
+                for (uint32_t half = 0; half < 2; ++half) {
+                    const uint32_t h = 16 * m + gid + 8 * half;
+                    const float fw = h < n_head ? fw_s[h] : 0.0f, inv = h < n_head ? inv_s[h] : 0.0f;
+                    float* dst = q_s + h * DP + base + 2 * tig;
+#pragma unroll
+                    for (uint32_t t = 0; t < NTW; ++t)
+                        *reinterpret_cast<float2*>(dst + 8 * t) =
+                            make_float2(__fmul_rn(__fmul_rn(ob[m][t][2 * half], fw), inv),
+                                        __fmul_rn(__fmul_rn(ob[m][t][2 * half + 1], fw), inv));
+                }
+#pragma unroll
+                for (uint32_t t = 0; t < NTW; ++t)
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
+            }
+            __syncthreads();   // the output rows complete
+            const uint32_t pairs = n_rot / 2;
+            for (uint32_t i = threadIdx.x; i < n_head * pairs; i += T)
+                rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs],
+                          qn ? -rs_s[i % pairs] : rs_s[i % pairs]);
+            __syncthreads();   // rotated
+            for (uint32_t i = threadIdx.x; i < n_head * D4; i += T) {
+                const uint32_t h = i / D4, c = i % D4;
+                const float4 y = *reinterpret_cast<const float4*>(q_s + h * DP + 4 * c);
+                const uint64_t at = (uint64_t(r) * n_head + h) * D;
+                reinterpret_cast<float4*>(o + at)[c] = y;
+                if (oq) attn_store_codes(y, c, at, oq, od);   // (D4 >= 32: whole warps)
+            }
+            __syncthreads();   // q_s read out
+            if (more) stage_q(r1);
+            if (qn && more && threadIdx.x < n_rot / 2)   // the next row's angles (rc_s, rs_s read out above)
+                rope_angle(rows[r1].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+        }
+        if (!more) break;
+        r = r1;
+        t0 = t1;
+        r1 = r2;
+        t1 = t2;
+        sg1 = sg2;
+        mb ^= 1;
+    }
+}
+
+template <uint32_t NT>
+void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
+                     uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
+                     uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
+                     bool qn, float q_eps, cudaStream_t s) {
+    // Once per width (the first call is an eager round, so a graph capture finds it done).
+    constexpr auto kernel = attn_rows_f16_kernel<NT>;
+    static const uint32_t resident = [] {
+        const size_t most = f16_smem_bytes(64 * NT, kF16MaxMT);
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)),
+              "attention (rows, FP16) shared memory");
+        return resident_blocks(reinterpret_cast<const void*>(kernel), kF16Threads, most);
+    }();
+    const size_t smem = f16_smem_bytes(64 * NT, (n_head + 15) / 16);
+    kernel<<<std::min(R, std::max(1u, resident)), kF16Threads, smem, s>>>(
+        q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn,
+        double(q_eps));
+    check_launch("attention (rows, FP16)");
+}
+
+int g_f16_override = -1;
+
+}  // namespace
+
+void attn_rows_f16_override(int on) { g_f16_override = on; }
+
+bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
+    static const bool env = env_switch("DSV4_ATTN_F16", true);
+    const bool on = g_f16_override >= 0 ? g_f16_override != 0 : env;
+    return on && (D == 256 || D == 512) && n_head >= 1 && n_head <= 16 * kF16MaxMT && n_rot <= D && n_rot % 2 == 0;
+}
+
+void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
+                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
+                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
+                   float* od, bool qn, float q_eps, cudaStream_t s) {
+    auto* launch = D == 256 ? launch_rows_f16<4> : launch_rows_f16<8>;
+    launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn, q_eps,
+           s);
+}
+
+}  // namespace dsv4::cuda
