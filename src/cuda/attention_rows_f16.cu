@@ -29,6 +29,9 @@
 // heads, |q| <= sqrt(D); keys RMS-normed latent rows) and lo parts below 2^-24 (values under
 // ~2^-13, whose products then carry an absolute error below 2^-25 |b|).
 //
+// The softmax's exponentials are expf (within 2 ulp) instead of exp_cr's double exp: its
+// polynomial's constants took 8 registers, which at the 128-register cap were spilled around
+// every call (run 87: 57 M local-memory requests a ratio-4 call, ~44 a warp a tile).
 // Numerics are their own (not the TF32 kernel's bits); each row is computed by the same
 // operations whatever the batch or chunking, as the rows kernel's contract requires.
 #include <cuda_fp16.h>
@@ -50,7 +53,7 @@ constexpr uint32_t kF16PS = 24;        // weight row stride in halves: 48 bytes,
                                        // 8 different 16-byte bank groups
 constexpr float kF16PScale = 4096.0f;  // the weights' scale before their split (2^12)
 constexpr float kF16QScale = 1024.0f;  // the queries' (2^10; RMS-normed heads: |q| <= sqrt(D) <= 22.7)
-static_assert(kF16KT == kF16Warps && kF16Threads == 4 * 16 * kF16MaxMT * 2, "key conversion, softmax threads");
+static_assert(kF16KT == kF16Warps && kF16Threads == 8 * 16 * kF16MaxMT, "key conversion, softmax threads");
 
 // Shared memory for head width D (rows of D + kAttnPad floats, DP), the regions of fixed size
 // first (sized for 64 heads: their offsets are constants, no registers) and the queries last:
@@ -125,7 +128,7 @@ __device__ __forceinline__ uint32_t quad_bits(uint32_t b) {
 // Per tile of kF16KT = 16 keys (16 warps; NT = D / 64):
 //   S = Q·Kᵀ: warp w takes m-tile w % 4 and both key n-tiles over the quarter w / 4 of D (NT
 //     k16 steps); the softmax adds the four quarters in order;
-//   the online softmax: a thread per (head, four keys), as the TF32 kernel's;
+//   the online softmax: eight threads a head, two keys each (every thread of the block);
 //   O = O·corr + P·V: warp w takes D / 16 columns (NT / 2 n-tiles) of every head, one k16 step.
 template <uint32_t NT>
 __global__ void __launch_bounds__(kF16Threads, 1)
@@ -165,37 +168,50 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t li = lane >> 3, lr = lane & 7;                    // ldmatrix: matrix, row
     const uint32_t kj = threadIdx.x / KTH, ksub = threadIdx.x % KTH;   // key staging: row, first float4
-    const uint32_t hs = threadIdx.x >> 2, kc = threadIdx.x & 3;      // softmax: head, key quad
+    const uint32_t hs = threadIdx.x >> 3, kc = threadIdx.x & 7;      // softmax: head, key pair
     // the softmax scale with the queries' 2^10 divided out (powers of two: the same product)
     const float scale = float(1.0 / sqrt(double(D))) / kF16QScale;
+    // A row's keys (attn_keys) in 32-bit arithmetic: positions, rings and key counts fit 32 bits
+    // (contexts < 2^31), where 64-bit divisions are calls whose saved registers spilled.
+    struct Keys {
+        uint32_t lo, n_raw, NK;
+        bool use_sel;
+    };
     uint32_t kr = ~0u;
-    AttnKeys kks{};
+    Keys kks{};
     auto keys_of = [&](uint32_t r) {
         if (r != kr) {
             kr = r;
-            kks = attn_keys(rows[r].pos, n_swa, ratio, top_k);
+            const uint32_t p = uint32_t(rows[r].pos);
+            kks.lo = p + 1 >= n_swa ? p + 1 - n_swa : 0;
+            kks.n_raw = p + 1 - kks.lo;
+            const uint32_t n_vis = ratio ? (p + 1) / ratio : 0;
+            kks.use_sel = ratio == 4 && n_vis > top_k;
+            kks.NK = kks.n_raw + (kks.use_sel ? top_k : n_vis);
         }
         return kks;
     };
-    auto advance = [&](uint32_t& r, uint64_t& t0) {
+    auto advance = [&](uint32_t& r, uint32_t& t0) {
         t0 += kF16KT;
         if (t0 >= keys_of(r).NK) {
             r += gridDim.x;
             t0 = 0;
         }
     };
-    auto sel_of = [&](uint32_t r, uint64_t t0) -> uint32_t {
+    auto sel_of = [&](uint32_t r, uint32_t t0) -> uint32_t {
         if (r >= R) return 0u;
-        const AttnKeys ks = keys_of(r);
-        const uint64_t g = t0 + kj;
+        const Keys ks = keys_of(r);
+        const uint32_t g = t0 + kj;
         return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
     };
-    auto stage_keys = [&](uint32_t r, uint64_t t0, uint32_t sg) {
+    auto stage_keys = [&](uint32_t r, uint32_t t0, uint32_t sg) {
         float* row = k32 + kj * DP;
-        const AttnKeys ks = keys_of(r);
-        const uint64_t g = t0 + kj;
-        if (g < ks.NK) {
-            const float* kp = attn_key_row_sel(ks, lkv[uint64_t(rows[r].sess) * n_layer + il], g, sg, D);
+        const Keys ks = keys_of(r);
+        const uint32_t g = t0 + kj;
+        if (g < ks.NK) {   // (attn_key_row_sel's rows)
+            const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+            const float* kp = g < ks.n_raw ? L.raw + uint64_t((ks.lo + g) % L.raw_cap) * D
+                                           : L.comp + uint64_t(ks.use_sel ? sg : g - ks.n_raw) * L.comp_stride;
             for (uint32_t u = ksub; u < D4; u += KTH) cp_async16(row + 4 * u, kp + 4 * u);
         } else {
             for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
@@ -255,15 +271,13 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         if (lane == 0 && cm) atomicOr(&mask_s[mb], cm);
     };
 
-    uint32_t r = blockIdx.x;
-    uint64_t t0 = 0;
+    uint32_t r = blockIdx.x, t0 = 0;
     if (threadIdx.x < 2) mask_s[threadIdx.x] = 0;
     stage_q(r);
     stage_keys(r, t0, sel_of(r, t0));
     if (qn && threadIdx.x < n_rot / 2)
         rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
-    uint32_t r1 = r;
-    uint64_t t1 = t0;
+    uint32_t r1 = r, t1 = t0;
     advance(r1, t1);
     uint32_t sg1 = sel_of(r1, t1), mb = 0;
 
@@ -276,22 +290,21 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         for (uint32_t t = 0; t < NTW; ++t)
 #pragma unroll
             for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
-    float m_run = -INFINITY, l_run = 0.0f;   // head hs (four lanes hold it)
+    float m_run = -INFINITY, l_run = 0.0f;   // head hs (eight lanes hold it)
 
     while (true) {
         cp_async_wait_all();
         __syncthreads();   // the tile (and a new row's queries) in; every warp done with the last tile's halves
         if (t0 == 0) split_q();
         split_keys(mb);
-        const uint64_t NK = keys_of(r).NK;
-        const uint32_t nt = NK - t0 < kF16KT ? uint32_t(NK - t0) : kF16KT;
+        const uint32_t NK = keys_of(r).NK;
+        const uint32_t nt = NK - t0 < kF16KT ? NK - t0 : kF16KT;
         const bool last = t0 + kF16KT >= NK;
         const bool more = r1 < R;
         __syncthreads();   // halves and the chunk mask complete; the staged tile free
         if (threadIdx.x == 0) mask_s[mb ^ 1] = 0;   // (the last tile's mask: read before its scores' barrier)
         if (more) stage_keys(r1, t1, sg1);
-        uint32_t r2 = r1, sg2 = 0;
-        uint64_t t2 = t1;
+        uint32_t r2 = r1, sg2 = 0, t2 = t1;
         if (more) {
             advance(r2, t2);
             sg2 = sel_of(r2, t2);
@@ -341,49 +354,48 @@ __global__ void __launch_bounds__(kF16Threads, 1)
             rope_angle(rows[r].pos, inv_freq, threadIdx.x, true, rc_s[threadIdx.x], rs_s[threadIdx.x]);
         __syncthreads();   // score parts complete
 
-        if (hs < HP) {   // Online softmax of head hs, keys 4kc .. 4kc + 3
-            float sv[4];
+        if (hs < HP) {   // Online softmax of head hs, keys 2kc, 2kc + 1 (eight lanes a head: every thread)
+            float sv[2];
             {
-                float4 a = *reinterpret_cast<const float4*>(s_s + hs * kF16RS + 4 * kc);
+                float2 a = *reinterpret_cast<const float2*>(s_s + hs * kF16RS + 2 * kc);
 #pragma unroll
                 for (uint32_t v = 1; v < 4; ++v) {
-                    const float4 b = *reinterpret_cast<const float4*>(s_s + (v * (16 * kF16MaxMT) + hs) * kF16RS + 4 * kc);
-                    a = make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y), __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+                    const float2 b = *reinterpret_cast<const float2*>(s_s + (v * (16 * kF16MaxMT) + hs) * kF16RS + 2 * kc);
+                    a = make_float2(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y));
                 }
-                sv[0] = a.x, sv[1] = a.y, sv[2] = a.z, sv[3] = a.w;
+                sv[0] = a.x, sv[1] = a.y;
             }
             float mx = -INFINITY;
 #pragma unroll
-            for (uint32_t j = 0; j < 4; ++j) {
-                sv[j] = 4 * kc + j < nt ? __fmul_rn(sv[j], scale) : -INFINITY;
+            for (uint32_t j = 0; j < 2; ++j) {
+                sv[j] = 2 * kc + j < nt ? __fmul_rn(sv[j], scale) : -INFINITY;
                 mx = fmaxf(mx, sv[j]);
             }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float nm = fmaxf(m_run, mx);
-            const float corr = exp_cr(m_run - nm);
-            float e[4];
 #pragma unroll
-            for (uint32_t j = 0; j < 4; ++j) e[j] = 4 * kc + j < nt ? exp_cr(sv[j] - nm) : 0.0f;
-            float sum = __fadd_rn(__fadd_rn(e[0], e[1]), __fadd_rn(e[2], e[3]));
-            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
-            sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+            for (uint32_t x = 1; x < 8; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+            const float nm = fmaxf(m_run, mx);
+            const float corr = expf(m_run - nm);
+            float e[2];
+#pragma unroll
+            for (uint32_t j = 0; j < 2; ++j) e[j] = 2 * kc + j < nt ? expf(sv[j] - nm) : 0.0f;
+            float sum = __fadd_rn(e[0], e[1]);
+#pragma unroll
+            for (uint32_t x = 1; x < 8; x <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, x));
             l_run = __fadd_rn(__fmul_rn(l_run, corr), sum);
             m_run = nm;
-            uint2 eh, el;
-            f16_split2(e[0] * kF16PScale, e[1] * kF16PScale, eh.x, el.x);
-            f16_split2(e[2] * kF16PScale, e[3] * kF16PScale, eh.y, el.y);
-            *reinterpret_cast<uint2*>(ph_s + hs * kF16PS + 4 * kc) = eh;
-            *reinterpret_cast<uint2*>(pl_s + hs * kF16PS + 4 * kc) = el;
+            uint32_t eh, el;
+            f16_split2(e[0] * kF16PScale, e[1] * kF16PScale, eh, el);
+            *reinterpret_cast<uint32_t*>(ph_s + hs * kF16PS + 2 * kc) = eh;
+            *reinterpret_cast<uint32_t*>(pl_s + hs * kF16PS + 2 * kc) = el;
             if (kc == 0) corr_s[hs] = corr;
             if (last) {
                 if (kc == 0 && hs < n_head) {
                     const float sink = sinks[hs];
                     const float M = fmaxf(sink, m_run);
-                    const float fw = exp_cr(m_run - M);
+                    const float fw = expf(m_run - M);
                     fw_s[hs] = fw;
                     // (the weights' 2^12 divided out here: a power of two, exact)
-                    inv_s[hs] = __fmul_rn(1.0f / __fadd_rn(exp_cr(sink - M), __fmul_rn(l_run, fw)), 1.0f / kF16PScale);
+                    inv_s[hs] = __fmul_rn(1.0f / __fadd_rn(expf(sink - M), __fmul_rn(l_run, fw)), 1.0f / kF16PScale);
                 }
                 m_run = -INFINITY;
                 l_run = 0.0f;
@@ -392,12 +404,15 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         __syncthreads();   // weights and corrections complete
 
         {   // Weighted sum: n-tile t of this warp = columns base + 8t ..; keys of the tile, one k16
-            // step. The corrections first; then per 16 columns (their V halves held) every m-tile's
-            // weights (re-read per 16 columns: 8 registers fewer than holding all V halves).
+            // step. The corrections first (an m-tile's skipped where all are 1: once a head's
+            // running max settles, most tiles; multiplying by 1 changes nothing); then per 16
+            // columns (their V halves held) every m-tile's weights (re-read per 16 columns: 8
+            // registers fewer than holding all V halves).
 #pragma unroll
             for (uint32_t m = 0; m < kF16MaxMT; ++m) {
                 if (m >= MT) continue;
                 const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
+                if (__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f)) continue;
 #pragma unroll
                 for (uint32_t t = 0; t < NTW; ++t) {
                     ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);

@@ -108,6 +108,19 @@ __device__ __forceinline__ void sum_superblocks(int nsb, A& cur, Step&& step) {
     }
 }
 
+// The super-block visited idx-th: leaves in bit-reversed order, each leaf's blocks leaf,
+// leaf + 8, ... (sum_superblocks' order of decode's tree).
+__device__ __forceinline__ int sb_at(int idx, int nsb) {
+#pragma unroll
+    for (int jj = 0; jj < 8; ++jj) {
+        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
+        const int c = leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
+        if (idx < c) return leaf + 8 * idx;
+        idx -= c;
+    }
+    return -1;
+}
+
 __host__ __device__ constexpr int bitrev5(int j) {
     return ((j & 1) << 4) | ((j & 2) << 2) | (j & 4) | ((j & 8) >> 2) | ((j & 16) >> 4);
 }
@@ -338,14 +351,10 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                     wr[j][mt][h] = p.wq[j] + row * nsb * BODY;
                     wdr[j][mt][h] = p.wd[j] + row * nsb * AUX;
                 }
-        // FLAT: one "leaf" of every super-block in k order, its sum the result (no stack)
-        [[maybe_unused]] float st[3][NW][MT][NT][4];
+        // a (row, pair)'s super-blocks in k order (FLAT) or decode's tree (sum_superblocks)
         float cur[NW][MT][NT][4];
-#pragma unroll
-        for (int jj = 0; jj < (FLAT ? 1 : 8); ++jj) {
-            const int leaf = FLAT ? 0 : ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);   // bit-reversed 3 bits
-            each(cur, [](float& x) { x = 0.0f; });
-            for (uint64_t sb = uint64_t(leaf); sb < nsb; sb += (FLAT ? 1 : 8)) {
+        sum_superblocks<FLAT>(int(nsb), cur, [&](int idx, float (&cur)[NW][MT][NT][4]) {
+                const uint64_t sb = uint64_t(FLAT ? idx : sb_at(idx, int(nsb)));
                 int isum[NW][MT][NT][4], mins[MT][NT][4];
                 each(isum, [](int& x) { x = 0; });
                 each(mins, [](int& x) { x = 0; });
@@ -462,9 +471,7 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                             }
                     }
                 }
-            }
-            if constexpr (!FLAT) tree_push(jj, st, cur);
-        }
+        });
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -474,11 +481,10 @@ __global__ void __launch_bounds__(128) gemm_kq_kernel(KqGemm p) {
                     const uint64_t n = m0 + mt * 16 + gid + 8 * (e >> 1);
                     const int c = nt * 8 + int(2 * tig) + (e & 1);
                     if (n >= p.N || c >= cnt) continue;
-                    // the butterfly's last two steps add the zero lanes' sums (decode's order)
-                    float v = FLAT ? cur[0][mt][nt][e] : (cur[0][mt][nt][e] + 0.0f) + 0.0f;
+                    float v = cur[0][mt][nt][e];
                     if (T == T_IQ2_XXS) v *= 0.125f;
                     if constexpr (NW == 2) {
-                        float u = FLAT ? cur[NW - 1][mt][nt][e] : (cur[NW - 1][mt][nt][e] + 0.0f) + 0.0f;
+                        float u = cur[NW - 1][mt][nt][e];
                         if (T == T_IQ2_XXS) u *= 0.125f;
                         v = swiglu_pair(v, u, p.clamp, p.ew, pc[nt][e & 1]);
                     }
@@ -553,19 +559,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(p)));
-}
-
-// The super-block visited idx-th: leaves in bit-reversed order, each leaf's blocks leaf,
-// leaf + 8, ... (the order of gemm_kq_kernel's loops).
-__device__ __forceinline__ int sb_at(int idx, int nsb) {
-#pragma unroll
-    for (int jj = 0; jj < 8; ++jj) {
-        const int leaf = ((jj & 1) << 2) | (jj & 2) | ((jj & 4) >> 2);
-        const int c = leaf < nsb ? (nsb - leaf + 7) / 8 : 0;
-        if (idx < c) return leaf + 8 * idx;
-        idx -= c;
-    }
-    return -1;
 }
 
 template <int NW, bool REP, bool FLAT = false>
