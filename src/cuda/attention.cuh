@@ -178,6 +178,113 @@ __device__ __forceinline__ void rows_head_norm_rope(float* x, uint32_t n_rot, do
     }
 }
 
+// ---- what the prompt rounds' rows kernels share (attention_tc.cu, attention_rows_f16.cu) ----
+// The FP16 kernel's walk over key tiles: rows blockIdx.x, + gridDim.x, ... (r >= R: none), KT
+// keys a tile, key row kj of a tile staged by T / KT threads (ksub); a row's keys (attn_keys) in
+// 32-bit arithmetic: positions, rings and key counts fit 32 bits (contexts below 2^31), where
+// 64-bit divisions are calls whose saved registers spilled at the 128-register cap. The key
+// range of the last row asked for is kept (the tiles around a step are mostly one row's). (The
+// TF32 kernel keeps its own 64-bit walk: the same integers, but at D = 512 with 16 warps ptxas
+// spilled ~150 bytes with this one where it spills none with that.)
+template <uint32_t KT, uint32_t D, uint32_t T>
+struct RowTiles {
+    struct Keys {
+        uint32_t lo, n_raw, NK;
+        bool use_sel;
+    };
+    const DevRow* rows;
+    const DevLayerKV* lkv;
+    const uint32_t* sel;
+    uint32_t n_swa, ratio, top_k, n_layer, il, R;
+    uint32_t kr = ~0u;
+    Keys kks{};
+
+    __device__ __forceinline__ Keys keys(uint32_t r) {
+        if (r != kr) {
+            kr = r;
+            const uint32_t p = uint32_t(rows[r].pos);
+            kks.lo = p + 1 >= n_swa ? p + 1 - n_swa : 0;
+            kks.n_raw = p + 1 - kks.lo;
+            const uint32_t n_vis = ratio ? (p + 1) / ratio : 0;
+            kks.use_sel = ratio == 4 && n_vis > top_k;
+            kks.NK = kks.n_raw + (kks.use_sel ? top_k : n_vis);
+        }
+        return kks;
+    }
+    // (r, t0) to the tile after it
+    __device__ __forceinline__ void advance(uint32_t& r, uint32_t& t0) {
+        t0 += KT;
+        if (t0 >= keys(r).NK) {
+            r += gridDim.x;
+            t0 = 0;
+        }
+    }
+    // the selection of key row kj of tile (r, t0), read a tile ahead of its copy
+    __device__ __forceinline__ uint32_t sel_of(uint32_t r, uint32_t t0, uint32_t kj) {
+        if (r >= R) return 0u;
+        const Keys ks = keys(r);
+        const uint32_t g = t0 + kj;
+        return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
+    }
+    // This thread's part of key row kj of tile (r, t0) (selection sg) into the staged row dst
+    // (attn_key_row_sel's rows); rows past the row's keys zero (their weights are 0, and 0 · a
+    // stale NaN would not be).
+    __device__ __forceinline__ void stage(uint32_t r, uint32_t t0, uint32_t sg, uint32_t kj, uint32_t ksub, float* dst) {
+        constexpr uint32_t D4 = D / 4, KTH = T / KT;
+        const Keys ks = keys(r);
+        const uint32_t g = t0 + kj;
+        if (g < ks.NK) {
+            const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+            const float* kp = g < ks.n_raw ? L.raw + uint64_t((ks.lo + g) % L.raw_cap) * D
+                                           : L.comp + uint64_t(ks.use_sel ? sg : g - ks.n_raw) * L.comp_stride;
+            for (uint32_t u = ksub; u < D4; u += KTH) cp_async16(dst + 4 * u, kp + 4 * u);
+        } else {
+            for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(dst + 4 * u) = make_float4(0, 0, 0, 0);
+        }
+    }
+};
+
+// Row r's queries into q_s ([HP][DP] floats; padding heads zero) by the block's T threads.
+template <uint32_t D, uint32_t T>
+__device__ __forceinline__ void rows_stage_q(float* q_s, const float* q, uint32_t r, uint32_t n_head, uint32_t HP) {
+    constexpr uint32_t D4 = D / 4, DP = D + kAttnPad;
+    const float* qr = q + uint64_t(r) * n_head * D;
+    for (uint32_t i = threadIdx.x; i < HP * D4; i += T) {
+        const uint32_t h = i / D4, u = i % D4;
+        if (h < n_head) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
+        else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
+    }
+}
+
+// A row's end, once its normalised output rows are in q_s (every thread calls it after storing
+// its part): the tail pairs rotated back (inverse RoPE: angles rc, rs, or with qn the forward
+// ones, rs negated), row r of o written, and with oq the output projection's Q8_0 codes; then
+// (r1 < R) the next row's queries staged into q_s, and with qn its forward angles made into rc,
+// rs (read out above).
+template <uint32_t D, uint32_t T>
+__device__ __forceinline__ void rows_finish(float* q_s, uint32_t r, uint32_t n_head, uint32_t n_rot, float* rc,
+                                            float* rs, bool qn, float* o, int8_t* oq, float* od, const float* q,
+                                            uint32_t r1, uint32_t R, uint32_t HP, const DevRow* rows,
+                                            const double* inv_freq) {
+    constexpr uint32_t D4 = D / 4, DP = D + kAttnPad;
+    __syncthreads();   // the output rows complete
+    const uint32_t pairs = n_rot / 2;
+    for (uint32_t i = threadIdx.x; i < n_head * pairs; i += T)
+        rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc[i % pairs], qn ? -rs[i % pairs] : rs[i % pairs]);
+    __syncthreads();   // rotated
+    for (uint32_t i = threadIdx.x; i < n_head * D4; i += T) {
+        const uint32_t h = i / D4, c = i % D4;
+        const float4 y = *reinterpret_cast<const float4*>(q_s + h * DP + 4 * c);
+        const uint64_t at = (uint64_t(r) * n_head + h) * D;
+        reinterpret_cast<float4*>(o + at)[c] = y;
+        if (oq) attn_store_codes(y, c, at, oq, od);   // (D4 >= 32: whole warps)
+    }
+    __syncthreads();   // q_s read out
+    if (r1 >= R) return;
+    rows_stage_q<D, T>(q_s, q, r1, n_head, HP);
+    if (qn && threadIdx.x < n_rot / 2) rope_angle(rows[r1].pos, inv_freq, threadIdx.x, false, rc[threadIdx.x], rs[threadIdx.x]);
+}
+
 // ---- the tensor-core split kernel (attention_tc.cu) -------------------------------------
 // Shapes it takes: head widths D = 64, 128, 256 or 512 (the old kernel takes the rest).
 bool attn_tc_ok(uint32_t n_head, uint32_t D);

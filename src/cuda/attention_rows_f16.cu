@@ -171,60 +171,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     const uint32_t hs = threadIdx.x >> 3, kc = threadIdx.x & 7;      // softmax: head, key pair
     // the softmax scale with the queries' 2^10 divided out (powers of two: the same product)
     const float scale = float(1.0 / sqrt(double(D))) / kF16QScale;
-    // A row's keys (attn_keys) in 32-bit arithmetic: positions, rings and key counts fit 32 bits
-    // (contexts < 2^31), where 64-bit divisions are calls whose saved registers spilled.
-    struct Keys {
-        uint32_t lo, n_raw, NK;
-        bool use_sel;
-    };
-    uint32_t kr = ~0u;
-    Keys kks{};
-    auto keys_of = [&](uint32_t r) {
-        if (r != kr) {
-            kr = r;
-            const uint32_t p = uint32_t(rows[r].pos);
-            kks.lo = p + 1 >= n_swa ? p + 1 - n_swa : 0;
-            kks.n_raw = p + 1 - kks.lo;
-            const uint32_t n_vis = ratio ? (p + 1) / ratio : 0;
-            kks.use_sel = ratio == 4 && n_vis > top_k;
-            kks.NK = kks.n_raw + (kks.use_sel ? top_k : n_vis);
-        }
-        return kks;
-    };
-    auto advance = [&](uint32_t& r, uint32_t& t0) {
-        t0 += kF16KT;
-        if (t0 >= keys_of(r).NK) {
-            r += gridDim.x;
-            t0 = 0;
-        }
-    };
-    auto sel_of = [&](uint32_t r, uint32_t t0) -> uint32_t {
-        if (r >= R) return 0u;
-        const Keys ks = keys_of(r);
-        const uint32_t g = t0 + kj;
-        return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
-    };
-    auto stage_keys = [&](uint32_t r, uint32_t t0, uint32_t sg) {
-        float* row = k32 + kj * DP;
-        const Keys ks = keys_of(r);
-        const uint32_t g = t0 + kj;
-        if (g < ks.NK) {   // (attn_key_row_sel's rows)
-            const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-            const float* kp = g < ks.n_raw ? L.raw + uint64_t((ks.lo + g) % L.raw_cap) * D
-                                           : L.comp + uint64_t(ks.use_sel ? sg : g - ks.n_raw) * L.comp_stride;
-            for (uint32_t u = ksub; u < D4; u += KTH) cp_async16(row + 4 * u, kp + 4 * u);
-        } else {
-            for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
-        }
-    };
-    auto stage_q = [&](uint32_t r) {
-        const float* qr = q + uint64_t(r) * n_head * D;
-        for (uint32_t i = threadIdx.x; i < HP * D4; i += T) {
-            const uint32_t h = i / D4, u = i % D4;
-            if (h < n_head) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
-            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
-        }
-    };
+    RowTiles<kF16KT, D, T> tiles{rows, lkv, sel, n_swa, ratio, top_k, n_layer, il, R};
     // The row's queries, landed as floats (qn: raw, normalised and rotated first with
     // head_norm_rope's bits, rows_head_norm_rope), split in place: each 8 dims' 32 bytes become
     // their 8 hi halves, then their 8 lo halves (an ldmatrix row either way). A warp a head row.
@@ -273,13 +220,13 @@ __global__ void __launch_bounds__(kF16Threads, 1)
 
     uint32_t r = blockIdx.x, t0 = 0;
     if (threadIdx.x < 2) mask_s[threadIdx.x] = 0;
-    stage_q(r);
-    stage_keys(r, t0, sel_of(r, t0));
+    rows_stage_q<D, T>(q_s, q, r, n_head, HP);
+    tiles.stage(r, t0, tiles.sel_of(r, t0, kj), kj, ksub, k32 + kj * DP);
     if (qn && threadIdx.x < n_rot / 2)
         rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
     uint32_t r1 = r, t1 = t0;
-    advance(r1, t1);
-    uint32_t sg1 = sel_of(r1, t1), mb = 0;
+    tiles.advance(r1, t1);
+    uint32_t sg1 = tiles.sel_of(r1, t1, kj), mb = 0;
 
     const uint32_t base = w * (D / 16);      // this warp's columns of the weighted sum
 
@@ -297,17 +244,17 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         __syncthreads();   // the tile (and a new row's queries) in; every warp done with the last tile's halves
         if (t0 == 0) split_q();
         split_keys(mb);
-        const uint32_t NK = keys_of(r).NK;
+        const uint32_t NK = tiles.keys(r).NK;
         const uint32_t nt = NK - t0 < kF16KT ? NK - t0 : kF16KT;
         const bool last = t0 + kF16KT >= NK;
         const bool more = r1 < R;
         __syncthreads();   // halves and the chunk mask complete; the staged tile free
         if (threadIdx.x == 0) mask_s[mb ^ 1] = 0;   // (the last tile's mask: read before its scores' barrier)
-        if (more) stage_keys(r1, t1, sg1);
+        if (more) tiles.stage(r1, t1, sg1, kj, ksub, k32 + kj * DP);
         uint32_t r2 = r1, sg2 = 0, t2 = t1;
         if (more) {
-            advance(r2, t2);
-            sg2 = sel_of(r2, t2);
+            tiles.advance(r2, t2);
+            sg2 = tiles.sel_of(r2, t2, kj);
         }
         const uint32_t kmask = mask_s[mb];
 
@@ -469,23 +416,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
 #pragma unroll
                     for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
             }
-            __syncthreads();   // the output rows complete
-            const uint32_t pairs = n_rot / 2;
-            for (uint32_t i = threadIdx.x; i < n_head * pairs; i += T)
-                rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs],
-                          qn ? -rs_s[i % pairs] : rs_s[i % pairs]);
-            __syncthreads();   // rotated
-            for (uint32_t i = threadIdx.x; i < n_head * D4; i += T) {
-                const uint32_t h = i / D4, c = i % D4;
-                const float4 y = *reinterpret_cast<const float4*>(q_s + h * DP + 4 * c);
-                const uint64_t at = (uint64_t(r) * n_head + h) * D;
-                reinterpret_cast<float4*>(o + at)[c] = y;
-                if (oq) attn_store_codes(y, c, at, oq, od);   // (D4 >= 32: whole warps)
-            }
-            __syncthreads();   // q_s read out
-            if (more) stage_q(r1);
-            if (qn && more && threadIdx.x < n_rot / 2)   // the next row's angles (rc_s, rs_s read out above)
-                rope_angle(rows[r1].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+            rows_finish<D, T>(q_s, r, n_head, n_rot, rc_s, rs_s, qn, o, oq, od, q, r1, R, HP, rows, inv_freq);
         }
         if (!more) break;
         r = r1;

@@ -567,18 +567,9 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(row + 4 * u) = make_float4(0, 0, 0, 0);
         }
     };
-    auto stage_q = [&](uint32_t r) {
-        const float* qr = q + uint64_t(r) * n_head * D;
-        for (uint32_t i = threadIdx.x; i < HP * D4; i += T) {
-            const uint32_t h = i / D4, u = i % D4;
-            if (h < n_head) cp_async16(q_s + h * DP + 4 * u, qr + uint64_t(h) * D + 4 * u);
-            else *reinterpret_cast<float4*>(q_s + h * DP + 4 * u) = make_float4(0, 0, 0, 0);
-        }
-    };
-
     uint32_t r = blockIdx.x;
     uint64_t t0 = 0;
-    stage_q(r);
+    rows_stage_q<D, T>(q_s, q, r, n_head, HP);
     stage_keys(r, t0, sel_of(r, t0), k_s);
     if (qn && threadIdx.x < n_rot / 2)
         rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
@@ -807,23 +798,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
 #pragma unroll
                     for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
             }
-            __syncthreads();   // the output rows complete
-            const uint32_t pairs = n_rot / 2;
-            for (uint32_t i = threadIdx.x; i < n_head * pairs; i += T)
-                rope_pair(q_s + (i / pairs) * DP + (D - n_rot), i % pairs, rc_s[i % pairs],
-                          qn ? -rs_s[i % pairs] : rs_s[i % pairs]);
-            __syncthreads();   // rotated
-            for (uint32_t i = threadIdx.x; i < n_head * D4; i += T) {
-                const uint32_t h = i / D4, c = i % D4;
-                const float4 y = *reinterpret_cast<const float4*>(q_s + h * DP + 4 * c);
-                const uint64_t at = (uint64_t(r) * n_head + h) * D;
-                reinterpret_cast<float4*>(o + at)[c] = y;
-                if (oq) attn_store_codes(y, c, at, oq, od);   // (D4 >= 32: whole warps)
-            }
-            __syncthreads();   // q_s read out
-            if (more) stage_q(r1);
-            if (qn && more && threadIdx.x < n_rot / 2)   // the next row's angles (rc_s, rs_s read out above)
-                rope_angle(rows[r1].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+            rows_finish<D, T>(q_s, r, n_head, n_rot, rc_s, rs_s, qn, o, oq, od, q, r1, R, HP, rows, inv_freq);
         }
         if (!more) break;
         r = r1;

@@ -1431,6 +1431,28 @@ constexpr int kFlatStride = kFlatSlots * 32 + 16;              // a staged row: 
 constexpr int flat_stage_bytes(int bn) { return (kFlatBM + bn) * (kFlatStride + kFlatSlots * 4); }
 constexpr int flat_smem(int stages, int bn) { return stages * flat_stage_bytes(bn); }
 
+// One 32-value block of a flat warp tile (gemm_q8_0_flat_kernel, gemm_q8_0_flat_lean_kernel):
+// the MT × NT MMAs and their float steps in k order, acc = fmaf(dw·da, I, acc); dw, da this
+// thread's 2 MT weight and 2 NT activation scales (scale_pos_w / _a). Element e of tile
+// (mt, nt): weight row 16 mt + gid + 8 (e >> 1), activation row 8 nt + 2 tig + (e & 1).
+template <int MT, int NT>
+__device__ __forceinline__ void flat_q8_block(const uint32_t (&a)[MT][4], const uint32_t (&b)[NT / 2][4],
+                                              const float (&dw)[2 * MT], const float (&da)[2 * NT],
+                                              float (&acc)[MT][NT][4]) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            int d[4];
+            mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
+                acc[mt][nt][e] = fmaf(dw[2 * mt + (e >> 1)] * da[2 * nt + (e & 1)], isum, acc[mt][nt][e]);
+            }
+        }
+}
+
 template <int NS, int MINB, int BN>
 __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
     pdl_begin();
@@ -1512,19 +1534,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_flat_kernel(Gemm p) {
                 const float4 v = a4[q];
                 da[4 * q] = v.x, da[4 * q + 1] = v.y, da[4 * q + 2] = v.z, da[4 * q + 3] = v.w;
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    int d[4];
-                    mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
-                    // d[e]: weight row 16 mt + gid + 8 (e >> 1), activation row 8 nt + 2 tig + (e & 1)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
-                        acc[mt][nt][e] = fmaf(dw[2 * mt + (e >> 1)] * da[2 * nt + (e & 1)], isum, acc[mt][nt][e]);
-                    }
-                }
+            flat_q8_block(a, b, dw, da, acc);
         }
     }
     cp_async_wait_all();
@@ -1676,18 +1686,7 @@ __global__ void __launch_bounds__(256, 2) gemm_q8_0_flat_lean_kernel(Gemm p) {
                 const float4 v = ld_shared_f32x4(ras + so + 4 * j * BN + 16 * q);
                 da[4 * q] = v.x, da[4 * q + 1] = v.y, da[4 * q + 2] = v.z, da[4 * q + 3] = v.w;
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    int d[4];
-                    mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
-                        acc[mt][nt][e] = fmaf(dw[2 * mt + (e >> 1)] * da[2 * nt + (e & 1)], isum, acc[mt][nt][e]);
-                    }
-                }
+            flat_q8_block(a, b, dw, da, acc);
         }
     };
 
