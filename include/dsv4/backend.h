@@ -38,6 +38,11 @@ struct StepInput {
     // Set by forward() when this session's step was refused (KV growth or budget, context
     // full): nothing of it was written; the other sessions of the step ran normally.
     std::string error;
+    // Greedy token wanted (optional): the id argmax_excluding (sampler.h) picks from the final
+    // token's logits with `greedy_exclude` (-1: none) excluded. The CUDA backend forms it on
+    // the device, so with `logits` null only the id crosses to the host, not n_vocab floats.
+    int32_t* greedy = nullptr;
+    int32_t greedy_exclude = -1;
 };
 
 class Backend {
@@ -58,6 +63,16 @@ public:
         StepInput in{&kv, tokens, all_logits, logits, {}};
         forward(std::span<StepInput>(&in, 1));
         if (!in.error.empty()) throw Error(in.error);
+    }
+    // One session, greedy: evaluates tokens and returns the next token's id (see
+    // StepInput::greedy); `logits` (optional) also receives the final token's logits.
+    int32_t forward_greedy(kv::SessionKV& kv, std::span<const int32_t> tokens, int32_t exclude = -1,
+                           float* logits = nullptr) {
+        int32_t id = -1;
+        StepInput in{&kv, tokens, false, logits, {}, &id, exclude};
+        forward(std::span<StepInput>(&in, 1));
+        if (!in.error.empty()) throw Error(in.error);
+        return id;
     }
 };
 

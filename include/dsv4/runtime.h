@@ -64,6 +64,11 @@ public:
     // Evaluates tokens at the end of the timeline. `all_logits` (optional) receives
     // [n][n_vocab] logits for every position; logits() always ends up holding the last.
     void eval(std::span<const int32_t> tokens, float* all_logits = nullptr);
+    // Greedy decoding's step: evaluates tokens and returns the id of the largest next-token
+    // logit (argmax_excluding in sampler.h, `exclude` never; -1: none excluded). The logits
+    // stay with the backend (on the GPU: only the id is downloaded), so logits() is empty
+    // until the next eval.
+    int32_t eval_greedy(std::span<const int32_t> tokens, int32_t exclude = -1);
     // Makes the timeline equal `prompt`: reuses the longest common prefix when the live
     // state allows it (the prompt extends the timeline), otherwise resets and prefills.
     // Returns the number of prompt tokens reused.

@@ -71,10 +71,10 @@ Runner add_bench(CLI::App& app) {
             const double pf_s = std::chrono::duration<double>(clock::now() - t0).count();
             const std::vector<uint8_t> snap = s->save();
             t0 = clock::now();
-            for (int i = 0; i < o->gen_tokens; ++i) {
-                const int32_t t = argmax_excluding(s->logits(), std::span<const int32_t>(&eos, eos >= 0 ? 1 : 0));
-                s->eval(std::vector<int32_t>{t});
-            }
+            // Greedy, EOS excluded: each next id from the backend (on the GPU without the logits'
+            // download), the first from the prompt's logits.
+            int32_t t = argmax_excluding(s->logits(), std::span<const int32_t>(&eos, eos >= 0 ? 1 : 0));
+            for (int i = 0; i < o->gen_tokens; ++i) t = s->eval_greedy(std::vector<int32_t>{t}, eos);
             const double gen_s = std::chrono::duration<double>(clock::now() - t0).count();
             const kv::Accounting acc = s->accounting();   // measured at the deepest point
             const uint64_t rss = runtime::rss_bytes();

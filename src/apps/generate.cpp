@@ -60,9 +60,12 @@ GenerationStats generate(runtime::Session& s, const text::Tokenizer& tok, std::s
     text::StreamDecoder dec(tok);
     const int32_t eos = tok.special().eos;
     t0 = now_s();
+    // Greedy sampling takes each next id from the backend (on the GPU formed there: no logits
+    // download); the first comes from the prompt's logits.
+    const bool greedy = !(sampler.params().temperature > 0);
+    int32_t t = n_predict > 0 ? sampler.sample(s.logits()) : -1;
     for (int i = 0; i < n_predict; ++i) {
         if (interrupted && interrupted->load()) break;
-        const int32_t t = sampler.sample(s.logits());
         if (t == eos) {
             g.stopped_by_eos = true;
             break;
@@ -70,7 +73,17 @@ GenerationStats generate(runtime::Session& s, const text::Tokenizer& tok, std::s
         on_text(dec.push(t));
         ++g.generated;
         if (s.tokens().size() >= s.ctx()) break;   // the context is full
-        s.eval(std::vector<int32_t>{t});
+        if (i + 1 == n_predict) {   // the last token needs no successor: evaluate it for the timeline only
+            s.eval(std::vector<int32_t>{t});
+            break;
+        }
+        const std::vector<int32_t> one{t};
+        if (greedy) {
+            t = s.eval_greedy(one);
+        } else {
+            s.eval(one);
+            t = sampler.sample(s.logits());
+        }
     }
     on_text(dec.flush());
     g.decode_s = now_s() - t0;

@@ -11,6 +11,7 @@
 #include "cpu/numerics.h"
 #include "cpu/threadpool.h"
 #include "dsv4/backend.h"
+#include "dsv4/sampler.h"
 
 namespace dsv4 {
 
@@ -167,6 +168,7 @@ private:
     std::vector<size_t> done_;                     // per input: tokens evaluated so far in this call
     std::vector<uint64_t> first_pos_;             // per input: its first position in this call
     std::vector<uint32_t> want_;                   // rows that produce logits
+    std::vector<float> greedy_row_;                // logits of a greedy-only row
     std::vector<int32_t> experts_;                 // [R][n_used]
     std::vector<uint32_t> order_, active_;         // router ordering, experts used this step
     std::vector<std::vector<uint32_t>> pairs_of_;  // per expert: (row, slot) pairs routed to it
@@ -648,7 +650,8 @@ void CpuBackend::output_head(std::span<StepInput> inputs) {
     for (uint32_t r = 0; r < R; ++r) {
         const StepInput& in = inputs[rows_[r].input];
         const uint64_t first = first_pos_[rows_[r].input];
-        if (in.logits && (in.all_logits || rows_[r].pos == first + in.tokens.size() - 1)) want.push_back(r);
+        if ((in.logits || in.greedy) && (in.all_logits || rows_[r].pos == first + in.tokens.size() - 1))
+            want.push_back(r);
     }
     if (want.empty()) return;
     const uint32_t NW = uint32_t(want.size());
@@ -679,8 +682,21 @@ void CpuBackend::output_head(std::span<StepInput> inputs) {
     for (uint32_t i = 0; i < NW; ++i) {
         const Row& row = rows_[want[i]];
         StepInput& in = inputs[row.input];
-        float* out = in.all_logits ? in.logits + (row.pos - first_pos_[row.input]) * V : in.logits;
+        const bool last = row.pos == first_pos_[row.input] + in.tokens.size() - 1;
+        float* out = !in.logits       ? nullptr
+                     : in.all_logits ? in.logits + (row.pos - first_pos_[row.input]) * V
+                                     : in.logits;
+        if (!out && !(in.greedy && last)) continue;
+        if (!out) {   // greedy only: the row in scratch
+            ensure(greedy_row_, V);
+            out = greedy_row_.data();
+        }
         matmul(w_.output, &xn_[uint64_t(i) * E], E, 1, out, V, V);
+        if (in.greedy && last) {
+            const int32_t ex = in.greedy_exclude;
+            *in.greedy =
+                argmax_excluding(std::span<const float>(out, V), std::span<const int32_t>(&ex, ex >= 0 ? 1 : 0));
+        }
     }
 }
 

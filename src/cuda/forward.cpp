@@ -456,6 +456,12 @@ private:
         mm(output_, xn_.get() + uint64_t(i0) * c_.n_embd, c_.n_embd, n, logits_.get(), c_.n_vocab, c_.n_vocab);
         mark("output head", double(n) * c_.n_vocab * output_.row_bytes);
     }
+    // The greedy ids of logits rows i0 .. i0+n-1 (the slice head_project just wrote).
+    void head_greedy(uint32_t i0, uint32_t n) {
+        greedy_ids(logits_.get(), n, c_.n_vocab, greedy_excl_.get() + i0, greedy_part_.get(), greedy_ids_.get() + i0,
+                   stream_);
+        mark("greedy ids");
+    }
     void clear_graphs();
 
     const model::Model& m_;
@@ -487,6 +493,10 @@ private:
     DBuf<uint32_t> tail_count_;   // matvec_tail's counters: [0] q_a's norm, [1] the router (left at 0)
     DBuf<uint32_t> idx_count_;  // indexer_fused's finished-block counters per row (left at 0)
     DBuf<uint32_t> sel_, want_, sess_begin_, sess_end_;
+    // Greedy rounds (StepInput::greedy): per logits row the excluded id, the id, the partial keys.
+    DBuf<int32_t> greedy_excl_, greedy_ids_;
+    DBuf<uint64_t> greedy_part_;
+    std::vector<int32_t> greedy_excl_host_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
     DBuf<int8_t> act_q_, act2_q_;
@@ -513,14 +523,15 @@ private:
     DBuf<float> qra_d_;
     DBuf<int32_t> qra_b_;
     ActBuf qra_;
-    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width, PDL) ->
-    // the layers and the head, captured on the second round of that shape.
+    // CUDA graphs of decode-sized rounds: (rows, sessions, logits rows, score width, PDL,
+    // prompt order, greedy ids) -> the layers and the head, captured on the second round of
+    // that shape.
     struct Graphs {
         cudaGraphExec_t layers = nullptr, head = nullptr;
         uint64_t gen = 0;
         bool seen = false;
     };
-    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool, bool>, Graphs> graphs_;
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool, bool, bool>, Graphs> graphs_;
     uint64_t gen_ = 0;
     // Pinned staging for the per-round uploads.
     uint8_t* pinned_ = nullptr;
@@ -1074,12 +1085,19 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             kv::Status st = inputs[i].kv->check(inputs[i].kv->n_tokens() + take[i]);
             if (!st) fail("KV guard: ", st.message);
         }
-        // Rows that produce logits: every row of an all_logits input, else its final token.
+        // Rows that produce logits: every row of an all_logits input, else its final token;
+        // greedy ids for the final tokens of greedy inputs (-2: none wanted).
         want_host_.clear();
+        greedy_excl_host_.clear();
+        bool greedy = false;
         for (uint32_t r = 0; r < R; ++r) {
             const StepInput& in = inputs[rows_[r].input];
-            if (in.logits && (in.all_logits || rows_[r].pos == first_pos_[rows_[r].input] + in.tokens.size() - 1))
+            const bool last = rows_[r].pos == first_pos_[rows_[r].input] + in.tokens.size() - 1;
+            if ((in.logits || in.greedy) && (in.all_logits || last)) {
                 want_host_.push_back(r);
+                greedy_excl_host_.push_back(in.greedy && last ? in.greedy_exclude : -2);
+                greedy = greedy || (in.greedy && last);
+            }
         }
         const uint32_t NW = uint32_t(want_host_.size());
         bool prompt = false;
@@ -1099,17 +1117,24 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         ensure_workspace(R);
         const uint32_t slice = std::max<uint32_t>(1, uint32_t(std::min<uint64_t>(NW, (256ull << 20) / (4ull * V))));
         logits_.ensure(uint64_t(std::max(1u, slice)) * V, "logits", &gen_);
+        if (greedy) {
+            greedy_excl_.ensure(NW, "greedy ids", &gen_);
+            greedy_ids_.ensure(NW, "greedy ids", &gen_);
+            greedy_part_.ensure(uint64_t(NW) * kGreedyParts, "greedy ids", &gen_);
+        }
         // Uploads through pinned memory.
         auto r16 = [](size_t b) { return (b + 15) / 16 * 16; };
         const size_t up_bytes = r16(R * sizeof(DevRow)) + 2 * r16(S * sizeof(uint32_t)) +
-                                r16(lkv.size() * sizeof(DevLayerKV)) + r16(NW * sizeof(uint32_t)) + 32;
-        if (up_bytes > pinned_bytes_) {
+                                r16(lkv.size() * sizeof(DevLayerKV)) + 2 * r16(NW * sizeof(uint32_t));
+        // After the uploads: the greedy ids' download, then (the last 16 bytes) the flag's.
+        const size_t stage_bytes = up_bytes + r16(NW * sizeof(int32_t)) + 32;
+        if (stage_bytes > pinned_bytes_) {
             check(cudaStreamSynchronize(stream_), "forward");
             if (pinned_) cudaFreeHost(pinned_);
             pinned_ = nullptr;
             pinned_bytes_ = 0;
-            check(cudaMallocHost(reinterpret_cast<void**>(&pinned_), up_bytes * 2), "pinned staging");
-            pinned_bytes_ = up_bytes * 2;
+            check(cudaMallocHost(reinterpret_cast<void**>(&pinned_), stage_bytes * 2), "pinned staging");
+            pinned_bytes_ = stage_bytes * 2;
         }
         {
             uint8_t* p = pinned_;
@@ -1124,6 +1149,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             put(sess_end_.get(), se.data(), S * sizeof(uint32_t));
             put(lkv_dev_.get(), lkv.data(), lkv.size() * sizeof(DevLayerKV));
             put(want_.get(), want_host_.data(), NW * sizeof(uint32_t));
+            if (greedy) put(greedy_excl_.get(), greedy_excl_host_.data(), NW * sizeof(int32_t));
         }
 
         profiling_ = g_profile_on;
@@ -1135,7 +1161,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         const bool pdl = graphable && pdl_on();
         Graphs* gr = nullptr;
         if (graphable) {
-            gr = &graphs_[{R, S, NW, vis_ld_, pdl, flat}];
+            gr = &graphs_[{R, S, NW, vis_ld_, pdl, flat, greedy}];
             if (gr->layers && gr->gen != gen_) {
                 cudaGraphExecDestroy(gr->layers);
                 if (gr->head) cudaGraphExecDestroy(gr->head);
@@ -1159,6 +1185,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 if (NW) gr->head = capture([&] {
                     head_prepare(NW);
                     head_project(0, NW);
+                    if (greedy) head_greedy(0, NW);
                 });
                 gr->gen = gen_;
             }
@@ -1177,6 +1204,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             for (uint32_t i = 0; i < n; ++i) {
                 const Row& row = rows_[want_host_[i0 + i]];
                 StepInput& in = inputs[row.input];
+                if (!in.logits) continue;   // greedy only
                 float* out = in.all_logits ? in.logits + (row.pos - first_pos_[row.input]) * V : in.logits;
                 check(cudaMemcpyAsync(out, logits_.get() + uint64_t(i) * V, uint64_t(V) * sizeof(float),
                                       cudaMemcpyDeviceToHost, stream_),
@@ -1192,6 +1220,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 for (uint32_t i0 = 0; i0 < NW; i0 += slice) {
                     const uint32_t n = std::min(slice, NW - i0);
                     head_project(i0, n);
+                    if (greedy) head_greedy(i0, n);
                     download(i0, n);
                     if (i0 + n < NW) check(cudaStreamSynchronize(stream_), "forward");
                 }
@@ -1199,6 +1228,10 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         }
         int32_t* bad_host = reinterpret_cast<int32_t*>(pinned_ + pinned_bytes_ - 16);
         check(cudaMemcpyAsync(bad_host, bad_.get(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream_), "forward");
+        int32_t* ids_host = reinterpret_cast<int32_t*>(pinned_ + up_bytes);
+        if (greedy)
+            check(cudaMemcpyAsync(ids_host, greedy_ids_.get(), NW * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_),
+                  "greedy ids download");
         if (g_timing_on) check(cudaEventRecord(ev_[2], stream_), "cudaEventRecord");
         check(cudaStreamSynchronize(stream_), "forward");
         if (g_timing_on) {
@@ -1223,6 +1256,8 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 it->calls += 1;
             }
         }
+        for (uint32_t i = 0; greedy && i < NW; ++i)
+            if (greedy_excl_host_[i] != -2) *inputs[rows_[want_host_[i]].input].greedy = ids_host[i];
         if (*bad_host) {
             check(cudaMemset(bad_.get(), 0, sizeof(int32_t)), "flag");
             fail("ffn_gate_tid2eid maps a token to an expert outside [0, ", c_.n_expert, ")");

@@ -371,6 +371,11 @@ void hc_post(float* X, const float* y, const float* post, const float* comb, uin
 // Output head collapse: x[r] = Σ_h (sigmoid(pre[r][h]*scale + base[h]) + eps) · X[rows[r]][h].
 void output_collapse(const float* pre, const float* scale, const float* base, const float* X, const uint32_t* want,
                      uint32_t NW, uint32_t H, uint32_t E, float eps, float* x, cudaStream_t s);
+// Greedy ids of n logits rows [n][V] on the device: ids[r] = argmax_excluding (sampler.h) of
+// row r with exclude[r] (-1: none) excluded. part: n * kGreedyParts scratch keys.
+constexpr uint32_t kGreedyParts = 64;
+void greedy_ids(const float* logits, uint32_t n, uint32_t V, const int32_t* exclude, uint64_t* part, int32_t* ids,
+                cudaStream_t s);
 // Gathers rows want[i] of X (width n) into dst[i].
 void gather_rows(const float* X, uint64_t n, const uint32_t* want, uint32_t NW, float* dst, cudaStream_t s);
 

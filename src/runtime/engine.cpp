@@ -79,6 +79,14 @@ void Session::eval(std::span<const int32_t> tokens, float* all_logits) {
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
 }
 
+int32_t Session::eval_greedy(std::span<const int32_t> tokens, int32_t exclude) {
+    if (tokens.empty()) fail("nothing to evaluate: empty token list");
+    const int32_t id = engine_.backend().forward_greedy(*kv_, tokens, exclude);
+    logits_.clear();
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    return id;
+}
+
 size_t Session::sync(std::span<const int32_t> prompt) {
     if (prompt.size() >= ctx() + 1)
         fail("the prompt has ", prompt.size(), " tokens but the context holds ", ctx());

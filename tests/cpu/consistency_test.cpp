@@ -3,6 +3,8 @@
 // the budget, and snapshot -> restore -> continue.
 #include <gtest/gtest.h>
 
+#include "dsv4/backend.h"
+#include "dsv4/sampler.h"
 #include "test_util.h"
 
 using namespace dsv4;
@@ -179,4 +181,46 @@ TEST(ForwardErrors, BadInputIsAnError) {
     EXPECT_THROW(s->eval(test::random_tokens(17, 0, 256)), Error);   // longer than the context
     EXPECT_EQ(s->kv().n_tokens(), 0u);
     s->eval(test::random_tokens(16, 0, 256));                        // exactly the context is fine
+}
+
+// Greedy steps (StepInput::greedy, Session::eval_greedy) pick what argmax_excluding picks from
+// the same logits: a prompt, then decode steps of a session through eval_greedy and of two
+// more in one round (one wanting the id alone, the other the id and its logits), odd steps
+// excluding the id the logits would pick; the timelines stay those of a session stepped with
+// logits.
+TEST(Greedy, IdsEqualArgmaxOfTheLogits) {
+    auto e = runtime::Engine::open(tiny(), test::cpu_options());
+    const size_t V = e->config().n_vocab;
+    auto ref = e->new_session(1024), a = e->new_session(1024), b = e->new_session(1024), c = e->new_session(1024);
+    const auto prompt = test::random_tokens(70, 0, 256, 21);
+    ref->eval(prompt);
+    int32_t ia = a->eval_greedy(prompt);
+    EXPECT_TRUE(a->logits().empty());
+    std::vector<float> lc(V);
+    int32_t ib = e->backend().forward_greedy(b->kv(), prompt);
+    int32_t ic = e->backend().forward_greedy(c->kv(), prompt, -1, lc.data());
+    expect_same(ref->logits(), lc, V, "prompt logits beside the greedy id");
+    ASSERT_EQ(ia, test::argmax(ref->logits().data(), V));
+    ASSERT_EQ(ib, ia);
+    ASSERT_EQ(ic, ia);
+    for (int i = 0; i < 8; ++i) {
+        const int32_t t = test::argmax(ref->logits().data(), V);
+        const std::vector<int32_t> one{t};
+        ref->eval(one);
+        const int32_t ex = i % 2 ? test::argmax(ref->logits().data(), V) : -1;   // odd steps: exclude the pick
+        ia = a->eval_greedy(one, ex);
+        StepInput st[2] = {{&b->kv(), one, false, nullptr, {}, &ib, ex}, {&c->kv(), one, false, lc.data(), {}, &ic}};
+        e->backend().forward(st);
+        ASSERT_TRUE(st[0].error.empty() && st[1].error.empty()) << st[0].error << st[1].error;
+        expect_same(ref->logits(), lc, V, "decode logits beside the greedy id, step " + std::to_string(i));
+        const std::span<const float> lr(ref->logits());
+        const int32_t want = argmax_excluding(lr, std::span<const int32_t>(&ex, ex >= 0 ? 1 : 0));
+        EXPECT_EQ(ia, want) << "step " << i;
+        EXPECT_EQ(ib, want) << "step " << i;
+        EXPECT_EQ(ic, argmax(lr)) << "step " << i;
+        if (ex >= 0) {
+            EXPECT_NE(ia, ex) << "step " << i;
+        }
+    }
+    EXPECT_EQ(a->tokens(), ref->tokens());
 }

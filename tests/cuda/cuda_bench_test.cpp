@@ -118,7 +118,12 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         double prefill_tps = 0, decode_tps = 0, layers_ms = 0, head_ms = 0;
         uint64_t committed = 0, logical = 0;
     };
-    auto run = [&](const char* name, uint64_t ctx, bool eager) {
+    // Decode steps are greedy: by default the next id is formed on the device (StepInput::greedy:
+    // only the id downloaded, as `dsv4 run` / `dsv4 bench` do); DSV4_BENCH_GREEDY=0, or the
+    // "logits" run beside the others, downloads the logits and takes the argmax on the host.
+    const bool device_greedy = env_u32("DSV4_BENCH_GREEDY", 1) != 0;
+    auto run = [&](const char* name, uint64_t ctx, bool eager, bool greedy_ids = true) {
+        greedy_ids = greedy_ids && device_greedy;
         Run r{name};
         kv::Options ko;
         ko.eager = eager;
@@ -131,11 +136,17 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         r.prefill_tps = ctx_tokens / (now_s() - a);
         int32_t t = argmax(lg.data(), V);
         g->forward_one(*kv, std::vector<int32_t>{t}, false, lg.data());   // warm-up
+        t = argmax(lg.data(), V);
         double lay = 0, head = 0;
         const double b = now_s();
         for (uint32_t i = 0; i < n_decode; ++i) {
-            t = argmax(lg.data(), V);
-            g->forward_one(*kv, std::vector<int32_t>{t}, false, lg.data());
+            const std::vector<int32_t> one{t};
+            if (greedy_ids) {
+                t = g->forward_greedy(*kv, one);
+            } else {
+                g->forward_one(*kv, one, false, lg.data());
+                t = argmax(lg.data(), V);
+            }
             const auto st = cuda::last_step_timing();
             lay += st.embed_layers_ms;
             head += st.head_ms;
@@ -197,6 +208,7 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     runs.push_back(run("ctx 1M lazy", 1 << 20, false));
     if (!ab) {
         runs.push_back(run("ctx 1M eager", 1 << 20, true));
+        if (device_greedy) runs.push_back(run("ctx 1M logits", 1 << 20, false, false));   // host argmax
         // The same decode with plain graph edges instead of programmatic ones (A/B in one run).
         setenv("DSV4_CUDA_PDL", "0", 1);
         runs.push_back(run("ctx 1M no PDL", 1 << 20, false));

@@ -14,6 +14,7 @@
 #include "quant/iq2_tables.h"
 #include "cuda_test_util.h"
 #include "dsv4/quant.h"
+#include "dsv4/sampler.h"
 
 using namespace dsv4;
 using namespace dsv4::cudatest;
@@ -2412,4 +2413,62 @@ TEST_F(CudaKernels, CompressorParallelEqualsSequential) {
         }
     }
     EXPECT_GT(emitted_total, 6000u);
+}
+
+// Greedy ids on the device against the host's argmax_excluding, on rows built to trip it: ties
+// (the first wins, across the kernel's slices too), NaN everywhere but one logit, -0 before +0,
+// rows of -inf, the maximum excluded, only NaNs (the first id not excluded), random rows.
+TEST_F(CudaKernels, GreedyIdsEqualHostArgmax) {
+    const uint32_t V = 129280;
+    const float nan = std::nanf(""), inf = INFINITY;
+    std::vector<std::vector<float>> rows;
+    std::vector<int32_t> excl;
+    uint64_t seed = 77;
+    auto random_row = [&] { return random_floats(V, seed++, -20.0f, 20.0f); };
+    auto add = [&](std::vector<float> r, int32_t ex) {
+        rows.push_back(std::move(r));
+        excl.push_back(ex);
+    };
+    for (int i = 0; i < 3; ++i) add(random_row(), -1);
+    {   // a tie far apart (different slices of the kernel) and one within a slice
+        auto r = random_row();
+        r[100000] = r[70] = r[71] = 50.0f;
+        add(r, -1);
+        add(r, 70);   // the first maximum excluded: the next one
+    }
+    {
+        std::vector<float> r(V, nan);
+        r[123456] = -3.0f;
+        add(r, -1);
+    }
+    {   // -0 before +0, everything else negative
+        std::vector<float> r(V, -1.0f);
+        r[5000] = -0.0f;
+        r[9] = 0.0f;
+        r[4] = -0.0f;
+        add(r, -1);
+    }
+    add(std::vector<float>(V, -inf), -1);
+    add(std::vector<float>(V, -inf), 0);
+    add(std::vector<float>(V, nan), -1);
+    add(std::vector<float>(V, nan), 0);
+    {
+        auto r = random_row();
+        r[V - 1] = inf;
+        add(r, int32_t(V - 1));
+        add(r, -1);
+    }
+    const uint32_t n = uint32_t(rows.size());
+    std::vector<float> flat;
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    DevVec<float> lg(flat);
+    DevVec<int32_t> ex(excl), ids(n);
+    DevVec<uint64_t> part(size_t(n) * cuda::kGreedyParts);
+    cuda::greedy_ids(lg.get(), n, V, ex.get(), part.get(), ids.get(), nullptr);
+    const auto got = ids.download();
+    for (uint32_t i = 0; i < n; ++i) {
+        const int32_t want = argmax_excluding(std::span<const float>(rows[i]),
+                                              std::span<const int32_t>(&excl[i], excl[i] >= 0 ? 1 : 0));
+        EXPECT_EQ(got[i], want) << "row " << i << " (excluded " << excl[i] << ")";
+    }
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cuda/kernels.h"
+#include "dsv4/sampler.h"
 #include "cuda_test_util.h"
 
 using namespace dsv4;
@@ -349,6 +350,43 @@ TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
         g->forward(st);
         expect_same(s1, b1, V, "decode a");
         expect_same(s2, b2, V, "decode b");
+    }
+}
+
+// Greedy ids formed on the device (StepInput::greedy) are the host's argmax_excluding of the
+// same logits: a prompt, then decode steps (eager, captured, replayed graphs) of two sessions
+// in one round, one wanting the id alone (no logits downloaded), the other the id and the
+// logits; some steps exclude the id the logits would pick.
+TEST_F(CudaConsistency, GreedyIdsEqualHostArgmax) {
+    const auto a = random_tokens(90, 0, int32_t(V), 3), b = random_tokens(40, 0, int32_t(V), 4);
+    kv::Budget budget;
+    auto ra = session(*g, 1024, &budget), rb = session(*g, 1024, &budget);   // reference: logits
+    auto ta = session(*g, 1024, &budget), tb = session(*g, 1024, &budget);   // greedy
+    std::vector<float> la(V), lb(V), lt(V);
+    g->forward_one(*ra, a, false, la.data());
+    g->forward_one(*rb, b, false, lb.data());
+    int32_t ia = g->forward_greedy(*ta, a), ib = g->forward_greedy(*tb, b, -1, lt.data());
+    EXPECT_EQ(ia, argmax(la.data(), V));
+    EXPECT_EQ(ib, argmax(lb.data(), V));
+    expect_same(lb, lt, V, "prompt logits beside the greedy id");
+    for (int i = 0; i < 6; ++i) {
+        // Both reference sessions step with their own greedy token; the greedy sessions take
+        // the ids the device formed, which must be the same tokens.
+        const int32_t xa = argmax(la.data(), V), xb = argmax(lb.data(), V);
+        ASSERT_EQ(ia, xa) << "step " << i;
+        ASSERT_EQ(ib, xb) << "step " << i;
+        const std::vector<int32_t> va{xa}, vb{xb};
+        g->forward_one(*ra, va, false, la.data());
+        g->forward_one(*rb, vb, false, lb.data());
+        const int32_t ex_a = i % 2 ? argmax(la.data(), V) : -1;   // odd steps: exclude a's pick
+        StepInput st[2] = {{ta.get(), va, false, nullptr, {}, &ia, ex_a}, {tb.get(), vb, false, lt.data(), {}, &ib}};
+        g->forward(st);
+        ASSERT_TRUE(st[0].error.empty() && st[1].error.empty());
+        expect_same(lb, lt, V, "decode logits beside the greedy id");
+        const int32_t want_a = argmax_excluding(std::span<const float>(la), std::span<const int32_t>(&ex_a, ex_a >= 0));
+        EXPECT_EQ(ia, want_a) << "step " << i;
+        EXPECT_EQ(ib, argmax(lb.data(), V)) << "step " << i;
+        if (ex_a >= 0) ia = argmax(la.data(), V);   // continue both timelines with the same token
     }
 }
 
