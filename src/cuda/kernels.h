@@ -242,8 +242,7 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
                     uint64_t rows_per_group, cudaStream_t s);
 
 // Tests: the IQ2_XXS decode tables' place as DSV4_KQ_SMEM would choose it (0 global memory,
-// 1 shared, 2 shared with 3 blocks per SM, 3 shared with the quads' sums transposed:
-// kq_iq2_quad_kernel); -1 (initially) follows the environment.
+// 1 shared, 2 shared with 3 blocks per SM); -1 (initially) follows the environment.
 void kq_smem_select(int mode);
 
 // Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per

@@ -990,112 +990,6 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_kernel_smem(MV p) {
     kq_body<T, 1, NW, RW, PS, MINB == 3 ? 2 : 1>(p);
 }
 
-// IQ2_XXS decode with one slot and the shared tables, its quads' sums transposed
-// (DSV4_KQ_SMEM=3; kq_kernel_smem's integers, float steps and butterfly, only by other lanes).
-// A warp's RW rows × NW weights are 4 (r, j) items, as many as the lanes of a super-block's
-// quad. In kq_body every lane of quad k makes the integer sums of its quarter for all 4 items
-// and step st, the quad adds each by two shuffles (16 a round of loads), lane 4k alone takes
-// the float step of super-block 8 st + k for each item (the other lanes' instructions
-// predicated off), and each item's row sum is a 5-step butterfly of its own (20 shuffles).
-// Here the quad's 4 lanes trade halves (xor 2, then xor 1: 6 shuffles), so that lane 4k + q
-// ends with the quad's total of item q for every step; it takes item q's float step itself
-// (the same fmaf on the same operands, in the same step order as lane 4k did), and one 3-step
-// butterfly (xor 16, 8, 4) forms all 4 items' row sums at once, each over lanes 4k + q in
-// warp_sum's tree (whose xor 2 and xor 1 steps only added lanes holding +0: here one + 0.0f).
-// The integers are exact in any order, so every row's value is kq_kernel_smem's bit for bit.
-// Each lane loads only its item's super-block scales. IQ2_XXS only (the 0.125 and SwiGLU).
-template <int NW, int RW, int PS>
-__global__ void __launch_bounds__(32 * kKqWarps, 2) kq_iq2_quad_kernel(MV p) {
-    static_assert(NW * RW == 4, "an item a lane of the quad");
-    pdl_launch();
-    extern __shared__ uint4 kq_smem[];
-    const uint8_t* smb = reinterpret_cast<const uint8_t*>(kq_smem);
-    const uint32_t lane = threadIdx.x & 31, q = lane & 3;
-    const int qr = int(q) / NW, qj = int(q) % NW;   // this lane's item (row, weight)
-    bool filled = false;
-    if (p.early_weights) {
-        iq2_fill_smem(kq_smem);
-        filled = true;
-    }
-    pdl_wait();
-    Slots<1> sl;
-    get_slots<1>(p, sl);
-    const uint64_t nsb = p.K / 256, AL = p.act_len;
-    const uint64_t stride = uint64_t(gridDim.x) * kKqWarps * RW;
-    const uint64_t aoff = sl.act[0] * AL;   // the activation row's codes (its scales: aoff / 256)
-    for (uint64_t n0 = (uint64_t(blockIdx.x) * kKqWarps + (threadIdx.x >> 5)) * RW; nsb && n0 < p.N; n0 += stride) {
-        const int nrow = int(min(uint64_t(RW), p.N - n0));
-        // a row's code bytes (the weights' base pointers are kernel parameters: no registers)
-        uint64_t roff[RW];
-#pragma unroll
-        for (int r = 0; r < RW; ++r) roff[r] = (sl.wbase + p.row0 + n0 + uint64_t(min(r, nrow - 1))) * nsb * 64 + 16 * q;
-        // this lane's item's scales
-        const uint16_t* wd = (qj == 0 ? p.wd : p.wd2) + (sl.wbase + p.row0 + n0 + uint64_t(min(qr, nrow - 1))) * nsb;
-        float acc = 0.0f;
-        for (uint64_t base = 0; base < nsb; base += 8 * PS) {
-            uint4 wv[PS][RW][NW];
-            uint32_t dv[PS];
-#pragma unroll
-            for (int st = 0; st < PS; ++st) {
-                const uint64_t sb = base + 8 * st + (lane >> 2);
-#pragma unroll
-                for (int r = 0; r < RW; ++r)
-#pragma unroll
-                    for (int j = 0; j < NW; ++j)
-                        wv[st][r][j] = sb < nsb ? *reinterpret_cast<const uint4*>(
-                                                      reinterpret_cast<const uint8_t*>(j == 0 ? p.wqs : p.wqs2) +
-                                                      roff[r] + sb * 64)
-                                                : make_uint4(0, 0, 0, 0);
-                dv[st] = sb < nsb ? wd[sb] : 0u;
-            }
-            if (!filled) {
-                iq2_fill_smem(kq_smem);
-                filled = true;
-            }
-#pragma unroll
-            for (int st = 0; st < PS; ++st) {
-                const uint64_t sb = base + 8 * st + (lane >> 2);
-                const bool ok = sb < nsb;
-                // groups 2q and 2q+1: 64 activation codes
-                const int4* a4 = reinterpret_cast<const int4*>(p.aq + aoff + (ok ? sb : 0) * 256 + 64 * q);
-                const int4 x0 = a4[0], x1 = a4[1], x2 = a4[2], x3 = a4[3];
-                const float dx = ok ? p.ad[aoff / 256 + sb] : 0.0f;
-                int is[RW * NW];   // item r * NW + j: this lane's quarter
-#pragma unroll
-                for (int r = 0; r < RW; ++r)
-#pragma unroll
-                    for (int j = 0; j < NW; ++j) {
-                        const uint4 w = wv[st][r][j];
-                        is[r * NW + j] = iq2_group_smem(w.x, w.y, x0, x1, smb, lane) +
-                                         iq2_group_smem(w.z, w.w, x2, x3, smb, lane);
-                    }
-                // the quad's totals: xor 2 trades items {0,1} against {2,3}, xor 1 the rest
-                const bool hi2 = q & 2, hi1 = q & 1;
-                int h[2];
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const int keep = hi2 ? is[k + 2] : is[k], give = hi2 ? is[k] : is[k + 2];
-                    h[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
-                }
-                const int keep = hi1 ? h[1] : h[0], give = hi1 ? h[0] : h[1];
-                const int isum = keep + __shfl_xor_sync(0xffffffffu, give, 1);   // item q's
-                const float dw = f16_to_f32(uint16_t(dv[st]));
-                if (ok) acc = fmaf(dw * dx, float(isum), acc);
-            }
-        }
-        // warp_sum's first three steps over lanes 4k + q, then its +0 of the other lanes
-#pragma unroll
-        for (int o = 16; o >= 4; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-        float v = __fadd_rn(acc, 0.0f) * 0.125f;
-        if constexpr (NW == 2) {
-            const float u = __shfl_xor_sync(0xffffffffu, v, 1);   // the up product of the row
-            v = swiglu_pair(v, u, p.clamp, p.ew, sl.out[0]);
-        }
-        if (lane < 4 && qj == 0 && qr < nrow) p.y[uint64_t(sl.out[0]) * p.y_stride + n0 + qr] = v;
-    }
-    if (!filled) iq2_fill_smem(kq_smem);
-}
-
 // Q2_K decode with one slot (the routed experts' down product, K = 2,048: one step of
 // 8 super-blocks per row) and registers capped for MINB blocks per SM. kq_kernel<Q2_K, 1,
 // 1, 4, 1> takes 123 registers (2 blocks of 8 warps per SM) for only ~2.7 KB of weights in
@@ -1240,13 +1134,7 @@ void launch_kq(const MV& p, cudaStream_t s) {
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
     if constexpr (T == T_IQ2_XXS) {
         const int sm = g_kq_smem_select >= 0 ? g_kq_smem_select : smem_env;
-        if (rb == 1 && sm == 3 && rw * NW == 4) {   // (the quads' sums transposed)
-            const dim3 g2(uint32_t((p.N + kKqWarps * rw - 1) / (kKqWarps * rw)), gy);
-            if constexpr (NW == 2) launch_kq_grid(kq_iq2_quad_kernel<2, 2, 2>, g2, block, kIq2SmemBytes, s, p);
-            else launch_kq_grid(kq_iq2_quad_kernel<1, 4, 1>, g2, block, kIq2SmemBytes, s, p);
-            return;
-        }
-        if (rb == 1 && (sm == 1 || sm == 2 || sm == 3)) {
+        if (rb == 1 && (sm == 1 || sm == 2)) {
             // 48 KB of dynamic shared memory: within the default limit, no attribute needed
             constexpr size_t sb = kIq2SmemBytes;
             if (sm == 2) {
