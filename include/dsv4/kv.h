@@ -238,7 +238,9 @@ private:
 //     u64 rows4 = n_tokens/4 | u64 rows128 = n_tokens/128 | u32 n_r4 | u32 n_r128
 //   u32 ratio[n_layer]
 //   i32 tokens[n_tokens]
-//   f32 logits[n_logits]                      (n_vocab; 0 only when n_tokens is 0)
+//   f32 logits[n_logits]                      (n_vocab, or 0: no next-token logits, e.g. when
+//                                             the last step took only the greedy id; such a
+//                                             snapshot serves prompts that extend its tokens)
 //   per layer: raw rows of positions n_tokens-n_raw .. n_tokens-1, in position order
 //   comp4 rows 0..rows4-1, index rows 0..rows4-1, comp128 rows 0..rows128-1, each stream
 //     as stored (interleaved: row c of every layer of the stream, layers in layer order)
@@ -254,13 +256,15 @@ struct SnapshotData {
     uint64_t n_tokens = 0;
     uint64_t ctx = 0;                  // context of the session that saved it
     std::vector<int32_t> tokens;       // n_tokens ids
-    std::vector<float> logits;         // next-token logits (n_vocab, or empty at n_tokens 0)
+    std::vector<float> logits;         // next-token logits (n_vocab, or empty: none were saved)
 };
 
-// Exact size save_snapshot produces for this session in its current state.
-uint64_t snapshot_bytes(const SessionKV& kv);
+// Exact size save_snapshot produces for this session in its current state, with or without
+// the next-token logits.
+uint64_t snapshot_bytes(const SessionKV& kv, bool with_logits = true);
 
-// tokens must hold n_tokens() ids; logits n_vocab values (or none when n_tokens() is 0).
+// tokens must hold n_tokens() ids; logits n_vocab values or none (a session whose last step
+// produced no logits: the snapshot then holds none either).
 // Throws Error otherwise. `out` is replaced.
 void save_snapshot(const SessionKV& kv, uint64_t model_id, const std::vector<int32_t>& tokens,
                    const std::vector<float>& logits, std::vector<uint8_t>& out);

@@ -48,6 +48,11 @@ struct SchedulerOptions {
     uint64_t disk_save_prompt_min_tokens = 0;
     bool save_on_shutdown = true;      // with a disk dir: save idle sessions at shutdown
     bool load_disk_index = true;       // index snapshots already in disk_dir at start
+    // Greedy decode steps (temperature 0, or the DSML guard's greedy tokens) take the next id
+    // from the backend (StepInput::greedy) instead of downloading n_vocab logits a session a
+    // step; the session then keeps no logits, so it (and its snapshot) serves prompts that
+    // extend it, not the identical prompt. false: every step downloads the logits.
+    bool device_greedy = true;
 };
 
 enum class FinishReason {

@@ -32,7 +32,8 @@ struct Header {
     std::vector<uint32_t> ratio;
 };
 
-Header header_of(const SessionKV& kv, uint64_t model_id) {
+// n_logits: the next-token logits saved (n_vocab, or 0: see kv.h).
+Header header_of(const SessionKV& kv, uint64_t model_id, uint32_t n_logits) {
     const Layout& l = kv.layout();
     Header h;
     h.n_layer = l.n_layer;
@@ -40,7 +41,7 @@ Header header_of(const SessionKV& kv, uint64_t model_id) {
     h.head_dim = l.head_dim;
     h.indexer_dim = l.indexer_dim;
     h.n_swa = l.n_swa;
-    h.n_logits = kv.config().n_vocab;
+    h.n_logits = n_logits;
     h.ctx = l.ctx;
     h.n_tokens = kv.n_tokens();
     h.n_raw = std::min<uint64_t>(h.n_tokens, l.n_swa);
@@ -226,8 +227,8 @@ void check_save_args(const SessionKV& kv, const std::vector<int32_t>& tokens, co
     const uint64_t t = kv.n_tokens();
     if (tokens.size() != t)
         fail("snapshot ", where, ": tokens: expected ", t, " ids (the session's n_tokens), found ", tokens.size());
-    if (logits.size() != kv.config().n_vocab)
-        fail("snapshot ", where, ": logits: expected ", kv.config().n_vocab, " values (n_vocab), found ",
+    if (!logits.empty() && logits.size() != kv.config().n_vocab)
+        fail("snapshot ", where, ": logits: expected ", kv.config().n_vocab, " values (n_vocab) or none, found ",
              logits.size());
     // Every row the snapshot reads must exist; a session whose counter ran ahead of its
     // commits is a bug, not something to serialise.
@@ -237,7 +238,7 @@ void check_save_args(const SessionKV& kv, const std::vector<int32_t>& tokens, co
 
 void write_snapshot(const SessionKV& kv, uint64_t model_id, const std::vector<int32_t>& tokens,
                     const std::vector<float>& logits, Sink& out) {
-    const Header h = header_of(kv, model_id);
+    const Header h = header_of(kv, model_id, uint32_t(logits.size()));
 
     uint8_t head[kSnapshotHeaderBytes];
     size_t at = 0;
@@ -314,9 +315,9 @@ std::string hex(uint64_t v) {
 
 }  // namespace
 
-uint64_t snapshot_bytes(const SessionKV& kv) {
+uint64_t snapshot_bytes(const SessionKV& kv, bool with_logits) {
     uint64_t n = 0;
-    blob_size(header_of(kv, 0), &n);
+    blob_size(header_of(kv, 0, with_logits ? kv.config().n_vocab : 0), &n);
     return n;
 }
 
@@ -324,7 +325,7 @@ void save_snapshot(const SessionKV& kv, uint64_t model_id, const std::vector<int
                    const std::vector<float>& logits, std::vector<uint8_t>& out) {
     check_save_args(kv, tokens, logits, "(memory)");
     out.clear();
-    out.reserve(size_t(snapshot_bytes(kv)));
+    out.reserve(size_t(snapshot_bytes(kv, !logits.empty())));
     VectorSink sink(out);
     write_snapshot(kv, model_id, tokens, logits, sink);
 }
@@ -428,7 +429,8 @@ SnapshotData load_snapshot(SessionKV& kv, uint64_t model_id, const uint8_t* data
     expect(label, "head_dim", l.head_dim, h.head_dim);
     expect(label, "indexer_dim", l.indexer_dim, h.indexer_dim);
     expect(label, "sliding window n_swa", l.n_swa, h.n_swa);
-    expect(label, "n_logits", kv.config().n_vocab, h.n_logits, " (n_vocab)");
+    if (h.n_logits != 0 && h.n_logits != kv.config().n_vocab)
+        fail("snapshot ", label, ": n_logits: expected ", kv.config().n_vocab, " (n_vocab) or 0, found ", h.n_logits);
     if (h.n_tokens >= l.ctx)
         fail("snapshot ", label, ": n_tokens: expected fewer than the session's context of ", l.ctx,
              " tokens, found ", h.n_tokens, " (saved with a context of ", h.ctx, ")");

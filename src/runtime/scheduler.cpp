@@ -49,7 +49,9 @@ bool is_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
 struct Slot {
     std::unique_ptr<kv::SessionKV> kv;
     std::vector<int32_t> tokens;   // the timeline whose KV is written
-    std::vector<float> logits;     // next-token logits after `tokens` (empty when none)
+    // next-token logits after `tokens`; empty when none (a fresh session, or its last step
+    // was a greedy one that took only the id): such a slot serves only prompts extending it
+    std::vector<float> logits;
     uint64_t last_used = 0;
     bool busy = false;
 };
@@ -59,6 +61,7 @@ struct DiskEntry {
     std::vector<int32_t> tokens;
     uint64_t bytes = 0;
     uint64_t last_used = 0;
+    bool has_logits = true;   // false: serves only prompts that extend `tokens`
 };
 
 struct Active {
@@ -67,6 +70,7 @@ struct Active {
     size_t prompt_pos = 0;       // prompt[0, prompt_pos) is in the slot
     bool decoding = false;
     int32_t next_token = -1;     // decoding: the token to evaluate this step
+    int32_t greedy_id = -1;      // the backend's greedy id after an id-only step (see step())
     Sampler sampler;
     bool greedy_next = false;
     size_t generated = 0;
@@ -191,13 +195,14 @@ struct Scheduler::Impl {
             if (!f.read(reinterpret_cast<char*>(e.tokens.data()), std::streamsize(n * 4))) continue;
             e.bytes = de.file_size(ec);
             e.last_used = ++tick;
+            e.has_logits = u32(36) != 0;   // n_logits
             disk.push_back(std::move(e));
         }
     }
 
     // Saves a slot's timeline to disk (when there is a disk tier and something to save).
     void save_to_disk(Slot& s) {
-        if (opt.disk_dir.empty() || s.tokens.empty() || s.logits.empty()) return;
+        if (opt.disk_dir.empty() || s.tokens.empty()) return;
         const std::string path = disk_path(s.tokens);
         for (auto& d : disk)
             if (d.path == path && d.tokens == s.tokens) {   // already there
@@ -221,6 +226,7 @@ struct Scheduler::Impl {
         std::error_code ec;
         e.bytes = fs::file_size(path, ec);
         e.last_used = ++tick;
+        e.has_logits = !s.logits.empty();
         disk.push_back(std::move(e));
         count([](SchedulerStats& st) { ++st.disk_saves; });
         if (opt.disk_max_bytes) {
@@ -356,12 +362,15 @@ struct Scheduler::Impl {
         complete(a.job);
     }
 
-    // Samples from the slot's logits and hands the token to the request.
+    // Samples from the slot's logits (or takes the backend's greedy id when the step was
+    // id-only) and hands the token to the request.
     void sample_next(Active& a) {
         GenerationRequest& req = a.job->req_;
         const std::vector<float>& logits = a.slot->logits;
         int32_t t;
-        if (a.greedy_next) {
+        if (logits.empty()) {
+            t = a.greedy_id;
+        } else if (a.greedy_next) {
             SamplerParams p = a.sampler.params();
             p.temperature = 0;
             t = a.sampler.sample_with(logits, p);
@@ -416,10 +425,11 @@ struct Scheduler::Impl {
             if (!best || s->tokens.size() > best->tokens.size()) best = s.get();
         }
         const size_t best_len = best ? best->tokens.size() : 0;
-        // ... unless a disk snapshot holds a longer one.
+        // ... unless a disk snapshot holds a longer one (again, an exact match needs logits).
         long dbest = -1;
         for (size_t i = 0; i < disk.size(); ++i)
             if (disk[i].tokens.size() > best_len && is_prefix(disk[i].tokens, req.prompt) &&
+                (disk[i].has_logits || disk[i].tokens.size() < req.prompt.size()) &&
                 (dbest < 0 || disk[i].tokens.size() > disk[size_t(dbest)].tokens.size()))
                 dbest = long(i);
 
@@ -479,9 +489,19 @@ struct Scheduler::Impl {
         uint64_t prefill_rows = 0, decode_rows = 0;
         for (auto& a : active) {
             if (!a.decoding) continue;
-            a.slot->logits.resize(V);
-            inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(&a.next_token, 1), false,
-                              a.slot->logits.data(), {}});
+            // A greedy draw needs only the argmax: the backend forms the id (on the GPU there,
+            // so no n_vocab floats cross to the host) and the slot keeps no logits.
+            const bool id_only = opt.device_greedy && (a.greedy_next || !(a.sampler.params().temperature > 0));
+            a.greedy_id = -1;
+            if (id_only) {
+                a.slot->logits.clear();
+                inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(&a.next_token, 1), false, nullptr, {},
+                                  &a.greedy_id});
+            } else {
+                a.slot->logits.resize(V);
+                inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(&a.next_token, 1), false,
+                                  a.slot->logits.data(), {}});
+            }
             owner.push_back(&a);
             ++decode_rows;
         }

@@ -75,14 +75,19 @@ struct SynthQ8_0 {
     }
 };
 
-}  // namespace
+// The benchmark model, synthesised (or reused: DSV4_BENCH_MODEL) and uploaded once per
+// process, so the benchmarks of one call share the ~81 GB upload of the whole model.
+struct BenchModel {
+    uint32_t layers = 0;
+    double t_synth = 0, t_load = 0;
+    std::unique_ptr<model::Model> m;
+    std::unique_ptr<Backend> g;
+};
 
-TEST(CudaBench, FlashDecodePrefillKv) {
-    DSV4_REQUIRE_CUDA();
-    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
-    const uint32_t layers = env_u32("DSV4_BENCH_LAYERS", 4);
-    const uint32_t ctx_tokens = env_u32("DSV4_BENCH_CONTEXT", 4096);
-    const uint32_t n_decode = env_u32("DSV4_BENCH_DECODE", 64);
+BenchModel& bench_model() {
+    static BenchModel b;
+    if (b.g) return b;
+    b.layers = env_u32("DSV4_BENCH_LAYERS", 4);
     double t0 = now_s();
     // DSV4_BENCH_RATIO=0|4|128 gives every layer that compression ratio and no hash-routed
     // layers (the flash pattern mixes them: ratios 0, 0, then 4 and 128 alternating; 3 hash
@@ -97,19 +102,37 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     // DSV4_BENCH_MODEL=PATH keeps the synthesised model there (written once, reused by later
     // processes: an A/B of settings read once per process then pays the ~60 s synthesis once).
     const char* keep = std::getenv("DSV4_BENCH_MODEL");
-    const std::string name = "bench-flash-" + std::to_string(layers) + (ratio >= 0 ? "-r" + std::to_string(ratio) : "");
-    const std::string path = keep && *keep ? test::synth_model_at(keep, "flash", layers, 129280, plain_vocab, edit, "flash", 1)
-                                           : synth(name, "flash", "flash", layers, 129280, edit);
-    const double t_synth = now_s() - t0;
+    const std::string name =
+        "bench-flash-" + std::to_string(b.layers) + (ratio >= 0 ? "-r" + std::to_string(ratio) : "");
+    const std::string path = keep && *keep
+                                 ? test::synth_model_at(keep, "flash", b.layers, 129280, plain_vocab, edit, "flash", 1)
+                                 : synth(name, "flash", "flash", b.layers, 129280, edit);
+    b.t_synth = now_s() - t0;
     t0 = now_s();
-    auto m = model::Model::load(path);
+    b.m = model::Model::load(path);
     BackendOptions o;
     o.numerics = Numerics::Official;
     o.prefill_chunk = 2048;
     std::string why;
-    auto g = make_cuda_backend(*m, o, &why);
-    ASSERT_TRUE(g) << why;
-    const double t_load = now_s() - t0;
+    b.g = make_cuda_backend(*b.m, o, &why);
+    if (!b.g) ADD_FAILURE() << why;
+    b.t_load = now_s() - t0;
+    return b;
+}
+
+}  // namespace
+
+TEST(CudaBench, FlashDecodePrefillKv) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    const uint32_t ctx_tokens = env_u32("DSV4_BENCH_CONTEXT", 4096);
+    const uint32_t n_decode = env_u32("DSV4_BENCH_DECODE", 64);
+    BenchModel& bm = bench_model();
+    ASSERT_TRUE(bm.g);
+    const uint32_t layers = bm.layers;
+    const double t_synth = bm.t_synth, t_load = bm.t_load;
+    auto& m = bm.m;
+    auto& g = bm.g;
     const size_t V = m->config.n_vocab;
     const double copy_gbs = d2d_copy_gbs();
 
@@ -249,6 +272,79 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     if (!ab && (!ncu_env || std::strcmp(ncu_env, "prefill") == 0)) profile(true);
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
+}
+
+// Batched decode of several sessions, as `dsv4 serve` steps them (one forward, a token a
+// session): aggregate tokens/s with every session's logits downloaded and its argmax taken on
+// the host (the server's path before SchedulerOptions::device_greedy) against the greedy ids
+// formed on the device (StepInput::greedy, logits left there). DSV4_BENCH_SESSIONS (1,4,8,16)
+// sessions, each after a DSV4_BENCH_SESSION_PROMPT-token (512) prompt, DSV4_BENCH_SESSION_STEPS
+// (32) steps a path, the two paths alternating in rounds of 8 steps. Under DSV4_BENCH_AB only
+// when DSV4_BENCH_SESSIONS is set.
+TEST(CudaBench, FlashDecodeSessions) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    // (bench/gpu/ab43.sh's settings run the Flash benchmarks alone unless sessions are asked for)
+    if (std::getenv("DSV4_BENCH_AB") && !std::getenv("DSV4_BENCH_SESSIONS")) GTEST_SKIP() << "DSV4_BENCH_AB";
+    BenchModel& bm = bench_model();
+    ASSERT_TRUE(bm.g);
+    Backend& g = *bm.g;
+    const uint32_t V = bm.m->config.n_vocab;
+    const uint32_t prompt_tokens = env_u32("DSV4_BENCH_SESSION_PROMPT", 512);
+    const uint32_t steps = std::max<uint32_t>(8, env_u32("DSV4_BENCH_SESSION_STEPS", 32) / 8 * 8);
+    std::vector<uint32_t> counts;
+    {
+        const char* e = std::getenv("DSV4_BENCH_SESSIONS");
+        std::string list = e && *e ? e : "1,4,8,16";
+        for (size_t at = 0; at < list.size();) {
+            const size_t comma = std::min(list.find(',', at), list.size());
+            counts.push_back(uint32_t(std::strtoul(list.substr(at, comma - at).c_str(), nullptr, 10)));
+            at = comma + 1;
+        }
+    }
+    std::printf("\n== batched decode, %u layers: sessions after a %u-token prompt each, aggregate tokens/s ==\n",
+                bm.layers, prompt_tokens);
+    std::printf("%-9s %8s %14s %12s %14s %12s %8s\n", "sessions", "steps", "logits tok/s", "ms/step", "ids tok/s",
+                "ms/step", "ids/lg");
+    for (uint32_t B : counts) {
+        if (B == 0) continue;
+        kv::Budget budget;
+        std::vector<std::unique_ptr<kv::SessionKV>> kvs;
+        std::vector<std::vector<float>> lg(B, std::vector<float>(V));
+        std::vector<int32_t> next(B), ids(B);
+        for (uint32_t i = 0; i < B; ++i) {
+            kvs.push_back(session(g, 8192, &budget));
+            g.forward_one(*kvs.back(), random_tokens(prompt_tokens, 0, int32_t(V), 100 + i), false, lg[i].data());
+            next[i] = argmax(lg[i].data(), V);
+        }
+        // One step of B tokens: logits downloaded and argmax on the host, or the ids alone.
+        auto step = [&](bool greedy_ids) {
+            std::vector<StepInput> in(B);
+            for (uint32_t i = 0; i < B; ++i) {
+                in[i].kv = kvs[i].get();
+                in[i].tokens = std::span<const int32_t>(&next[i], 1);
+                if (greedy_ids) in[i].greedy = &ids[i];
+                else in[i].logits = lg[i].data();
+            }
+            g.forward(in);
+            for (uint32_t i = 0; i < B; ++i) {
+                ASSERT_TRUE(in[i].error.empty()) << in[i].error;
+                next[i] = greedy_ids ? ids[i] : argmax(lg[i].data(), V);
+            }
+        };
+        step(false);   // warm-up: each path's graphs captured
+        step(true);
+        double t[2] = {0, 0};
+        for (uint32_t round = 0; round < steps / 8; ++round)
+            for (int path = 0; path < 2; ++path) {
+                const double a = now_s();
+                for (int k = 0; k < 8; ++k) step(path == 1);
+                t[path] += now_s() - a;
+            }
+        const double tps0 = double(B) * steps / t[0], tps1 = double(B) * steps / t[1];
+        std::printf("%-9u %8u %14.1f %12.3f %14.1f %12.3f %8.3f\n", B, steps, tps0, 1000 * t[0] / steps, tps1,
+                    1000 * t[1] / steps, tps1 / tps0);
+    }
 }
 
 // One Q8_0 decode product (one activation row) at the shapes of q_b, out_a, out_b and the

@@ -153,6 +153,28 @@ TEST(KvSnapshot, RoundTripBitExact) {
     }
 }
 
+// A session whose last step produced only the greedy id has no logits to save: its
+// snapshot holds none (n_logits 0) and the same KV, and loads back without logits.
+TEST(KvSnapshot, WithoutLogitsRoundTrips) {
+    Saved s(300, 3);
+    std::vector<uint8_t> blob;
+    save_snapshot(*s.src, kModel, s.f.tokens, {}, blob);
+    EXPECT_EQ(blob.size(), snapshot_bytes(*s.src, false));
+    EXPECT_EQ(blob.size() + uint64_t(s.c.n_vocab) * 4, s.blob.size());
+    uint32_t n_logits = 1;
+    std::memcpy(&n_logits, blob.data() + 36, 4);
+    EXPECT_EQ(n_logits, 0u);
+    auto dst = s.fresh();
+    const SnapshotData d = load_snapshot(*dst, kModel, blob.data(), blob.size(), "mem");
+    EXPECT_EQ(d.tokens, s.f.tokens);
+    EXPECT_TRUE(d.logits.empty());
+    expect_same_kv(*s.src, *dst);
+    // Saved again without logits: the same bytes.
+    std::vector<uint8_t> again;
+    save_snapshot(*dst, kModel, d.tokens, d.logits, again);
+    EXPECT_TRUE(again == blob);
+}
+
 TEST(KvSnapshot, FileRoundTrip) {
     Saved s(999, 42);
 
@@ -279,7 +301,7 @@ TEST(KvSnapshot, RejectsWrongShapes) {
         {tiny_config({0, 4, 128, 4, 0, 128, 4}, 64, 16, 12, 50), 2048, "head_dim: expected 64, found 32"},
         {tiny_config({0, 4, 128, 4, 0, 128, 4}, 32, 8, 12, 50), 2048, "indexer_dim: expected 8, found 16"},
         {tiny_config({0, 4, 128, 4, 0, 128, 4}, 32, 16, 16, 50), 2048, "n_swa: expected 16, found 12"},
-        {tiny_config({0, 4, 128, 4, 0, 128, 4}, 32, 16, 12, 51), 2048, "n_logits: expected 51 (n_vocab), found 50"},
+        {tiny_config({0, 4, 128, 4, 0, 128, 4}, 32, 16, 12, 51), 2048, "n_logits: expected 51 (n_vocab) or 0, found 50"},
         {tiny_config({0, 4, 128, 4, 0, 128}, 32, 16, 12, 50), 2048, "n_layer: expected 6, found 7"},
         {tiny_config({0, 4, 128, 4, 0, 128, 128}, 32, 16, 12, 50), 2048, "ratio of layer 6: expected 128, found 4"},
         {small(), 300, "n_tokens: expected fewer than the session's context of 300 tokens, found 300"},

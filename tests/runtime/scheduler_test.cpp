@@ -329,3 +329,75 @@ TEST(Scheduler, ShutdownSavesIdleSessionsAndANewSchedulerFindsThem) {
     EXPECT_EQ(r.cached_tokens, timeline.size());
     EXPECT_EQ(gen, greedy_reference(*e, next, 6, 512));
 }
+
+// Greedy decode steps take the backend's id (device_greedy, the default) instead of the
+// logits: the same tokens as downloading the logits and sampling on the host, for greedy
+// requests and beside them for seeded sampled ones (which still take the logits).
+TEST(Scheduler, GreedyIdsFromTheBackendEqualTheLogitsPath) {
+    auto e = runtime::Engine::open(tiny(), opts());
+    std::vector<runtime::GenerationRequest> reqs;
+    std::vector<std::vector<std::vector<int32_t>>> got(2);
+    for (int mode = 0; mode < 2; ++mode) {
+        runtime::SchedulerOptions so;
+        so.ctx = 512;
+        so.max_sessions = 6;
+        so.device_greedy = mode == 1;
+        runtime::Scheduler s(*e, so);
+        std::vector<std::shared_ptr<Collected>> col;
+        std::vector<std::shared_ptr<runtime::Job>> jobs;
+        for (uint64_t i = 0; i < 6; ++i) {
+            col.push_back(std::make_shared<Collected>());
+            auto r = greedy_request(test::random_tokens(9 + 13 * i, 0, 256, 40 + i), 20, col.back());
+            if (i % 3 == 2) {   // sampled, seeded: reproducible, and never an id-only step
+                r.sampling.temperature = 0.9f;
+                r.sampling.seed = 7 + i;
+            }
+            jobs.push_back(s.submit(std::move(r)));
+            ASSERT_TRUE(jobs.back());
+        }
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            ASSERT_TRUE(jobs[i]->wait(60s));
+            EXPECT_NE(jobs[i]->result().finish, runtime::FinishReason::Error) << jobs[i]->result().error;
+            got[size_t(mode)].push_back(col[i]->tokens);
+        }
+    }
+    EXPECT_EQ(got[0], got[1]);
+    EXPECT_EQ(got[0][0], greedy_reference(*e, test::random_tokens(9, 0, 256, 40), 20, 512));
+}
+
+// A session whose last step was id-only keeps no logits: it (and its snapshot on disk) serves
+// prompts that extend it, while the identical prompt is evaluated afresh, with the same tokens.
+TEST(Scheduler, SessionWithoutLogitsServesOnlyPromptsExtendingIt) {
+    const std::string dir = test::tmp_dir() + "/sched-nologits";
+    std::filesystem::remove_all(dir);
+    auto e = runtime::Engine::open(tiny(), opts());
+    auto ref_engine = runtime::Engine::open(tiny(), opts());
+    runtime::SchedulerOptions so;
+    so.ctx = 512;
+    so.max_sessions = 1;   // every new conversation evicts the resident one to disk
+    so.disk_dir = dir;
+    runtime::Scheduler s(*e, so);
+    const auto prompt = test::random_tokens(30, 0, 256, 61);
+    auto [r1, gen1] = run_one(s, prompt, 8);
+    ASSERT_EQ(gen1.size(), 8u);
+    auto timeline = concat(prompt, gen1);
+    timeline.pop_back();   // the last sampled token is not evaluated
+    // The identical timeline while resident: no logits to sample from, so a fresh prefill.
+    auto [r2, gen2] = run_one(s, timeline, 5);
+    EXPECT_EQ(r2.cached_tokens, 0u);
+    EXPECT_EQ(gen2, greedy_reference(*ref_engine, timeline, 5, 512));
+    // r2's conversation is resident now; the first went to disk without logits.
+    auto disk = s.disk_tokens();
+    ASSERT_NE(std::find(disk.begin(), disk.end(), timeline), disk.end());
+    // The identical timeline again: the snapshot is not restored for it ...
+    auto [r3, gen3] = run_one(s, timeline, 5);
+    EXPECT_FALSE(r3.restored_from_disk);
+    EXPECT_EQ(r3.cached_tokens, 0u);
+    EXPECT_EQ(gen3, gen2);
+    // ... but a prompt extending it restores it.
+    auto next = concat(timeline, {70, 71});
+    auto [r4, gen4] = run_one(s, next, 5);
+    EXPECT_TRUE(r4.restored_from_disk);
+    EXPECT_EQ(r4.cached_tokens, timeline.size());
+    EXPECT_EQ(gen4, greedy_reference(*ref_engine, next, 5, 512));
+}
