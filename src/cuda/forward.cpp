@@ -51,6 +51,9 @@ const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
 // side by side (default); 2 also each compressor's kv and gate products on two branches.
 // The same kernels on the same data in every case, so the same bits.
 const int g_branch_split = env_int("DSV4_CUDA_SPLIT", 1);
+// Decode rounds of up to this many rows run the routed experts pair by pair (ffn_layer);
+// DSV4_DECODE_PAIR_ROWS=1 groups them for every round of several rows (as before run 97).
+const uint32_t g_decode_pair_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_PAIR_ROWS", 64)));
 
 // Decode graphs: every edge from one kernel node to another becomes a programmatic
 // dependency, so the dependent is launched while its predecessor runs and waits inside
@@ -970,7 +973,13 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // where decode's kernels (a round of one row, ungrouped) keep decode's order: so its rounds
     // of one row are grouped too, and every chunking of a prompt gets the same bits.
     const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8;
-    const MoeGroups* gp = R > 1 || kq_prompt ? &groups : nullptr;
+    // A decode round (a token a session) groups its pairs only when its experts are likely to
+    // hold several pairs each (g_decode_pair_rows): R rows pick 6 of 256 experts each, so up
+    // to ~64 rows a used expert holds ~1-2 pairs, and a group's GEMM block then walks an
+    // expert's whole weight for one pair (run 97, 2 sessions: the grouped gate+up 124 us a
+    // layer against 23 for one session's 6 pairs). Per pair, decode's own kernels run: every
+    // session's bits are those it gets alone, either way.
+    const MoeGroups* gp = R > g_decode_pair_rows || kq_prompt ? &groups : nullptr;
     if (gp) moe_groups(experts_.get(), P, NE, groups, stream_);
     const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {

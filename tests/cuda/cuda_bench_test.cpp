@@ -344,6 +344,22 @@ TEST(CudaBench, FlashDecodeSessions) {
         const double tps0 = double(B) * steps / t[0], tps1 = double(B) * steps / t[1];
         std::printf("%-9u %8u %14.1f %12.3f %14.1f %12.3f %8.3f\n", B, steps, tps0, 1000 * t[0] / steps, tps1,
                     1000 * t[1] / steps, tps1 / tps0);
+        // DSV4_BENCH_SESSION_PROFILE=1: where a step of B sessions spends its time (groups of
+        // kernels, events between them, no graphs), 4 steps of the ids path.
+        if (env_u32("DSV4_BENCH_SESSION_PROFILE", 0)) {
+            cuda::profile_enable(true);
+            cuda::profile_reset();
+            for (int k = 0; k < 4; ++k) step(true);
+            cuda::profile_enable(false);
+            auto prof = cuda::profile_snapshot();
+            std::sort(prof.begin(), prof.end(), [](const auto& x, const auto& y) { return x.ms > y.ms; });
+            double total = 0;
+            for (const auto& e : prof) total += e.ms;
+            std::printf("  profile, %u sessions: %.3f ms a step (no graphs):", B, total / 4);
+            for (size_t i = 0; i < prof.size() && i < 12; ++i)
+                std::printf("%s %s %.0f us", i ? "," : "", prof[i].name.c_str(), 1000 * prof[i].ms / 4);
+            std::printf("\n");
+        }
     }
 }
 
