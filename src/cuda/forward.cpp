@@ -52,7 +52,7 @@ const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
 // The same kernels on the same data in every case, so the same bits.
 const int g_branch_split = env_int("DSV4_CUDA_SPLIT", 1);
 // Decode rounds of up to this many rows run the routed experts pair by pair (ffn_layer);
-// DSV4_DECODE_PAIR_ROWS=1 groups them for every round of several rows (as before run 97).
+// DSV4_DECODE_PAIR_ROWS=1 groups them for every round of several rows (as before run 99).
 const uint32_t g_decode_pair_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_PAIR_ROWS", 64)));
 
 // Decode graphs: every edge from one kernel node to another becomes a programmatic
@@ -976,7 +976,7 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // A decode round (a token a session) groups its pairs only when its experts are likely to
     // hold several pairs each (g_decode_pair_rows): R rows pick 6 of 256 experts each, so up
     // to ~64 rows a used expert holds ~1-2 pairs, and a group's GEMM block then walks an
-    // expert's whole weight for one pair (run 97, 2 sessions: the grouped gate+up 124 us a
+    // expert's whole weight for one pair (run 98, 2 sessions: the grouped gate+up 124 us a
     // layer against 23 for one session's 6 pairs). Per pair, decode's own kernels run: every
     // session's bits are those it gets alone, either way.
     const MoeGroups* gp = R > g_decode_pair_rows || kq_prompt ? &groups : nullptr;
@@ -1034,7 +1034,10 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                  "region_factory()");
     admit_step(inputs, c_.n_vocab);
     struct OrderReset {   // products launched outside forward (tests, tools) keep decode's order
-        ~OrderReset() { gemm_prefill_order(false); }
+        ~OrderReset() {
+            gemm_prefill_order(false);
+            gemm_decode_round(false);
+        }
     } order_reset;
     const uint32_t V = c_.n_vocab;
     std::vector<size_t> done(inputs.size(), 0);
@@ -1113,6 +1116,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && inputs[i].tokens.size() > 1);
         const bool flat = prefill_flat() && prompt;
         gemm_prefill_order(flat);
+        gemm_decode_round(!prompt);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.
         max_vis4_ = 0;

@@ -1841,6 +1841,17 @@ bool q8_pipe_launch_cm(int cm, const Gemm& p, uint32_t tiles_r, uint32_t tiles, 
 // default 4) the stages in flight of the 128-row tile (one block an SM; the 64-row tile takes
 // 3, two blocks an SM). gemm_q8_0_flat_bn (tests, benchmarks) wins over DSV4_FLAT_BN.
 thread_local bool g_flat_round = false;
+// A decode round (single tokens of sessions, gemm_decode_round): the row counts from which the
+// tensor-core / tiled GEMMs take a product over matvec's row kernels, higher than a
+// prefill's kMinRows. For a few dozen rows the GEMMs' fixed cost (a tile walks all of K for
+// few rows) exceeds what reading the weight once saves: run 99, 16 sessions, 4 layers: the
+// float GEMM of the router 199 us a step against 18 by the row kernel for 8 rows; the Q8_0
+// GEMM of q_b 190 us against 52 for 8 rows, 135 at 32 rows. The GEMMs give matvec's bits,
+// so either choice leaves every session's result as it is alone.
+// DSV4_DECODE_GEMM_Q8_ROWS / DSV4_DECODE_GEMM_F_ROWS (32 / 128; 16: as before run 100).
+thread_local bool g_decode_round = false;
+const uint32_t g_decode_q8_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_GEMM_Q8_ROWS", 32)));
+const uint32_t g_decode_f_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_GEMM_F_ROWS", 128)));
 int g_flat_bn_override = -1;
 int flat_stages() {
     static const int ns = env_int("DSV4_FLAT_STAGES", 4) == 3 ? 3 : 4;
@@ -1896,7 +1907,7 @@ bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg
     if (!tensor_cores_on() || W.type != T_Q8_0 || expert || W.K % 32 != 0) return false;
     // a prompt round's rows, however few, take the flat kernel (one order for every chunking)
     if (g_flat_round && (rpg == 0 || rpg % kFlatBM == 0)) return R >= 1;
-    return R >= uint32_t(kMinRows) && (rpg == 0 || rpg % kBM == 0);
+    return R >= (g_decode_round ? g_decode_q8_rows : uint32_t(kMinRows)) && (rpg == 0 || rpg % kBM == 0);
 }
 
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
@@ -2409,13 +2420,14 @@ void gemm_prefill_order(bool flat) {
     g_flat_round = flat;
 }
 bool gemm_prefill_order() { return g_flat_round; }
+void gemm_decode_round(bool on) { g_decode_round = on; }
 
 bool gemm_float_eligible(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t row0, uint64_t rpg,
                          bool expert) {
     if (!gemm_float_on() || expert || N == 0 || a.kind != ActKind::F32) return false;
     // a prompt round's rows, however few, take the flat kernel (one order for every chunking)
     if (float_flat_ok(W, a, N, row0, rpg)) return R >= 1;
-    if (R < uint32_t(kMinRows)) return false;
+    if (R < (g_decode_round ? g_decode_f_rows : uint32_t(kMinRows))) return false;
     if (W.type != T_F32 && W.type != T_F16 && W.type != T_BF16) return false;
     // decode's VEC path (matvec_impl's fvec) with leaves of equal chunk counts
     const uint64_t nt = decode_row_threads(W.K, N, false);

@@ -183,6 +183,10 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
 // shared memory limit the first time).
 void gemm_prefill_order(bool flat);
 bool gemm_prefill_order();
+// Whether the products launched next from this host thread belong to a decode round (every
+// row a session's single token): the Q8_0 and float GEMMs then take over from matvec's row
+// kernels only at more rows (gemm.cu: g_decode_q8_rows, g_decode_f_rows). Same bits either way.
+void gemm_decode_round(bool on);
 // Whether the backend's prompt rounds take that order: 1, 0, or -1 for DSV4_PREFILL_FLAT's
 // choice (tests).
 void prefill_flat_override(int on);
