@@ -54,10 +54,6 @@ const int g_branch_split = env_int("DSV4_CUDA_SPLIT", 1);
 // Decode rounds of up to this many rows run the routed experts pair by pair (ffn_layer);
 // DSV4_DECODE_PAIR_ROWS=1 groups them for every round of several rows (as before run 99).
 const uint32_t g_decode_pair_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_PAIR_ROWS", 64)));
-// DSV4_DECODE_GROUP8=N: decode rounds of more than N rows (and at most DSV4_DECODE_PAIR_ROWS)
-// group their pairs by expert, 8 a group, for matvec's slot kernels (decode's bits) instead of
-// running them pair by pair; unset: off.
-const uint32_t g_decode_group8_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_GROUP8", 1 << 30)));
 
 // Decode graphs: every edge from one kernel node to another becomes a programmatic
 // dependency, so the dependent is launched while its predecessor runs and waits inside
@@ -984,12 +980,6 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // layer against 23 for one session's 6 pairs). Per pair, decode's own kernels run: every
     // session's bits are those it gets alone, either way.
     const MoeGroups* gp = R > g_decode_pair_rows || kq_prompt ? &groups : nullptr;
-    // (DSV4_DECODE_GROUP8: such rounds of more rows than that instead gather up to 8 pairs of
-    // an expert for matvec's slot kernels, which read the expert's rows once for all of them.)
-    if (!gp && R > g_decode_group8_rows) {
-        groups.per_group = 8;
-        gp = &groups;
-    }
     if (gp) moe_groups(experts_.get(), P, NE, groups, stream_);
     const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
