@@ -510,9 +510,16 @@ struct Scheduler::Impl {
             if (a.decoding || budget == 0) continue;
             const auto& prompt = a.job->req_.prompt;
             const size_t n = std::min({size_t(std::max<uint32_t>(1, opt.prefill_chunk)), prompt.size() - a.prompt_pos, budget});
-            a.slot->logits.resize(V);
-            inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(prompt.data() + a.prompt_pos, n), false,
-                              a.slot->logits.data(), {}});
+            // Only the prompt's last chunk needs logits (the first token is sampled from them);
+            // the others skip the output head and its download.
+            float* lg = nullptr;
+            if (a.prompt_pos + n == prompt.size()) {
+                a.slot->logits.resize(V);
+                lg = a.slot->logits.data();
+            } else {
+                a.slot->logits.clear();
+            }
+            inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(prompt.data() + a.prompt_pos, n), false, lg, {}});
             owner.push_back(&a);
             budget -= n;
             prefill_rows += n;
