@@ -370,6 +370,8 @@ struct Scheduler::Impl {
         int32_t t;
         if (logits.empty()) {
             t = a.greedy_id;
+            if (t < 0)   // (never: every path to here leaves logits or an id)
+                return finish(a, FinishReason::Error, ErrorKind::Internal, "no next-token logits or id to sample from");
         } else if (a.greedy_next) {
             SamplerParams p = a.sampler.params();
             p.temperature = 0;
