@@ -55,6 +55,9 @@ public:
     ~Session();
 
     uint64_t ctx() const { return kv_->layout().ctx; }
+    // The backend's prefill chunk (BackendOptions::prefill_chunk): prompts evaluated in pieces
+    // of at least this many tokens go through the backend in whole chunks.
+    uint32_t prefill_chunk() const;
     const std::vector<int32_t>& tokens() const { return tokens_; }
     // Logits for the token after tokens() (empty before the first eval).
     const std::vector<float>& logits() const { return logits_; }

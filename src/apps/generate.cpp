@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -43,7 +44,10 @@ GenerationStats generate(runtime::Session& s, const text::Tokenizer& tok, std::s
     if (s.tokens().size() + tokens.size() > s.ctx())
         fail("the prompt needs ", s.tokens().size() + tokens.size(), " tokens but the context (--ctx) holds ", s.ctx());
     const bool tty = isatty(STDERR_FILENO);
-    const size_t chunk = 256;
+    // Pieces for the progress bar, each at least one whole backend chunk: a smaller piece
+    // would make each of the backend's rounds that small (on the GPU a 2,048-token round is
+    // what its prefill figures are measured with).
+    const size_t chunk = std::max<size_t>(256, s.prefill_chunk());
     double t0 = now_s();
     for (size_t done = 0; done < tokens.size();) {
         const size_t n = std::min(chunk, tokens.size() - done);

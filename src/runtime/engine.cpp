@@ -66,6 +66,8 @@ Session::Session(Engine& engine, uint64_t ctx) : engine_(engine) {
 
 Session::~Session() = default;
 
+uint32_t Session::prefill_chunk() const { return engine_.backend().options().prefill_chunk; }
+
 void Session::eval(std::span<const int32_t> tokens, float* all_logits) {
     if (tokens.empty()) fail("nothing to evaluate: empty token list");
     const uint32_t V = engine_.config().n_vocab;
