@@ -46,6 +46,12 @@ bool is_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
     return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
 }
 
+// Whether a timeline (resident or on disk) can start `prompt`: a prefix of it, and when it is
+// the whole prompt, with the next-token logits to sample the first token from.
+bool serves(const std::vector<int32_t>& tokens, bool has_logits, const std::vector<int32_t>& prompt) {
+    return is_prefix(tokens, prompt) && (has_logits || tokens.size() < prompt.size());
+}
+
 struct Slot {
     std::unique_ptr<kv::SessionKV> kv;
     std::vector<int32_t> tokens;   // the timeline whose KV is written
@@ -422,16 +428,14 @@ struct Scheduler::Impl {
         // The longest resident prefix (an exact match needs its logits) ...
         Slot* best = nullptr;
         for (auto& s : slots) {
-            if (s->busy || s->tokens.empty() || !is_prefix(s->tokens, req.prompt)) continue;
-            if (s->tokens.size() == req.prompt.size() && s->logits.empty()) continue;
+            if (s->busy || s->tokens.empty() || !serves(s->tokens, !s->logits.empty(), req.prompt)) continue;
             if (!best || s->tokens.size() > best->tokens.size()) best = s.get();
         }
         const size_t best_len = best ? best->tokens.size() : 0;
         // ... unless a disk snapshot holds a longer one (again, an exact match needs logits).
         long dbest = -1;
         for (size_t i = 0; i < disk.size(); ++i)
-            if (disk[i].tokens.size() > best_len && is_prefix(disk[i].tokens, req.prompt) &&
-                (disk[i].has_logits || disk[i].tokens.size() < req.prompt.size()) &&
+            if (disk[i].tokens.size() > best_len && serves(disk[i].tokens, disk[i].has_logits, req.prompt) &&
                 (dbest < 0 || disk[i].tokens.size() > disk[size_t(dbest)].tokens.size()))
                 dbest = long(i);
 
