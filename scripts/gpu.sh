@@ -2,7 +2,8 @@
 # The one GPU script: on the machine with the GPU, configures and builds the CUDA backend
 # (Release, sm_90), runs every CUDA test (kernels vs the CPU reference, whole-model logits
 # vs the CPU backend, greedy continuations, prefill = decode, lazy = eager, the guard), the
-# flash-width expert-mix check and the benchmarks, and prints a summary table last.
+# flash-width expert-mix check, the benchmarks and `dsv4 serve` over HTTP (bench/gpu/serve.sh),
+# and prints a summary table last.
 # Logs go under $OUT when it is set (the device tool's result folder), else build-gpu/logs.
 #
 #   scripts/gpu.sh                 everything
@@ -123,6 +124,12 @@ if [[ $QUICK == 0 && "$FILTER" == "*" ]]; then
   [[ ${PIPESTATUS[0]} == 0 ]] || RC=1
 fi
 
+# The server end to end over HTTP (not with --quick; GPU_SERVE=0 skips it): bench/gpu/serve.sh.
+if [[ $QUICK == 0 && "$FILTER" == "*" && "${GPU_SERVE:-1}" == 1 ]]; then
+  OUT=$LOG bench/gpu/serve.sh 2>&1 | tee "$LOG/serve.txt"
+  [[ ${PIPESTATUS[0]} == 0 ]] || RC=1
+fi
+
 # GPU_AB="A=0 B=1;A=1 B=1" (not with --quick): the Flash benchmark again under each setting
 # (';'-separated environment assignments), for A/B measurements in the same call.
 if [[ $QUICK == 0 && -n "${GPU_AB:-}" ]]; then
@@ -140,6 +147,7 @@ printf "%-60s %s\n" "tests passed / failed / skipped" \
   "$(grep -c '^\[       OK' "$LOG/tests.log") / $(grep -c '^\[  FAILED  \] [A-Za-z]' "$LOG/tests.log" | awk '{print int($1/2)}') / $(grep -c '^\[  SKIPPED \] [A-Za-z]' "$LOG/tests.log" | awk '{print int($1/2)}')"
 grep -E '^\[cuda-(vs-cpu|greedy|kv)\]' "$LOG/tests.log" | sed 's/^/  /'
 sed -n '/== CUDA benchmark/,/full 43-layer/p' "$LOG/tests.log"
+[[ -f "$LOG/serve.txt" ]] && grep -E '^(check|\|)' "$LOG/serve.txt"
 [[ -f "$LOG/ab.log" ]] && cat "$LOG/ab.log"
 echo "total $(( $(date +%s) - T0 )) s; logs in $LOG; exit $RC"
 exit $RC
