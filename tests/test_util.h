@@ -4,13 +4,19 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "dsv4/backend.h"
+#include "dsv4/kv.h"
 #include "dsv4/model.h"
 #include "dsv4/runtime.h"
 #include "dsv4/text.h"
@@ -124,6 +130,123 @@ inline void expect_same(const std::vector<float>& a, const std::vector<float>& b
         if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0)
             FAIL() << what << ": first difference at position " << i / V << ", logit " << i % V << ": " << a[i]
                    << " vs " << b[i];
+}
+
+// What one session of a composition produced: the logits after its prompt (from which its
+// first token is the argmax, as the scheduler samples it) and the greedy ids of its decode
+// steps (formed by the backend: StepInput::greedy, no logits).
+struct Timeline {
+    std::vector<float> logits;
+    std::vector<int32_t> ids;
+};
+
+// Runs `prompts` through one backend the way `dsv4 serve`'s scheduler composes its steps:
+// session i arrives at step i * stagger; a step holds one decode token of every session past
+// its prompt and then prompt chunks, in arrival order, of at most `budget` tokens in all
+// (the scheduler's --prefill-chunk; the last chunk of a prompt asks for its logits); a session
+// ends after `steps` decode ids. One prompt alone is the solo timeline.
+inline std::vector<Timeline> run_composition(Backend& b, const std::vector<std::vector<int32_t>>& prompts,
+                                             uint32_t steps, size_t budget, uint32_t stagger, uint64_t ctx) {
+    const size_t V = b.config().n_vocab, B = prompts.size();
+    kv::Budget kv_budget;
+    std::vector<std::unique_ptr<kv::SessionKV>> kvs;
+    for (size_t i = 0; i < B; ++i)
+        kvs.push_back(std::make_unique<kv::SessionKV>(b.config(), kv::Layout::make(b.config(), ctx, b.options().prefill_chunk),
+                                                      kv::Options{}, &kv_budget, b.region_factory()));
+    std::vector<Timeline> out(B);
+    std::vector<size_t> pos(B, 0);
+    std::vector<int32_t> next(B, -1), id(B, -1);
+    for (uint32_t step = 0;; ++step) {
+        std::vector<StepInput> in;
+        std::vector<size_t> who;
+        for (size_t i = 0; i < B; ++i)
+            if (pos[i] == prompts[i].size() && out[i].ids.size() < steps) {
+                StepInput x;
+                x.kv = kvs[i].get();
+                x.tokens = std::span<const int32_t>(&next[i], 1);
+                x.greedy = &id[i];
+                in.push_back(x);
+                who.push_back(i);
+            }
+        size_t left = budget;
+        for (size_t i = 0; i < B && left > 0; ++i) {
+            if (step < i * stagger || pos[i] == prompts[i].size()) continue;
+            const size_t n = std::min(left, prompts[i].size() - pos[i]);
+            StepInput x;
+            x.kv = kvs[i].get();
+            x.tokens = std::span<const int32_t>(prompts[i].data() + pos[i], n);
+            if (pos[i] + n == prompts[i].size()) {
+                out[i].logits.resize(V);
+                x.logits = out[i].logits.data();
+            }
+            in.push_back(x);
+            who.push_back(i);
+            left -= n;
+        }
+        if (in.empty()) {
+            if (std::all_of(out.begin(), out.end(), [&](const Timeline& t) { return t.ids.size() == steps; })) break;
+            continue;   // nobody has arrived yet
+        }
+        b.forward(in);
+        for (size_t k = 0; k < in.size(); ++k) {
+            const size_t i = who[k];
+            EXPECT_TRUE(in[k].error.empty()) << "session " << i << ": " << in[k].error;
+            if (pos[i] == prompts[i].size()) {
+                out[i].ids.push_back(id[i]);
+                next[i] = id[i];
+            } else {
+                pos[i] += in[k].tokens.size();
+                if (pos[i] == prompts[i].size()) next[i] = argmax(out[i].logits.data(), V);
+            }
+        }
+    }
+    return out;
+}
+
+// How many of `got`'s timelines are `ref`'s bit for bit (logits and ids); the first that is
+// not is described in *why.
+inline size_t same_timelines(const std::vector<Timeline>& got, const std::vector<Timeline>& ref, std::string* why) {
+    size_t same = 0;
+    for (size_t i = 0; i < got.size() && i < ref.size(); ++i) {
+        const bool lg = got[i].logits.size() == ref[i].logits.size() &&
+                        std::memcmp(got[i].logits.data(), ref[i].logits.data(), got[i].logits.size() * sizeof(float)) == 0;
+        const bool ids = got[i].ids == ref[i].ids;
+        same += lg && ids;
+        if (!(lg && ids) && why->empty()) {
+            size_t at = 0;
+            while (at < got[i].ids.size() && at < ref[i].ids.size() && got[i].ids[at] == ref[i].ids[at]) ++at;
+            *why = "session " + std::to_string(i) + (lg ? ": logits after the prompt equal" : ": logits after the prompt differ") +
+                   ", ids equal for the first " + std::to_string(at) + " of " + std::to_string(ref[i].ids.size());
+        }
+    }
+    return same;
+}
+
+// Solo, all prompts in one step, and steps as the server makes them (256 prompt tokens, one
+// arrival a step), twice: every timeline must be the solo one bit for bit. Prompts of 60 to
+// 109 tokens. Prints one line tagged `tag`.
+inline void expect_compositions_equal_solo(Backend& b, const std::string& tag, size_t n_prompts = 8,
+                                           uint32_t steps = 8, uint64_t ctx = 2048) {
+    const int32_t V = int32_t(b.config().n_vocab);
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < n_prompts; ++i) prompts.push_back(random_tokens(60 + 7 * i, 0, V, 500 + i));
+    std::vector<Timeline> solo;
+    for (const auto& p : prompts) solo.push_back(run_composition(b, {p}, steps, SIZE_MAX, 0, ctx)[0]);
+    struct Case {
+        const char* name;
+        size_t budget;
+        uint32_t stagger;
+    };
+    const Case cases[] = {{"together", SIZE_MAX, 0}, {"server steps", 256, 1}, {"server steps again", 256, 1},
+                          {"small steps", 37, 2}};
+    std::printf("[%s] %zu prompts, %u greedy steps each, timelines bit-identical to solo:", tag.c_str(), n_prompts, steps);
+    for (const Case& c : cases) {
+        std::string why;
+        const size_t same = same_timelines(run_composition(b, prompts, steps, c.budget, c.stagger, ctx), solo, &why);
+        std::printf(" %s %zu/%zu;", c.name, same, n_prompts);
+        EXPECT_EQ(same, n_prompts) << c.name << ": " << why;
+    }
+    std::printf("\n");
 }
 
 }  // namespace dsv4::test

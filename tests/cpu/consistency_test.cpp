@@ -224,3 +224,11 @@ TEST(Greedy, IdsEqualArgmaxOfTheLogits) {
     }
     EXPECT_EQ(a->tokens(), ref->tokens());
 }
+
+// `dsv4 serve` composes its steps from whatever sessions are ready: a session's bits must not
+// depend on it. Solo, all prompts in one step, server-sized steps with one arrival a step,
+// small steps: every session's logits after its prompt and its greedy ids are the solo ones.
+TEST(Batching, ServeCompositionsEqualSolo) {
+    auto e = runtime::Engine::open(tiny(), test::cpu_options(Numerics::Official, 64));
+    test::expect_compositions_equal_solo(e->backend(), "cpu-compose tiny", 6, 6, 1024);
+}

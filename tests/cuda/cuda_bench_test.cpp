@@ -363,6 +363,19 @@ TEST(CudaBench, FlashDecodeSessions) {
     }
 }
 
+// The serve compositions (test_util.h) on the benchmark model: at flash width and, with
+// DSV4_BENCH_LAYERS=43, on the whole model, where `dsv4 serve` gave one of 8 prompts another
+// first token batched than solo (bench/gpu/NOTES.md, nineteenth round). Under DSV4_BENCH_AB
+// only with DSV4_BENCH_COMPOSE=1.
+TEST(CudaBench, FlashServeCompositionsEqualSolo) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    if (std::getenv("DSV4_BENCH_AB") && !std::getenv("DSV4_BENCH_COMPOSE")) GTEST_SKIP() << "DSV4_BENCH_AB";
+    BenchModel& bm = bench_model();
+    ASSERT_TRUE(bm.g);
+    test::expect_compositions_equal_solo(*bm.g, "cuda-compose flash " + std::to_string(bm.layers) + " layers", 8, 8, 8192);
+}
+
 // One Q8_0 decode product (one activation row) at the shapes of q_b, out_a, out_b and the
 // shared expert: device time (events around the launch) after a 256 MB write (the L2 then
 // holds dirty lines of other data) and warm (the same product just before), against a

@@ -353,6 +353,13 @@ TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
     }
 }
 
+// The compositions of steps `dsv4 serve` makes (test_util.h: solo, all prompts in one step,
+// 256-token steps with one arrival a step, twice, 37-token steps): every session gets its solo
+// bits, in the default prompt order (k order).
+TEST_F(CudaConsistency, ServeCompositionsEqualSolo) {
+    test::expect_compositions_equal_solo(*g, "cuda-compose small flash");
+}
+
 // Greedy ids formed on the device (StepInput::greedy) are the host's argmax_excluding of the
 // same logits: a prompt, then decode steps (eager, captured, replayed graphs) of two sessions
 // in one round, one wanting the id alone (no logits downloaded), the other the id and the
