@@ -4,8 +4,10 @@
 // HTTP threads parse and validate requests, render and tokenize prompts, then hand a
 // GenerationRequest to the scheduler's worker thread and wait: for the whole answer
 // (non-streamed) or for deltas (SSE). A client that goes away cancels its generation.
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include "apps/app.h"
 #include "apps/serve_api.h"
@@ -548,6 +550,18 @@ int run_serve(const ServeOptions& o) {
 
     auto engine = o.mo.open_engine();
     Server server(o, *engine, so);
+    // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian
+    // built the library), so a burst of clients connecting at once overflows it: Linux drops
+    // the extra SYNs and the clients retry a second later. On the H200 machine (gVisor) one of
+    // 64 clients connecting at once got a connection reset (bench/gpu/NOTES.md, nineteenth
+    // round; the backlog is the likely cause, not yet confirmed there). listen() again on the
+    // bound socket raises the backlog; the socket is the first the options callback sees.
+    std::atomic<int> listen_fd{-1};
+    server.http().set_socket_options([&listen_fd](socket_t sock) {
+        httplib::default_socket_options(sock);
+        int none = -1;
+        listen_fd.compare_exchange_strong(none, int(sock));
+    });
     int port = o.port;
     if (port == 0) {
         port = server.http().bind_to_any_port(o.host);
@@ -555,6 +569,9 @@ int run_serve(const ServeOptions& o) {
     } else if (!server.http().bind_to_port(o.host, port)) {
         fail("cannot bind to ", o.host, ":", port);
     }
+    if (listen_fd >= 0 && ::listen(listen_fd, SOMAXCONN) != 0)
+        std::fprintf(stderr, "dsv4 serve: warning: cannot raise the listen backlog to %d: %s\n", SOMAXCONN,
+                     std::strerror(errno));
     std::printf("dsv4 serve: listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);
     std::fprintf(stderr, "dsv4 serve: %s backend, ctx %llu, up to %u sessions (%u generating), KV budget %s, disk %s\n",
