@@ -91,6 +91,14 @@ private:
     std::vector<float> logits_;
 };
 
+// How many tokens of a prompt, `remaining` of them still to evaluate, the next piece takes
+// when `want` (at least 1) are asked for: never a piece of one token while more of the prompt
+// remains, and never one token left behind (so up to 2 more than `want`). On the GPU a lone
+// token is a decode round, summed in another order than a prompt's rounds, so a prompt cut
+// into steps that way would get other bits than the same prompt cut otherwise or evaluated
+// in one call (the scheduler's steps, `dsv4 run`'s pieces).
+size_t prompt_piece(size_t remaining, size_t want);
+
 // Resident set size of this process in bytes (Linux /proc/self/statm).
 uint64_t rss_bytes();
 

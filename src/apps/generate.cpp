@@ -50,7 +50,7 @@ GenerationStats generate(runtime::Session& s, const text::Tokenizer& tok, std::s
     const size_t chunk = std::max<size_t>(256, s.prefill_chunk());
     double t0 = now_s();
     for (size_t done = 0; done < tokens.size();) {
-        const size_t n = std::min(chunk, tokens.size() - done);
+        const size_t n = runtime::prompt_piece(tokens.size() - done, chunk);
         s.eval(tokens.subspan(done, n));
         done += n;
         if (tty && tokens.size() > chunk) {

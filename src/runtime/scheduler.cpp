@@ -515,7 +515,8 @@ struct Scheduler::Impl {
         for (auto& a : active) {
             if (a.decoding || budget == 0) continue;
             const auto& prompt = a.job->req_.prompt;
-            const size_t n = std::min({size_t(std::max<uint32_t>(1, opt.prefill_chunk)), prompt.size() - a.prompt_pos, budget});
+            const size_t n = prompt_piece(prompt.size() - a.prompt_pos,
+                                          std::min(size_t(std::max<uint32_t>(1, opt.prefill_chunk)), budget));
             // Only the prompt's last chunk needs logits (the first token is sampled from them);
             // the others skip the output head and its download.
             float* lg = nullptr;
@@ -527,7 +528,7 @@ struct Scheduler::Impl {
             }
             inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(prompt.data() + a.prompt_pos, n), false, lg, {}});
             owner.push_back(&a);
-            budget -= n;
+            budget -= std::min(budget, n);   // (a piece may take up to 2 more: prompt_piece)
             prefill_rows += n;
         }
         if (inputs.empty()) return;

@@ -77,6 +77,39 @@ runtime::EngineOptions opts(uint64_t budget = 0) {
 
 }  // namespace
 
+// The scheduler's and `dsv4 run`'s prompt pieces: never one token while more of the prompt
+// remains (on the GPU a lone token is a decode round, another order of sums), never one left
+// behind, otherwise what was asked for.
+TEST(PromptPiece, NeverALoneTokenOfALongerPrompt) {
+    for (size_t rem = 1; rem <= 300; ++rem)
+        for (size_t want = 1; want <= 300; ++want) {
+            const size_t n = runtime::prompt_piece(rem, want), plain = std::min(rem, want);
+            ASSERT_GE(n, 1u);
+            ASSERT_LE(n, rem);
+            ASSERT_LE(n, want + 2);
+            if (rem > 1) {
+                ASSERT_GE(n, 2u) << rem << " " << want;
+                ASSERT_NE(rem - n, 1u) << rem << " " << want;
+            }
+            if (plain >= 2 && rem - plain != 1) {
+                ASSERT_EQ(n, plain) << rem << " " << want;
+            }
+        }
+    // A whole prompt cut by a budget that would leave lone tokens (60 = 59 + 1, 3 = 2 + 1).
+    for (size_t len : {60u, 3u, 118u, 2u}) {
+        size_t done = 0, pieces = 0;
+        while (done < len) {
+            const size_t n = runtime::prompt_piece(len - done, len == 118 ? 1 : 59);
+            ASSERT_GT(n, 1u) << len;
+            done += n;
+            ++pieces;
+        }
+        EXPECT_EQ(done, len);
+        EXPECT_GE(pieces, 1u);
+    }
+    EXPECT_EQ(runtime::prompt_piece(1, 256), 1u);   // a one-token prompt (or a reused prefix's last token)
+}
+
 TEST(Scheduler, BatchedGreedyEqualsOneSessionAtATime) {
     auto e = runtime::Engine::open(tiny(), opts());
     const uint64_t ctx = 512;
