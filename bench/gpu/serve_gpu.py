@@ -7,6 +7,9 @@ the device image has no Node.js for tools/node/serve_bench.mjs).
    with --compare-backend, one after another to a second server on that backend. Every
    completion must be the same text in all three; a mismatch names the prompt and the
    first differing character, and the script exits 1.
+   --disk-check instead: a server keeping one session in memory and the others on disk restores
+   each prompt's snapshot for a longer prompt extending it; its completions must be a fresh
+   server's.
 2. Load levels: C concurrent clients, R streamed requests each (greedy, ignore_eos, exactly
    --tokens output tokens, distinct prompts: no reuse between requests). Per level: aggregate
    decode tok/s (all output tokens / wall time, prefill included), the server's own decode
@@ -110,6 +113,57 @@ def chat(url, text, tokens):
             "total_ms": (t1 - t0) * 1e3}
 
 
+def complete_ids(url, ids, tokens):
+    """A non-streamed greedy /v1/completions request with a prompt of token ids."""
+    body = json.dumps({"model": "deepseek-chat", "prompt": ids, "max_tokens": tokens, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        c = json.loads(r.read().decode())
+    u = c.get("usage") or {}
+    return {"text": c["choices"][0]["text"], "completion_tokens": u.get("completion_tokens", 0),
+            "cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
+
+
+def disk_check(a):
+    """KV on disk end to end: a server keeping one session in memory and the rest on disk
+    (--kv-disk-dir, prompts saved once prefilled) restores each prompt's snapshot for a longer
+    prompt extending it; its completions must be a fresh server's (no disk), bit for bit in
+    effect: the restored prefix was prefilled in the same order as the fresh server's."""
+    import random
+    import tempfile
+    rng = random.Random(7)
+    firsts = [[rng.randrange(1000, 30000) for _ in range(300 + 40 * i)] for i in range(4)]
+    seconds = [p + [rng.randrange(1000, 30000) for _ in range(50)] for p in firsts]
+    disk = tempfile.mkdtemp(prefix="dsv4-kv-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    srv = Server(a.dsv4, a.model, a.backend,
+                 a.extra + ["--max-sessions", "1", "--kv-disk-dir", disk, "--kv-cache-min-tokens", "256"],
+                 os.path.join(a.logdir, f"disk_{a.backend}.log"))
+    try:
+        for p in firsts:
+            complete_ids(srv.url, p, 4)
+        restored = [complete_ids(srv.url, p, a.check_tokens) for p in seconds]
+    finally:
+        srv.stop()
+    fresh_srv = Server(a.dsv4, a.model, a.backend, a.extra + ["--max-sessions", "8"],
+                       os.path.join(a.logdir, f"disk_fresh_{a.backend}.log"))
+    try:
+        fresh = [complete_ids(fresh_srv.url, p, a.check_tokens) for p in seconds]
+    finally:
+        fresh_srv.stop()
+    ok = True
+    for i, (r, f, p) in enumerate(zip(restored, fresh, firsts)):
+        if r["cached_tokens"] < len(p):
+            ok = False
+            print(f"MISMATCH prompt {i}: {r['cached_tokens']} cached tokens, expected the {len(p)} saved on disk")
+        if r["text"] != f["text"]:
+            ok = False
+            print(f"MISMATCH prompt {i}, restored from disk vs fresh: {first_difference(r['text'], f['text'])}")
+    print(f"disk check: {len(firsts)} prompts saved to disk and extended; restored = fresh: {'yes' if ok else 'NO'} "
+          f"(cached tokens {[r['cached_tokens'] for r in restored]})")
+    return ok
+
+
 def concurrent(fn, jobs):
     results = [None] * len(jobs)
     errors = []
@@ -162,8 +216,12 @@ def main():
     ap.add_argument("--check-tokens", type=int, default=32)
     ap.add_argument("--json")
     ap.add_argument("--logdir", default=os.environ.get("OUT", "."))
+    ap.add_argument("--disk-check", action="store_true",
+                    help="only the KV-on-disk check (a server with --kv-disk-dir against a fresh one)")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
+    if a.disk_check:
+        sys.exit(0 if disk_check(a) else 1)
     report = {"backend": a.backend, "model": a.model or "built-in", "extra": a.extra}
 
     tag = os.path.splitext(os.path.basename(a.json))[0] + "_" if a.json else ""

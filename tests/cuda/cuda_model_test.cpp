@@ -397,6 +397,64 @@ TEST_F(CudaConsistency, GreedyIdsEqualHostArgmax) {
     }
 }
 
+// KV on disk with device sessions (`dsv4 serve --kv-disk-dir` on the GPU): a session saved
+// after its prompt and a few greedy steps (a snapshot without logits, as the server's greedy
+// sessions leave them) and after a step with logits, restored into fresh device sessions
+// (lazy, committing on restore, and eager), continues bit for bit as the original; a snapshot
+// of another model is refused and leaves the session empty.
+TEST_F(CudaKv, SnapshotRestoresAndContinuesBitIdentically) {
+    const uint64_t id = 0x5eed;
+    kv::Budget budget;
+    kv::Options lazy_opt, eager_opt;
+    lazy_opt.initial_rows = 1;
+    eager_opt.eager = true;
+    auto src = session(*g, 8192, &budget);
+    const auto prompt = random_tokens(700, 0, int32_t(V), 41);
+    std::vector<int32_t> toks = prompt;
+    int32_t t = g->forward_greedy(*src, prompt);
+    for (int i = 0; i < 5; ++i) {
+        toks.push_back(t);
+        t = g->forward_greedy(*src, std::vector<int32_t>{t});
+    }
+    std::vector<uint8_t> no_logits;
+    kv::save_snapshot(*src, id, toks, {}, no_logits);
+    EXPECT_EQ(no_logits.size(), kv::snapshot_bytes(*src, false));
+    std::vector<float> lg(V);
+    toks.push_back(t);
+    g->forward_one(*src, std::vector<int32_t>{t}, false, lg.data());
+    std::vector<uint8_t> with_logits;
+    kv::save_snapshot(*src, id, toks, lg, with_logits);
+    // the original continues
+    std::vector<std::vector<float>> ref;
+    const std::vector<int32_t> more{int32_t(3 % V), int32_t(17 % V), int32_t(5 % V)};
+    for (int32_t x : more) {
+        ref.emplace_back(V);
+        g->forward_one(*src, std::vector<int32_t>{x}, false, ref.back().data());
+    }
+    for (const kv::Options& o : {lazy_opt, eager_opt}) {
+        auto a = session(*g, 8192, &budget, o);
+        const kv::SnapshotData d = kv::load_snapshot(*a, id, with_logits.data(), with_logits.size(), "with logits");
+        EXPECT_EQ(d.tokens, toks);
+        expect_same(d.logits, lg, V, "restored logits");
+        for (size_t k = 0; k < more.size(); ++k) {
+            std::vector<float> got(V);
+            g->forward_one(*a, std::vector<int32_t>{more[k]}, false, got.data());
+            expect_same(ref[k], got, V, std::string(o.eager ? "eager" : "lazy") + " restore, step " + std::to_string(k));
+        }
+        // the snapshot without logits: the same KV one token earlier; its next step is t
+        auto b = session(*g, 8192, &budget, o);
+        const kv::SnapshotData e = kv::load_snapshot(*b, id, no_logits.data(), no_logits.size(), "without logits");
+        EXPECT_TRUE(e.logits.empty());
+        EXPECT_EQ(e.tokens.size() + 1, toks.size());
+        std::vector<float> got(V);
+        g->forward_one(*b, std::vector<int32_t>{t}, false, got.data());
+        expect_same(lg, got, V, std::string(o.eager ? "eager" : "lazy") + " restore without logits");
+    }
+    auto c = session(*g, 8192, &budget);
+    EXPECT_THROW(kv::load_snapshot(*c, id + 1, with_logits.data(), with_logits.size(), "other model"), Error);
+    EXPECT_EQ(c->n_tokens(), 0u);
+}
+
 TEST_F(CudaKv, LazyAndEagerAreBitIdenticalAcrossGrowth) {
     // The small model's ratio-4 rows fill a 2 MiB granule every 8,192 tokens: a 9,000-token
     // prompt and some decode steps cross growth points of the lazy session.
