@@ -363,6 +363,52 @@ TEST(CudaBench, FlashDecodeSessions) {
     }
 }
 
+// Prefill tokens/s by the size of a round: a 4,096-token prompt fed in pieces of N tokens, each
+// a forward call of its own (a prompt round of N rows, as `dsv4 serve`'s steps of
+// --prefill-chunk tokens and the CLI's --chunk make them), after a warm-up prompt; the data for
+// the CUDA defaults of both. DSV4_BENCH_CHUNKS (128,256,512,1024,2048) lists the sizes; under
+// DSV4_BENCH_AB only when it is set.
+TEST(CudaBench, FlashPrefillByRoundSize) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    if (std::getenv("DSV4_BENCH_AB") && !std::getenv("DSV4_BENCH_CHUNKS")) GTEST_SKIP() << "DSV4_BENCH_AB";
+    BenchModel& bm = bench_model();
+    ASSERT_TRUE(bm.g);
+    Backend& g = *bm.g;
+    const uint32_t V = bm.m->config.n_vocab;
+    std::vector<uint32_t> sizes;
+    {
+        const char* e = std::getenv("DSV4_BENCH_CHUNKS");
+        std::string list = e && *e ? e : "128,256,512,1024,2048";
+        for (size_t at = 0; at < list.size();) {
+            const size_t comma = std::min(list.find(',', at), list.size());
+            sizes.push_back(uint32_t(std::strtoul(list.substr(at, comma - at).c_str(), nullptr, 10)));
+            at = comma + 1;
+        }
+    }
+    const size_t n = 4096;
+    const auto prompt = random_tokens(n, 0, int32_t(V), 77);
+    std::printf("\n== prefill by round size, %u layers: a %zu-token prompt in pieces of N tokens ==\n", bm.layers, n);
+    std::printf("%-8s %10s %12s\n", "N", "ms", "tokens/s");
+    kv::Budget budget;
+    {
+        auto warm = session(g, 8192, &budget);
+        g.forward_one(*warm, std::span<const int32_t>(prompt.data(), 2048), false, nullptr);
+    }
+    for (uint32_t N : sizes) {
+        if (N == 0 || N > g.options().prefill_chunk) continue;   // a call's rounds are at most the chunk
+        auto kv = session(g, 8192, &budget);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const double t0 = now_s();
+        for (size_t done = 0; done < n; done += N)
+            g.forward_one(*kv, std::span<const int32_t>(prompt.data() + done, std::min<size_t>(N, n - done)), false,
+                          nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const double dt = now_s() - t0;
+        std::printf("%-8u %10.1f %12.1f\n", N, 1000 * dt, double(n) / dt);
+    }
+}
+
 // The serve compositions (test_util.h) on the benchmark model: at flash width and, with
 // DSV4_BENCH_LAYERS=43, on the whole model, where `dsv4 serve` gave one of 8 prompts another
 // first token batched than solo (bench/gpu/NOTES.md, nineteenth round). Under DSV4_BENCH_AB
