@@ -147,7 +147,7 @@ printf "%-60s %s\n" "tests passed / failed / skipped" \
   "$(grep -c '^\[       OK' "$LOG/tests.log") / $(grep -c '^\[  FAILED  \] [A-Za-z]' "$LOG/tests.log" | awk '{print int($1/2)}') / $(grep -c '^\[  SKIPPED \] [A-Za-z]' "$LOG/tests.log" | awk '{print int($1/2)}')"
 grep -E '^\[cuda-(vs-cpu|greedy|kv)\]' "$LOG/tests.log" | sed 's/^/  /'
 sed -n '/== CUDA benchmark/,/full 43-layer/p' "$LOG/tests.log"
-[[ -f "$LOG/serve.txt" ]] && grep -E '^(check|disk check|MISMATCH|\|)' "$LOG/serve.txt"
+[[ -f "$LOG/serve.txt" ]] && grep -E '^(check|disk check|MISMATCH|ERROR|\|)' "$LOG/serve.txt"
 [[ -f "$LOG/ab.log" ]] && cat "$LOG/ab.log"
 echo "total $(( $(date +%s) - T0 )) s; logs in $LOG; exit $RC"
 exit $RC

@@ -164,23 +164,27 @@ def disk_check(a):
     return ok
 
 
-def concurrent(fn, jobs):
+def concurrent(fn, jobs, errors=None):
+    """fn(*job) for every job on its own thread. A failure exits, or with `errors` (a list) is
+    appended there and leaves that job's result None."""
     results = [None] * len(jobs)
-    errors = []
+    failed = []
 
     def run(i):
         try:
             results[i] = fn(*jobs[i])
         except Exception as e:   # reported below, with the job
-            errors.append(f"job {jobs[i][:2]}: {e}")
+            failed.append(f"job {jobs[i][:2]}: {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    if errors:
-        sys.exit("serve_gpu: " + "; ".join(errors))
+    if failed and errors is None:
+        sys.exit("serve_gpu: " + "; ".join(failed))
+    if errors is not None:
+        errors.extend(failed)
     return results
 
 
@@ -253,11 +257,15 @@ def main():
             r = reqs[li] if li < len(reqs) else 1
             tok0, dec0 = srv.metric("dsv4_completion_tokens_total"), srv.metric("dsv4_decode_seconds_total")
             w0 = time.perf_counter()
+            errors = []
             per_client = concurrent(
                 lambda cl: [chat(srv.url, prompt(cl, k, a.prompt_words), a.tokens) for k in range(r)],
-                [(cl,) for cl in range(c)])
+                [(cl,) for cl in range(c)], errors)
             wall = time.perf_counter() - w0
-            res = [x for xs in per_client for x in xs]
+            res = [x for xs in per_client if xs for x in xs]
+            for e in errors:
+                print(f"ERROR at {c} clients: {e}")
+            ok = ok and not errors
             tok1, dec1 = srv.metric("dsv4_completion_tokens_total"), srv.metric("dsv4_decode_seconds_total")
             committed, resident = srv.metric("dsv4_kv_committed_bytes"), srv.metric("dsv4_sessions_resident")
             out_tok = sum(x["completion_tokens"] for x in res)
@@ -268,7 +276,7 @@ def main():
                 "ttft_ms_mean": mean([x["ttft_ms"] for x in res]), "ttft_ms_p95": pct([x["ttft_ms"] for x in res], 95),
                 "tpot_ms_mean": mean([x["tpot_ms"] for x in res]), "tpot_ms_p95": pct([x["tpot_ms"] for x in res], 95),
                 "kv_committed_per_session_mib": committed / resident / 2**20 if resident else 0.0,
-                "resident": resident})
+                "resident": resident, "failed_clients": len(errors)})
         report["levels"] = rows
         print("| clients | requests | prompt tok (mean) | output tok | aggregate decode tok/s | server decode tok/s "
               "| TTFT mean / p95 (ms) | TPOT mean / p95 (ms) | KV committed per resident session |")
@@ -277,7 +285,8 @@ def main():
             print(f"| {x['clients']} | {x['requests']} | {x['prompt_tokens_mean']:.0f} | {x['completion_tokens']} "
                   f"| {x['aggregate_decode_tps']:.1f} | {x['server_decode_tps']:.1f} "
                   f"| {x['ttft_ms_mean']:.0f} / {x['ttft_ms_p95']:.0f} | {x['tpot_ms_mean']:.1f} / {x['tpot_ms_p95']:.1f} "
-                  f"| {x['kv_committed_per_session_mib']:.2f} MiB ({x['resident']:.0f} resident) |")
+                  f"| {x['kv_committed_per_session_mib']:.2f} MiB ({x['resident']:.0f} resident) |"
+                  + (f" {x['failed_clients']} clients failed |" if x['failed_clients'] else ""))
     finally:
         srv.stop()
 
