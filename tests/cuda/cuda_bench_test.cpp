@@ -28,6 +28,19 @@ uint32_t env_u32(const char* name, uint32_t def) {
     return e ? uint32_t(std::strtoul(e, nullptr, 10)) : def;
 }
 
+// A comma-separated list of numbers from the environment (`def` when unset or empty).
+std::vector<uint32_t> env_u32_list(const char* name, const char* def) {
+    const char* e = std::getenv(name);
+    const std::string list = e && *e ? e : def;
+    std::vector<uint32_t> out;
+    for (size_t at = 0; at < list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        out.push_back(uint32_t(std::strtoul(list.substr(at, comma - at).c_str(), nullptr, 10)));
+        at = comma + 1;
+    }
+    return out;
+}
+
 double d2d_copy_gbs() {
     const size_t n = 2ull << 30;
     void *a = nullptr, *b = nullptr;
@@ -292,16 +305,7 @@ TEST(CudaBench, FlashDecodeSessions) {
     const uint32_t V = bm.m->config.n_vocab;
     const uint32_t prompt_tokens = env_u32("DSV4_BENCH_SESSION_PROMPT", 512);
     const uint32_t steps = std::max<uint32_t>(8, env_u32("DSV4_BENCH_SESSION_STEPS", 32) / 8 * 8);
-    std::vector<uint32_t> counts;
-    {
-        const char* e = std::getenv("DSV4_BENCH_SESSIONS");
-        std::string list = e && *e ? e : "1,4,8,16";
-        for (size_t at = 0; at < list.size();) {
-            const size_t comma = std::min(list.find(',', at), list.size());
-            counts.push_back(uint32_t(std::strtoul(list.substr(at, comma - at).c_str(), nullptr, 10)));
-            at = comma + 1;
-        }
-    }
+    const std::vector<uint32_t> counts = env_u32_list("DSV4_BENCH_SESSIONS", "1,4,8,16");
     std::printf("\n== batched decode, %u layers: sessions after a %u-token prompt each, aggregate tokens/s ==\n",
                 bm.layers, prompt_tokens);
     std::printf("%-9s %8s %14s %12s %14s %12s %8s\n", "sessions", "steps", "logits tok/s", "ms/step", "ids tok/s",
@@ -376,16 +380,7 @@ TEST(CudaBench, FlashPrefillByRoundSize) {
     ASSERT_TRUE(bm.g);
     Backend& g = *bm.g;
     const uint32_t V = bm.m->config.n_vocab;
-    std::vector<uint32_t> sizes;
-    {
-        const char* e = std::getenv("DSV4_BENCH_CHUNKS");
-        std::string list = e && *e ? e : "128,256,512,1024,2048";
-        for (size_t at = 0; at < list.size();) {
-            const size_t comma = std::min(list.find(',', at), list.size());
-            sizes.push_back(uint32_t(std::strtoul(list.substr(at, comma - at).c_str(), nullptr, 10)));
-            at = comma + 1;
-        }
-    }
+    const std::vector<uint32_t> sizes = env_u32_list("DSV4_BENCH_CHUNKS", "128,256,512,1024,2048");
     const size_t n = 4096;
     const auto prompt = random_tokens(n, 0, int32_t(V), 77);
     std::printf("\n== prefill by round size, %u layers: a %zu-token prompt in pieces of N tokens ==\n", bm.layers, n);
