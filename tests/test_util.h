@@ -132,6 +132,13 @@ inline void expect_same(const std::vector<float>& a, const std::vector<float>& b
                    << " vs " << b[i];
 }
 
+// A session of a backend's own regions.
+inline std::unique_ptr<kv::SessionKV> session(Backend& b, uint64_t ctx, kv::Budget* budget,
+                                              kv::Options opt = kv::Options{}) {
+    const kv::Layout layout = kv::Layout::make(b.config(), ctx, b.options().prefill_chunk);
+    return std::make_unique<kv::SessionKV>(b.config(), layout, opt, budget, b.region_factory());
+}
+
 // What one session of a composition produced: the logits after its prompt (from which its
 // first token is the argmax, as the scheduler samples it) and the greedy ids of its decode
 // steps (formed by the backend: StepInput::greedy, no logits).
@@ -152,9 +159,7 @@ inline std::vector<Timeline> run_composition(Backend& b, const std::vector<std::
     const size_t V = b.config().n_vocab, B = prompts.size();
     kv::Budget kv_budget;
     std::vector<std::unique_ptr<kv::SessionKV>> kvs;
-    for (size_t i = 0; i < B; ++i)
-        kvs.push_back(std::make_unique<kv::SessionKV>(b.config(), kv::Layout::make(b.config(), ctx, b.options().prefill_chunk),
-                                                      kv::Options{}, &kv_budget, b.region_factory()));
+    for (size_t i = 0; i < B; ++i) kvs.push_back(session(b, ctx, &kv_budget));
     std::vector<Timeline> out(B);
     std::vector<size_t> pos(B, 0);
     std::vector<int32_t> next(B, -1), id(B, -1);

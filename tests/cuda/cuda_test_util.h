@@ -67,6 +67,7 @@ private:
 using test::argmax;
 using test::expect_same;
 using test::random_tokens;
+using test::session;
 using test::tmp_dir;
 
 // A plain vocabulary of n tokens (no merges): the forward pass needs only its size.
@@ -96,13 +97,6 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0
         x = lo + (hi - lo) * float((s >> 40) & 0xFFFFFF) / float(1 << 24);
     }
     return v;
-}
-
-// A session of a backend's own regions.
-inline std::unique_ptr<kv::SessionKV> session(Backend& b, uint64_t ctx, kv::Budget* budget,
-                                              kv::Options opt = kv::Options{}) {
-    const kv::Layout layout = kv::Layout::make(b.config(), ctx, b.options().prefill_chunk);
-    return std::make_unique<kv::SessionKV>(b.config(), layout, opt, budget, b.region_factory());
 }
 
 // Logits of every position, evaluated in pieces of `piece` tokens (0: one call).
