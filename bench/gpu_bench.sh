@@ -9,13 +9,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 LAYERS_N=${1:-4}; CTX_MAX=${2:-16384}; GEN=${3:-64}
 OUTDIR=${OUT:-$ROOT/bench/out}; mkdir -p "$OUTDIR"
-if [[ -d .deps/usr ]]; then
-  export PATH=$ROOT/.deps/usr/bin:$PATH
-  export LD_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export CMAKE_PREFIX_PATH=$ROOT/.deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  export CPATH=$ROOT/.deps/usr/include${CPATH:+:$CPATH}
-fi
+source "$ROOT/bench/gpu/deps-env.sh" --headers
 cmake -S . -B build-gpu-app -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDSV4_CUDA=ON \
   > "$OUTDIR/gpu_bench_configure.log" 2>&1 || { tail -20 "$OUTDIR/gpu_bench_configure.log"; exit 1; }
 ninja -C build-gpu-app dsv4 > "$OUTDIR/gpu_bench_build.log" 2>&1 || { grep -E "error" "$OUTDIR/gpu_bench_build.log" | head -20; exit 1; }

@@ -28,12 +28,7 @@ T0=$(date +%s)
 
 # Development packages the image may lack (pcre2, xxhash, nlohmann-json, gtest, pkg-config)
 # can travel in .deps/usr (see bench/gpu/NOTES.md for how it is made).
-if [[ -d .deps/usr ]]; then
-  export PATH=$ROOT/.deps/usr/bin:$PATH
-  export LD_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export CMAKE_PREFIX_PATH=$ROOT/.deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-fi
+source "$ROOT/bench/gpu/deps-env.sh"
 
 {
   echo "== machine"; date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1

@@ -19,14 +19,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 LOG=${OUT:-$ROOT/build-gpu-app/logs}
 mkdir -p "$LOG"
-if [[ -d .deps/usr ]]; then
-  export PATH=$ROOT/.deps/usr/bin:$PATH
-  export LD_LIBRARY_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG_PATH=$ROOT/.deps/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export CMAKE_PREFIX_PATH=$ROOT/.deps/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-  # openssl's configuration header sits in the multiarch folder, which only /usr's is searched for
-  export CPATH=$ROOT/.deps/usr/include:$ROOT/.deps/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}
-fi
+source "$ROOT/bench/gpu/deps-env.sh" --headers
 echo "== serve: build dsv4 with CUDA"
 cmake -S . -B build-gpu-app -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDSV4_CUDA=ON \
   > "$LOG/serve_configure.log" 2>&1 || { tail -20 "$LOG/serve_configure.log"; exit 1; }
