@@ -401,7 +401,7 @@ TEST_F(CudaConsistency, GreedyIdsEqualHostArgmax) {
 // after its prompt and a few greedy steps (a snapshot without logits, as the server's greedy
 // sessions leave them) and after a step with logits, restored into fresh device sessions
 // (lazy, committing on restore, and eager), continues bit for bit as the original; a snapshot
-// of another model is refused and leaves the session empty.
+// of another model is refused and leaves the session it was loaded into as it was.
 TEST_F(CudaKv, SnapshotRestoresAndContinuesBitIdentically) {
     const uint64_t id = 0x5eed;
     kv::Budget budget;
@@ -450,9 +450,18 @@ TEST_F(CudaKv, SnapshotRestoresAndContinuesBitIdentically) {
         g->forward_one(*b, std::vector<int32_t>{t}, false, got.data());
         expect_same(lg, got, V, std::string(o.eager ? "eager" : "lazy") + " restore without logits");
     }
-    auto c = session(*g, 8192, &budget);
+    // refused before anything is written: a session holding a prompt keeps it, and its next
+    // step is its twin's
+    auto c = session(*g, 8192, &budget), twin = session(*g, 8192, &budget);
+    const auto other = random_tokens(40, 0, int32_t(V), 42);
+    g->forward_one(*c, other, false, nullptr);
+    g->forward_one(*twin, other, false, nullptr);
     EXPECT_THROW(kv::load_snapshot(*c, id + 1, with_logits.data(), with_logits.size(), "other model"), Error);
-    EXPECT_EQ(c->n_tokens(), 0u);
+    EXPECT_EQ(c->n_tokens(), other.size());
+    std::vector<float> lc(V), lt(V);
+    g->forward_one(*c, std::vector<int32_t>{t}, false, lc.data());
+    g->forward_one(*twin, std::vector<int32_t>{t}, false, lt.data());
+    expect_same(lt, lc, V, "the session a snapshot was refused into");
 }
 
 TEST_F(CudaKv, LazyAndEagerAreBitIdenticalAcrossGrowth) {
