@@ -2,6 +2,7 @@
 // Sessions (one live timeline each: tokens, KV, next-token logits, snapshots).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -96,8 +97,16 @@ private:
 // remains, and never one token left behind (so up to 2 more than `want`). On the GPU a lone
 // token is a decode round, summed in another order than a prompt's rounds, so a prompt cut
 // into steps that way would get other bits than the same prompt cut otherwise or evaluated
-// in one call (the scheduler's steps, `dsv4 run`'s pieces).
-size_t prompt_piece(size_t remaining, size_t want);
+// in one call (the scheduler's steps, `dsv4 run`'s pieces). Inline: the CUDA tests, built
+// without the runtime layer, replay the scheduler's cuts with it.
+inline size_t prompt_piece(size_t remaining, size_t want) {
+    size_t n = std::min(remaining, std::max<size_t>(1, want));
+    if (remaining > 1) {
+        n = std::max<size_t>(n, 2);
+        if (remaining - n == 1) ++n;
+    }
+    return n;
+}
 
 // Resident set size of this process in bytes (Linux /proc/self/statm).
 uint64_t rss_bytes();

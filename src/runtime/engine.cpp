@@ -57,15 +57,6 @@ std::unique_ptr<Engine> Engine::open(const std::string& path, const EngineOption
 
 std::unique_ptr<Session> Engine::new_session(uint64_t ctx) { return std::make_unique<Session>(*this, ctx); }
 
-size_t prompt_piece(size_t remaining, size_t want) {
-    size_t n = std::min(remaining, std::max<size_t>(1, want));
-    if (remaining > 1) {
-        n = std::max<size_t>(n, 2);
-        if (remaining - n == 1) ++n;
-    }
-    return n;
-}
-
 Session::Session(Engine& engine, uint64_t ctx) : engine_(engine) {
     if (ctx == 0) fail("--ctx must be at least 1");
     const kv::Layout layout = kv::Layout::make(engine.config(), ctx, engine.backend().options().prefill_chunk);
