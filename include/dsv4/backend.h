@@ -24,8 +24,18 @@ const char* numerics_name(Numerics n);
 struct BackendOptions {
     Numerics numerics = Numerics::Official;
     uint32_t threads = 0;          // 0: all cores
-    uint32_t prefill_chunk = 512;  // tokens per layer-major chunk (also sizes the raw ring)
+    // Tokens per layer-major chunk (also sizes the raw ring: the window plus a chunk); 0: the
+    // backend's own default (default_prefill_chunk).
+    uint32_t prefill_chunk = 0;
 };
+
+// The prefill chunk a backend takes when BackendOptions::prefill_chunk is 0. The CPU's 512
+// keeps a chunk's activations in cache; the GPU wants big rounds: a 4,096-token prompt on the
+// 43-layer flash model prefills at 587 / 1,041 / 1,859 / 3,083 / 4,233 tok/s in rounds of
+// 128 / 256 / 512 / 1,024 / 2,048 tokens (H200, bench/RESULTS.md §5.14), while each session's
+// ring grows by the chunk (~88 KB a row over 43 layers: 2,048 rows ~176 MB, only once a
+// conversation is that long: committed as written).
+constexpr uint32_t kCpuPrefillChunk = 512, kCudaPrefillChunk = 2048;
 
 // One session's part of a step: its KV and the tokens to append at positions
 // kv.n_tokens() .. kv.n_tokens() + tokens.size() - 1.

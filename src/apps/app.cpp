@@ -43,7 +43,8 @@ void ModelOptions::add_to(CLI::App& app, bool model_required) {
         ->check(CLI::IsMember({"official", "plain"}));
     app.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
     app.add_option("-c,--ctx", ctx, "logical context of the session in tokens")->check(CLI::PositiveNumber);
-    app.add_option("--chunk", chunk, "prefill chunk in tokens")->check(CLI::Range(1u, 1u << 20));
+    app.add_option("--chunk", chunk, "prefill chunk in tokens (default: 512 on the CPU, 2048 on CUDA)")
+        ->check(CLI::Range(1u, 1u << 20));
     app.add_flag("--kv-eager", kv_eager, "commit all KV memory at session creation (for comparison)");
     app.add_option("--kv-initial-rows", kv_initial_rows, "compressed KV rows per stream committed at creation");
     app.add_option("--kv-budget", kv_budget, "process-wide KV budget in bytes (e.g. 8G); 0 = none");

@@ -18,7 +18,7 @@ struct ModelOptions {
     std::string numerics = "official";
     uint32_t threads = 0;
     uint64_t ctx = 4096;
-    uint32_t chunk = 512;
+    uint32_t chunk = 0;   // 0: the backend's default (kCpuPrefillChunk / kCudaPrefillChunk)
     bool kv_eager = false;
     uint64_t kv_initial_rows = 4096;
     std::string kv_budget;          // bytes, with optional K/M/G suffix

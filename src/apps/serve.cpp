@@ -44,7 +44,7 @@ struct ServeOptions {
     uint32_t max_sessions = 8;
     uint32_t max_active = 0;
     uint32_t max_queued = 64;
-    uint32_t prefill_chunk = 256;
+    uint32_t prefill_chunk = 0;   // 0: the backend's chunk on CUDA, 256 on the CPU (run_serve)
     uint64_t default_max_tokens = 393216;
     std::string max_body = "16M";
     uint32_t http_threads = 0;
@@ -541,14 +541,21 @@ int run_serve(const ServeOptions& o) {
     so.max_sessions = o.max_sessions;
     so.max_active = o.max_active;
     so.max_queued = o.max_queued;
-    so.prefill_chunk = o.prefill_chunk;
-    so.prefill_step_tokens = o.prefill_chunk;
     so.disk_dir = o.kv_disk_dir;
     so.disk_max_bytes = parse_bytes("--kv-disk-max", o.kv_disk_max);
     so.disk_save_prompt_min_tokens = o.kv_cache_min_tokens;
     parse_bytes("--max-body", o.max_body);
 
     auto engine = o.mo.open_engine();
+    // Prompt tokens a step takes. The GPU prefills ~4x faster in 2,048-token rounds than in
+    // 256-token ones (backend.h: kCudaPrefillChunk), so on CUDA a step takes a whole backend
+    // chunk; on the CPU 256 keeps the other requests' decode steps short while a prompt runs.
+    const Backend& be = engine->backend();
+    const uint32_t step = o.prefill_chunk      ? o.prefill_chunk
+                          : be.name() == "cuda" ? be.options().prefill_chunk
+                                                : std::min(256u, be.options().prefill_chunk);
+    so.prefill_chunk = step;
+    so.prefill_step_tokens = step;
     Server server(o, *engine, so);
     // cpp-httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed when Debian
     // built the library), so a burst of clients connecting at once overflows it: Linux drops
@@ -574,9 +581,11 @@ int run_serve(const ServeOptions& o) {
                      std::strerror(errno));
     std::printf("dsv4 serve: listening on http://%s:%d\n", o.host.c_str(), port);
     std::fflush(stdout);
-    std::fprintf(stderr, "dsv4 serve: %s backend, ctx %llu, up to %u sessions (%u generating), KV budget %s, disk %s\n",
+    std::fprintf(stderr,
+                 "dsv4 serve: %s backend, ctx %llu, up to %u sessions (%u generating), %u prompt tokens a step, "
+                 "KV budget %s, disk %s\n",
                  engine->backend().name().c_str(), static_cast<unsigned long long>(so.ctx), so.max_sessions,
-                 server.scheduler().options().max_active,
+                 server.scheduler().options().max_active, so.prefill_step_tokens,
                  engine->budget().limit() ? human_bytes(engine->budget().limit()).c_str() : "none",
                  so.disk_dir.empty() ? "off" : so.disk_dir.c_str());
 
@@ -633,9 +642,9 @@ Runner add_serve(CLI::App& app) {
         ->capture_default_str();
     cmd->add_option("--parallel", o->max_active, "requests generating at once (default: --max-sessions)");
     cmd->add_option("--max-queued", o->max_queued, "requests waiting for a session before 429")->capture_default_str();
-    cmd->add_option("--prefill-chunk", o->prefill_chunk, "prompt tokens per step, interleaved with decode")
-        ->check(CLI::Range(1u, 1u << 20))
-        ->capture_default_str();
+    cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                    "prompt tokens per step, interleaved with decode (default: 256 on the CPU, the --chunk on CUDA)")
+        ->check(CLI::Range(1u, 1u << 20));
     cmd->add_option("-n,--tokens", o->default_max_tokens, "default max_tokens (clamped to the free context)")
         ->capture_default_str();
     cmd->add_option("--max-body", o->max_body, "largest request body (413 beyond)")->capture_default_str();

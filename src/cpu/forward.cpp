@@ -790,7 +790,9 @@ void CpuBackend::forward(std::span<StepInput> inputs) {
 }  // namespace cpu
 
 std::unique_ptr<Backend> make_cpu_backend(const model::Model& m, const BackendOptions& opt) {
-    return std::make_unique<cpu::CpuBackend>(m, opt);
+    BackendOptions o = opt;
+    if (!o.prefill_chunk) o.prefill_chunk = kCpuPrefillChunk;
+    return std::make_unique<cpu::CpuBackend>(m, o);
 }
 
 }  // namespace dsv4

@@ -1292,7 +1292,9 @@ void profile_enable(bool on) { g_profile_on = on; }
 void prefill_flat_override(int on) { g_prefill_flat_override = on; }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {
-    return std::make_unique<CudaBackend>(m, opt);
+    BackendOptions o = opt;
+    if (!o.prefill_chunk) o.prefill_chunk = kCudaPrefillChunk;
+    return std::make_unique<CudaBackend>(m, o);
 }
 
 }  // namespace dsv4::cuda

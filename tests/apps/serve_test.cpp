@@ -335,6 +335,10 @@ TEST(ServeHttp, CompletionsModelsHealthMetrics) {
     EXPECT_GE(metric(mt.body, "dsv4_sessions_resident"), 1);
     EXPECT_NE(mt.body.find("dsv4_http_requests_total{path=\"/v1/completions\",status=\"200\"} 2"), std::string::npos)
         << mt.body;
+    // the CPU's default step of prompt tokens (CUDA's is its 2,048-token backend chunk)
+    EXPECT_NE(s.log().find("cpu backend, ctx 1024, up to 8 sessions (8 generating), 256 prompt tokens a step"),
+              std::string::npos)
+        << s.log();
 }
 
 TEST(ServeHttp, BadInputGetsOpenAIErrorsAndTheServerKeepsServing) {
@@ -477,6 +481,7 @@ TEST(ServeHttp, SixteenConcurrentClientsMatchSingleClientRuns) {
     const std::string mt = curl(s.url("/metrics")).body;
     EXPECT_LT(metric(mt, "dsv4_steps_total") - steps0, 16 * 24 * 0.5);
     EXPECT_EQ(metric(mt, "dsv4_requests_failed_total"), 0);
+    EXPECT_NE(s.log().find(", 64 prompt tokens a step"), std::string::npos) << s.log();   // --prefill-chunk
 }
 
 TEST(ServeHttp, SmallBudgetEvictsToDiskAndRestores) {

@@ -44,6 +44,23 @@ TEST_P(ChunkingTest, PrefillChunkSizeDoesNotMatterSmall) {
 INSTANTIATE_TEST_SUITE_P(Numerics, ChunkingTest, ::testing::Values(Numerics::Official, Numerics::Plain),
                          [](const auto& info) { return std::string(numerics_name(info.param)); });
 
+TEST(BackendOptions, ChunkZeroIsTheBackendsDefaultAndSizesTheRing) {
+    // BackendOptions::prefill_chunk 0 (the CLI's default) takes the backend's own chunk, which
+    // the engine's sessions then size their raw ring by; an explicit chunk is kept.
+    auto m = model::Model::load(tiny());
+    EXPECT_EQ(make_cpu_backend(*m, BackendOptions{})->options().prefill_chunk, kCpuPrefillChunk);
+    BackendOptions o;
+    o.prefill_chunk = 100;
+    EXPECT_EQ(make_cpu_backend(*m, o)->options().prefill_chunk, 100u);
+    runtime::EngineOptions eo;
+    eo.backend = "cpu";
+    auto e = runtime::Engine::open(tiny(), eo);
+    auto s = e->new_session(4096);
+    EXPECT_EQ(s->prefill_chunk(), kCpuPrefillChunk);
+    const uint64_t window = m->config.n_swa;
+    EXPECT_EQ(kv::Layout::make(m->config, 4096, s->prefill_chunk()).raw_cap, window + kCpuPrefillChunk);
+}
+
 TEST(KvLazy, LazyAndEagerAreBitIdenticalAcrossGrowth) {
     // Tiny initial commit: a 2,000-token prompt and 300 generated tokens cross many growth points.
     auto opt_lazy = test::cpu_options(Numerics::Official, 64);

@@ -53,6 +53,7 @@ TEST(CudaMemory, WeightsThatDoNotFitAreRefusedWithTheSizes) {
     DSV4_REQUIRE_CUDA();
     auto m = model::Model::load(synth("memory-small-f32", "small", "f32"));
     BackendOptions o;
+    o.prefill_chunk = 512;   // (the sizes below were set for 512-token rounds)
     std::string why;
     {
         DeviceHog hog(64ull << 20);   // less than the weights plus the backend's working room
@@ -78,6 +79,7 @@ TEST(CudaMemory, KvCommitRefusedWhenTheDeviceIsFullOthersRun) {
     DSV4_REQUIRE_CUDA();
     auto m = model::Model::load(synth("memory-small-f32", "small", "f32"));
     BackendOptions o;
+    o.prefill_chunk = 512;   // (the sizes below were set for 512-token rounds)
     std::string why;
     auto g = make_cuda_backend(*m, o, &why);
     ASSERT_NE(g, nullptr) << why;

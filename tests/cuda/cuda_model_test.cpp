@@ -523,3 +523,15 @@ TEST_F(CudaKv, TheGuardRefusesAStepAndOthersRun) {
     EXPECT_NE(one[0].error.find("budget"), std::string::npos) << one[0].error;
     EXPECT_EQ(t->n_tokens(), 0u);
 }
+
+TEST(CudaBackendOptions, ChunkZeroIsTheGpusDefault) {
+    // prefill_chunk 0 (the CLI's default) takes CUDA's 2,048-token rounds (backend.h: ~4x the
+    // prefill rate of 256-token ones on the H200); an explicit chunk is kept.
+    DSV4_REQUIRE_CUDA();
+    auto m = model::Model::load(tiny("f32"));
+    std::string why;
+    auto g = make_cuda_backend(*m, BackendOptions{}, &why);
+    ASSERT_TRUE(g) << why;
+    EXPECT_EQ(g->options().prefill_chunk, kCudaPrefillChunk);
+    EXPECT_EQ(open_gpu(*m, Numerics::Plain, 300)->options().prefill_chunk, 300u);
+}
