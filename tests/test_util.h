@@ -231,13 +231,13 @@ inline size_t same_timelines(const std::vector<Timeline>& got, const std::vector
 }
 
 // Solo, all prompts in one step, and steps as the server makes them (256 prompt tokens, one
-// arrival a step), twice: every timeline must be the solo one bit for bit. Prompts of 60 to
-// 109 tokens. Prints one line tagged `tag`.
+// arrival a step), twice: every timeline must be the solo one bit for bit. Prompts of
+// `prompt0` to prompt0 + 7 (n_prompts - 1) tokens. Prints one line tagged `tag`.
 inline void expect_compositions_equal_solo(Backend& b, const std::string& tag, size_t n_prompts = 8,
-                                           uint32_t steps = 8, uint64_t ctx = 2048) {
+                                           uint32_t steps = 8, uint64_t ctx = 2048, size_t prompt0 = 60) {
     const int32_t V = int32_t(b.config().n_vocab);
     std::vector<std::vector<int32_t>> prompts;
-    for (size_t i = 0; i < n_prompts; ++i) prompts.push_back(random_tokens(60 + 7 * i, 0, V, 500 + i));
+    for (size_t i = 0; i < n_prompts; ++i) prompts.push_back(random_tokens(prompt0 + 7 * i, 0, V, 500 + i));
     std::vector<Timeline> solo;
     for (const auto& p : prompts) solo.push_back(run_composition(b, {p}, steps, SIZE_MAX, 0, ctx)[0]);
     struct Case {
@@ -249,7 +249,8 @@ inline void expect_compositions_equal_solo(Backend& b, const std::string& tag, s
     // takes it with the rest)
     const Case cases[] = {{"together", SIZE_MAX, 0}, {"server steps", 256, 1}, {"server steps again", 256, 1},
                           {"small steps", 37, 2}, {"59-token steps", 59, 1}};
-    std::printf("[%s] %zu prompts, %u greedy steps each, timelines bit-identical to solo:", tag.c_str(), n_prompts, steps);
+    std::printf("[%s] %zu prompts of %zu+ tokens, %u greedy steps each, timelines bit-identical to solo:", tag.c_str(),
+                n_prompts, prompt0, steps);
     for (const Case& c : cases) {
         std::string why;
         const size_t same = same_timelines(run_composition(b, prompts, steps, c.budget, c.stagger, ctx), solo, &why);

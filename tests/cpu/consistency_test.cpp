@@ -248,4 +248,6 @@ TEST(Greedy, IdsEqualArgmaxOfTheLogits) {
 TEST(Batching, ServeCompositionsEqualSolo) {
     auto e = runtime::Engine::open(tiny(), test::cpu_options(Numerics::Official, 64));
     test::expect_compositions_equal_solo(e->backend(), "cpu-compose tiny", 6, 6, 1024);
+    // decode steps across position 128 (a ratio-128 layer's first compressed row)
+    test::expect_compositions_equal_solo(e->backend(), "cpu-compose tiny, across 128", 6, 24, 1024, 100);
 }
