@@ -25,7 +25,7 @@ struct BackendOptions {
     Numerics numerics = Numerics::Official;
     uint32_t threads = 0;          // 0: all cores
     // Tokens per layer-major chunk (also sizes the raw ring: the window plus a chunk); 0: the
-    // backend's own default (default_prefill_chunk).
+    // backend's own default (kCpuPrefillChunk / kCudaPrefillChunk below).
     uint32_t prefill_chunk = 0;
 };
 
