@@ -422,6 +422,56 @@ TEST(CudaBench, FlashServeCompositionsEqualSolo) {
                                          8192, prompt0);
 }
 
+// The same work repeated in one process must give the same bits every time: the compositions'
+// solo timelines (8 prompts, each alone, in order) and all 8 together, DSV4_BENCH_REPEATS
+// times (default 10), each against the first repetition. An intermittent difference here is a
+// race (run 106 saw one solo timeline of 40 differ); running it under DSV4_CUDA_PDL=0,
+// DSV4_CUDA_BRANCHES=0 or DSV4_CUDA_GRAPHS=0 says which mechanism it needs.
+TEST(CudaBench, FlashRepeatsAreBitIdentical) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    if (std::getenv("DSV4_BENCH_AB") && !std::getenv("DSV4_BENCH_COMPOSE")) GTEST_SKIP() << "DSV4_BENCH_AB";
+    BenchModel& bm = bench_model();
+    ASSERT_TRUE(bm.g);
+    const uint32_t steps = std::max(1u, env_u32("DSV4_BENCH_COMPOSE_STEPS", 48));
+    const size_t prompt0 = std::max(2u, env_u32("DSV4_BENCH_COMPOSE_PROMPT", 90));
+    const uint32_t reps = std::max(2u, env_u32("DSV4_BENCH_REPEATS", 10));
+    const int32_t V = int32_t(bm.m->config.n_vocab);
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < 8; ++i) prompts.push_back(random_tokens(prompt0 + 7 * i, 0, V, 500 + i));
+    std::vector<test::Timeline> solo0, together0;
+    size_t solo_bad = 0, together_bad = 0;
+    const double t0 = now_s();
+    for (uint32_t rep = 0; rep < reps; ++rep) {
+        std::vector<test::Timeline> solo;
+        for (const auto& p : prompts) solo.push_back(test::run_composition(*bm.g, {p}, steps, SIZE_MAX, 0, 8192)[0]);
+        const auto together = test::run_composition(*bm.g, prompts, steps, SIZE_MAX, 0, 8192);
+        if (rep == 0) {
+            solo0 = solo;
+            together0 = together;
+            continue;
+        }
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            std::string why;
+            if (test::same_timelines({solo[i]}, {solo0[i]}, &why) != 1) {
+                ++solo_bad;
+                std::printf("  repetition %u, solo prompt %zu: %s\n", rep, i, why.c_str());
+            }
+            why.clear();
+            if (test::same_timelines({together[i]}, {together0[i]}, &why) != 1) {
+                ++together_bad;
+                std::printf("  repetition %u, together prompt %zu: %s\n", rep, i, why.c_str());
+            }
+        }
+    }
+    const size_t n = size_t(reps - 1) * prompts.size();
+    std::printf("[cuda-repeats flash %u layers] %u repetitions of 8 prompts of %zu+ tokens, %u greedy steps: "
+                "timelines unlike the first repetition's: solo %zu/%zu, together %zu/%zu (%.1f s)\n",
+                bm.layers, reps, prompt0, steps, solo_bad, n, together_bad, n, now_s() - t0);
+    EXPECT_EQ(solo_bad, 0u);
+    EXPECT_EQ(together_bad, 0u);
+}
+
 // One Q8_0 decode product (one activation row) at the shapes of q_b, out_a, out_b and the
 // shared expert: device time (events around the launch) after a 256 MB write (the L2 then
 // holds dirty lines of other data) and warm (the same product just before), against a
