@@ -477,9 +477,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
             if (i >= nr) break;
             const uint64_t r = r0 + i;
             // Every load of the row first (the sublayer's output, the routed experts' rows,
-            // the gates), then the arithmetic, then the stores: X is written here, so a load
-            // after a store of X could not be moved above it and each would wait its own
-            // round trip.
+            // the gates), then the arithmetic; the stores of X wait for the barrier below.
             constexpr uint32_t kDownMax = 8;   // routed experts' rows loaded together (more: a loop)
             float4 yv4 = make_float4(0, 0, 0, 0), dn[kDownMax];
             if (pp.y) yv4 = reinterpret_cast<const float4*>(pp.y + r * E)[u];
@@ -516,11 +514,22 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
                 for (uint32_t c = 0; c < 4; ++c) o[c] = hc_post_out(in[c], H, yv[c], po, C, j);
                 x[i][j] = make_float4(o[0], o[1], o[2], o[3]);
             }
-            if (g == 0)
-#pragma unroll
-                for (uint32_t j = 0; j < H; ++j)
-                    reinterpret_cast<float4*>(const_cast<float*>(X) + r * HD + uint64_t(j) * E)[u] = x[i][j];
         }
+    }
+    if (pp.active) {
+        // Every group of the block read these X quads above and group 0 overwrites them: the
+        // barrier keeps its stores behind the other warps' loads. (Without it, a warp whose
+        // load of X was still unserved when warp 0 stored read the new X and applied the post
+        // twice: run 106's intermittent decode difference, a timeline in ~40.)
+        __syncthreads();
+        if (g == 0 && have)
+#pragma unroll
+            for (uint32_t i = 0; i < RB; ++i)
+                if (i < nr)
+#pragma unroll
+                    for (uint32_t j = 0; j < H; ++j)
+                        reinterpret_cast<float4*>(const_cast<float*>(X) + (r0 + i) * HD + uint64_t(j) * E)[u] =
+                            x[i][j];
     }
 
     double dm[RB][S::MT], dg[RB][S::GT];
