@@ -53,6 +53,11 @@ struct StepInput {
     // the device, so with `logits` null only the id crosses to the host, not n_vocab floats.
     int32_t* greedy = nullptr;
     int32_t greedy_exclude = -1;
+    // These tokens are (part of) a prompt: even a single one runs as a prompt round. A backend
+    // may sum a round of one token (a decode step) in another order than a prompt's rounds (the
+    // CUDA backend does), so without this a prompt cut to leave a lone token would get other
+    // bits than the same prompt cut otherwise. A single token without it is a decode step.
+    bool prompt = false;
 };
 
 class Backend {
@@ -69,8 +74,10 @@ public:
     virtual void forward(std::span<StepInput> inputs) = 0;
 
     // One session; throws Error when its step is refused.
-    void forward_one(kv::SessionKV& kv, std::span<const int32_t> tokens, bool all_logits, float* logits) {
+    void forward_one(kv::SessionKV& kv, std::span<const int32_t> tokens, bool all_logits, float* logits,
+                     bool prompt = false) {
         StepInput in{&kv, tokens, all_logits, logits, {}};
+        in.prompt = prompt;
         forward(std::span<StepInput>(&in, 1));
         if (!in.error.empty()) throw Error(in.error);
     }

@@ -68,6 +68,9 @@ public:
     // Evaluates tokens at the end of the timeline. `all_logits` (optional) receives
     // [n][n_vocab] logits for every position; logits() always ends up holding the last.
     void eval(std::span<const int32_t> tokens, float* all_logits = nullptr);
+    // eval for a prompt's tokens (StepInput::prompt): a piece of one token is evaluated as
+    // part of the prompt, not as a decode step, so every cut of a prompt gives the same bits.
+    void eval_prompt(std::span<const int32_t> tokens, float* all_logits = nullptr);
     // Greedy decoding's step: evaluates tokens and returns the id of the largest next-token
     // logit (argmax_excluding in sampler.h, `exclude` never; -1: none excluded). The logits
     // stay with the backend (on the GPU: only the id is downloaded), so logits() is empty
@@ -86,6 +89,8 @@ public:
     void load_file(const std::string& path);
 
 private:
+    void eval_as(std::span<const int32_t> tokens, float* all_logits, bool prompt);
+
     Engine& engine_;
     std::unique_ptr<kv::SessionKV> kv_;
     std::vector<int32_t> tokens_;
@@ -94,11 +99,10 @@ private:
 
 // How many tokens of a prompt, `remaining` of them still to evaluate, the next piece takes
 // when `want` (at least 1) are asked for: never a piece of one token while more of the prompt
-// remains, and never one token left behind (so up to 2 more than `want`). On the GPU a lone
-// token is a decode round, summed in another order than a prompt's rounds, so a prompt cut
-// into steps that way would get other bits than the same prompt cut otherwise or evaluated
-// in one call (the scheduler's steps, `dsv4 run`'s pieces). Inline: the CUDA tests, built
-// without the runtime layer, replay the scheduler's cuts with it.
+// remains, and never one token left behind (so up to 2 more than `want`). A piece is a round
+// over every weight of the model: one of a single token pays a whole round for it. (Its bits
+// are the prompt's either way: pieces go in as StepInput::prompt.) Inline: the CUDA tests,
+// built without the runtime layer, replay the scheduler's cuts with it.
 inline size_t prompt_piece(size_t remaining, size_t want) {
     size_t n = std::min(remaining, std::max<size_t>(1, want));
     if (remaining > 1) {

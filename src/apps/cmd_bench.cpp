@@ -67,7 +67,7 @@ Runner add_bench(CLI::App& app) {
             const uint64_t have = s->tokens().size();
             const uint64_t n_new = frontier - have;
             auto t0 = clock::now();
-            if (n_new) s->eval(std::span<const int32_t>(ids.data() + have, n_new));
+            if (n_new) s->eval_prompt(std::span<const int32_t>(ids.data() + have, n_new));
             const double pf_s = std::chrono::duration<double>(clock::now() - t0).count();
             const std::vector<uint8_t> snap = s->save();
             t0 = clock::now();

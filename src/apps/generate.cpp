@@ -51,7 +51,7 @@ GenerationStats generate(runtime::Session& s, const text::Tokenizer& tok, std::s
     double t0 = now_s();
     for (size_t done = 0; done < tokens.size();) {
         const size_t n = runtime::prompt_piece(tokens.size() - done, chunk);
-        s.eval(tokens.subspan(done, n));
+        s.eval_prompt(tokens.subspan(done, n));
         done += n;
         if (tty && tokens.size() > chunk) {
             const int w = 30, filled = int(w * done / tokens.size());

@@ -61,6 +61,9 @@ const uint32_t g_decode_pair_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_PA
 // kernel boundaries on a layer's critical path stops paying a full launch latency.
 // DSV4_CUDA_PDL=0 keeps plain edges (read at each capture, so one process can compare).
 bool pdl_on() { return env_switch("DSV4_CUDA_PDL", true); }
+// A prompt's tokens (several, or one marked StepInput::prompt) run in prompt rounds; a single
+// unmarked token is a decode step (decode's kernels and order of sums).
+bool is_prompt(const StepInput& in) { return in.tokens.size() > 1 || in.prompt; }
 // mHC pre in two launches spread over the GPU (hc_pre_mix + hc_pre_collapse) where the shape
 // allows; DSV4_HC_FUSED=0 keeps the three single-block-per-row launches (rms_norm, the mix
 // product, hc_pre_finish) for A/B measurement.
@@ -1054,17 +1057,17 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         lkv.clear();
         std::vector<size_t> take(inputs.size(), 0);
         // With prompts in their own order (prefill_flat), a round holds prompts' chunks or
-        // single tokens, never both, so a decode token's bits never depend on what other
-        // sessions send beside it: the single tokens go first, in one short round.
+        // decode tokens, never both, so a decode token's bits never depend on what other
+        // sessions send beside it: the decode tokens go first, in one short round.
         bool singles = false;
         if (prefill_flat())
             for (size_t i = 0; i < inputs.size(); ++i)
-                singles = singles || (inputs[i].error.empty() && done[i] < inputs[i].tokens.size() &&
-                                      inputs[i].tokens.size() == 1);
+                singles = singles ||
+                          (inputs[i].error.empty() && done[i] < inputs[i].tokens.size() && !is_prompt(inputs[i]));
         for (size_t i = 0; i < inputs.size(); ++i) {
             StepInput& in = inputs[i];
             if (!in.error.empty() || done[i] >= in.tokens.size()) continue;
-            if (singles && in.tokens.size() > 1) continue;   // (the next round)
+            if (singles && is_prompt(in)) continue;   // (the next round)
             take[i] = std::min<size_t>(chunk, in.tokens.size() - done[i]);
             const int32_t sidx = int32_t(sb.size());
             sb.push_back(uint32_t(rows_.size()));
@@ -1113,7 +1116,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         }
         const uint32_t NW = uint32_t(want_host_.size());
         bool prompt = false;
-        for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && inputs[i].tokens.size() > 1);
+        for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && is_prompt(inputs[i]));
         const bool flat = prefill_flat() && prompt;
         gemm_prefill_order(flat);
         gemm_decode_round(!prompt);

@@ -68,15 +68,19 @@ Session::~Session() = default;
 
 uint32_t Session::prefill_chunk() const { return engine_.backend().options().prefill_chunk; }
 
-void Session::eval(std::span<const int32_t> tokens, float* all_logits) {
+void Session::eval(std::span<const int32_t> tokens, float* all_logits) { eval_as(tokens, all_logits, false); }
+
+void Session::eval_prompt(std::span<const int32_t> tokens, float* all_logits) { eval_as(tokens, all_logits, true); }
+
+void Session::eval_as(std::span<const int32_t> tokens, float* all_logits, bool prompt) {
     if (tokens.empty()) fail("nothing to evaluate: empty token list");
     const uint32_t V = engine_.config().n_vocab;
     logits_.resize(V);
     if (all_logits) {
-        engine_.backend().forward_one(*kv_, tokens, true, all_logits);
+        engine_.backend().forward_one(*kv_, tokens, true, all_logits, prompt);
         std::copy(all_logits + (tokens.size() - 1) * V, all_logits + tokens.size() * V, logits_.begin());
     } else {
-        engine_.backend().forward_one(*kv_, tokens, false, logits_.data());
+        engine_.backend().forward_one(*kv_, tokens, false, logits_.data(), prompt);
     }
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
 }
@@ -102,7 +106,7 @@ size_t Session::sync(std::span<const int32_t> prompt) {
         reset();
         reused = 0;
     }
-    eval(prompt.subspan(reused));
+    eval_prompt(prompt.subspan(reused));
     return reused;
 }
 

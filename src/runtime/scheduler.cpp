@@ -527,6 +527,7 @@ struct Scheduler::Impl {
                 a.slot->logits.clear();
             }
             inputs.push_back({a.slot->kv.get(), std::span<const int32_t>(prompt.data() + a.prompt_pos, n), false, lg, {}});
+            inputs.back().prompt = true;
             owner.push_back(&a);
             budget -= std::min(budget, n);   // (a piece may take up to 2 more: prompt_piece)
             prefill_rows += n;

@@ -125,7 +125,9 @@ BenchModel& bench_model() {
     b.m = model::Model::load(path);
     BackendOptions o;
     o.numerics = Numerics::Official;
-    o.prefill_chunk = 2048;
+    // DSV4_BENCH_PREFILL_CHUNK: the backend's chunk (2,048: the prefill figure), the
+    // largest round FlashPrefillByRoundSize can measure
+    o.prefill_chunk = env_u32("DSV4_BENCH_PREFILL_CHUNK", 2048);
     std::string why;
     b.g = make_cuda_backend(*b.m, o, &why);
     if (!b.g) ADD_FAILURE() << why;
@@ -381,7 +383,10 @@ TEST(CudaBench, FlashPrefillByRoundSize) {
     Backend& g = *bm.g;
     const uint32_t V = bm.m->config.n_vocab;
     const std::vector<uint32_t> sizes = env_u32_list("DSV4_BENCH_CHUNKS", "128,256,512,1024,2048");
-    const size_t n = 4096;
+    // a prompt of at least two of the largest rounds (4,096 tokens for the default sizes)
+    size_t n = 4096;
+    for (uint32_t N : sizes)
+        if (N <= g.options().prefill_chunk) n = std::max<size_t>(n, 2 * size_t(N));
     const auto prompt = random_tokens(n, 0, int32_t(V), 77);
     std::printf("\n== prefill by round size, %u layers: a %zu-token prompt in pieces of N tokens ==\n", bm.layers, n);
     std::printf("%-8s %10s %12s\n", "N", "ms", "tokens/s");
@@ -392,7 +397,7 @@ TEST(CudaBench, FlashPrefillByRoundSize) {
     }
     for (uint32_t N : sizes) {
         if (N == 0 || N > g.options().prefill_chunk) continue;   // a call's rounds are at most the chunk
-        auto kv = session(g, 8192, &budget);
+        auto kv = session(g, std::max<uint64_t>(8192, n), &budget);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const double t0 = now_s();
         for (size_t done = 0; done < n; done += N)
