@@ -519,8 +519,9 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
     if (pp.active) {
         // Every group of the block read these X quads above and group 0 overwrites them: the
         // barrier keeps its stores behind the other warps' loads. (Without it, a warp whose
-        // load of X was still unserved when warp 0 stored read the new X and applied the post
-        // twice: run 106's intermittent decode difference, a timeline in ~40.)
+        // load of X was still unserved when warp 0 stored would read the new X and apply the
+        // post twice: a candidate for run 106's intermittent decode difference, not reproduced
+        // since either way; NOTES, twenty-first round.)
         __syncthreads();
         if (g == 0 && have)
 #pragma unroll

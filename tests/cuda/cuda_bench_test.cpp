@@ -456,17 +456,16 @@ TEST(CudaBench, FlashRepeatsAreBitIdentical) {
             together0 = together;
             continue;
         }
-        for (size_t i = 0; i < prompts.size(); ++i) {
+        auto compare = [&](const test::Timeline& got, const test::Timeline& first, const char* what, size_t i,
+                           size_t& bad) {
             std::string why;
-            if (test::same_timelines({solo[i]}, {solo0[i]}, &why) != 1) {
-                ++solo_bad;
-                std::printf("  repetition %u, solo prompt %zu: %s\n", rep, i, why.c_str());
-            }
-            why.clear();
-            if (test::same_timelines({together[i]}, {together0[i]}, &why) != 1) {
-                ++together_bad;
-                std::printf("  repetition %u, together prompt %zu: %s\n", rep, i, why.c_str());
-            }
+            if (test::same_timelines({got}, {first}, &why) == 1) return;
+            ++bad;
+            std::printf("  repetition %u, %s prompt %zu: %s\n", rep, what, i, why.c_str());
+        };
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            compare(solo[i], solo0[i], "solo", i, solo_bad);
+            compare(together[i], together0[i], "together", i, together_bad);
         }
     }
     const size_t n = size_t(reps - 1) * prompts.size();
