@@ -547,9 +547,6 @@ struct Iq2Smem {
 };
 static_assert(Iq2Smem<2, true, true>::bytes + 1024 <= 228 * 1024 / 2, "FLAT IQ2_XXS: 2 blocks an SM");
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return uint32_t(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }

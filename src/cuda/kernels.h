@@ -248,6 +248,9 @@ void matvec_grouped(const DevWeight& W, const DevAct& a, uint32_t R, float* y, u
 // Tests: the IQ2_XXS decode tables' place as DSV4_KQ_SMEM would choose it (0 global memory,
 // 1 shared, 2 shared with 3 blocks per SM); -1 (initially) follows the environment.
 void kq_smem_select(int mode);
+// Tests: the streamed IQ2_XXS decode kernel as DSV4_KQ_STREAM would choose it (1 where it
+// applies, 0 never); -1 (initially) follows the environment.
+void kq_stream_select(int v);
 
 // Tests: the decode variant DSV4_Q2K_V would choose for Q2_K with one slot (0 four rows per
 // warp, 1 eight rows per warp, 2 four rows with 3 blocks per SM, 3 eight rows with 3, 4 / 5

@@ -1096,6 +1096,148 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_q2k_pipe_kernel(MV p) 
         n0 = nn;
     }
 }
+// ---- IQ2_XXS decode streamed through shared memory (DSV4_KQ_STREAM) ----------------------
+//
+// kq_kernel_smem holds a warp's weights in registers: a warp loads its rows, waits, computes,
+// and only then loads again, and the registers those loads take cap the warps an SM keeps.
+// Here each warp streams its rows into a ring of NST stages in shared memory by bulk copies
+// (lane 0 issues them; no registers while in flight) and refills a stage as soon as it has
+// read it, so from the router's result on every warp has NST rows on the way. The activation
+// (one per block row: the pair's, or the row of a one-row product) stays in registers for the
+// whole kernel instead of being reloaded a row, with its byte-wise negation: the signs go
+// onto the activation (a prmt picks a or -a per byte) instead of onto the grid magnitudes,
+// which saves the negation of every grid word.
+//
+// Measured (runs 112-113, Nsight Compute, caches flushed, the 6 experts' gate+up of one
+// token): 18.7-19.2 µs against kq_kernel_smem's 20.0-20.4, 4 layers' decode 0.511 ms a token
+// against 0.519-0.522. Both kernels issue ~0.5 instructions a cycle a scheduler with DRAM at
+// ~28 %: the expansion's instructions (~3 a weight and lane) and their latency, not the bytes
+// in flight, bound both. Measured and removed: the same streaming for the Q2_K down product
+// (12.4 µs against kq_q2k_pipe_kernel's 10.1-10.4: its rows are short, and the per-row copy,
+// wait and butterfly cost more than they hide); 24 warps an SM with the signs on the grid
+// words instead of the activation (80 registers: 20.3 µs; more warps did not make up for
+// the two more operations per 8 values); the table lookups by 32-bit addresses in inline PTX
+// (19.4 µs).
+//
+// The sums are kq_body's: the same lanes take the same super-blocks (lane / 4 + 8 st) and
+// quarters (lane % 4), the same integer sums (Σ g·(±a) = Σ (±g)·a exactly, as no activation
+// code is -128: the quantiser maps the largest magnitude to ±127), the same float steps in
+// the same order, the same butterfly: the same bits (Iq2DecodeSharedTablesEqualGlobal). Rows
+// of exactly 8 STEPS super-blocks (K = 2,048 STEPS), one slot a block row.
+template <int NW, int STEPS>
+struct Iq2Stream {
+    static constexpr uint32_t NSB = 8 * STEPS;
+    static constexpr uint32_t CB = NSB * 64;               // a row's repacked codes
+    static constexpr uint32_t DB = NSB * 2;                // a row's f16 scales
+    static constexpr uint32_t STAGE = NW * (CB + DB);      // one row of each weight
+    static_assert(CB % 16 == 0 && DB % 16 == 0, "bulk copies: multiples of 16 bytes");
+    static constexpr size_t smem(int warps, int nst) { return kIq2SmemBytes + size_t(warps) * nst * (8 + STAGE); }
+};
+
+template <int NW, int STEPS, int NST, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS, 1) iq2_stream_kernel(MV p) {
+    using S = Iq2Stream<NW, STEPS>;
+    pdl_launch();
+    extern __shared__ uint4 kq_smem[];
+    uint8_t* smb = reinterpret_cast<uint8_t*>(kq_smem);
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = lane & 3;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smb + kIq2SmemBytes) + warp * NST;
+    uint8_t* ring = smb + kIq2SmemBytes + 8 * WARPS * NST + size_t(warp) * NST * S::STAGE;
+    if (lane == 0)
+        for (int st = 0; st < NST; ++st) mbar_init(&bars[st], 1);
+    // the tables are constants: filled while the kernels before this one finish
+    iq2_fill_rep<32 * WARPS, 32>(kq_smem, kq_smem + kIq2SmemGrid / 16, g_iq2_grid, g_iq2_sel.v, threadIdx.x);
+    pdl_wait();   // the expert of the block row and the activation come from the kernels before
+    Slots<1> sl;
+    get_slots<1>(p, sl);
+    const uint64_t stride = uint64_t(gridDim.x) * WARPS;
+    uint64_t n = uint64_t(blockIdx.x) * WARPS + warp;
+    const uint8_t* wq[2] = {reinterpret_cast<const uint8_t*>(p.wqs), reinterpret_cast<const uint8_t*>(p.wqs2)};
+    const uint16_t* wd[2] = {p.wd, p.wd2};
+    // lane 0 sends row r of every weight into stage st (armed for all their bytes)
+    auto issue = [&](int st, uint64_t r) {
+        const uint64_t wrow = sl.wbase + p.row0 + r;
+        uint8_t* dst = ring + st * S::STAGE;
+        mbar_expect_tx(&bars[st], S::STAGE);
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            bulk_copy_g2s(dst + j * S::CB, wq[j] + wrow * S::CB, S::CB, &bars[st]);
+            bulk_copy_g2s(dst + NW * S::CB + j * S::DB, wd[j] + wrow * S::NSB, S::DB, &bars[st]);
+        }
+    };
+    if (lane == 0)
+        for (int st = 0; st < NST; ++st)
+            if (n + st * stride < p.N) issue(st, n + st * stride);
+    __syncthreads();   // the tables (and every warp's barriers initialised)
+
+    // this lane's activation: super-blocks lane / 4 + 8 k, groups 2q and 2q + 1, and negated
+    const uint64_t AL = p.act_len, sb0 = lane >> 2;
+    float dx[STEPS];
+    uint32_t xa[STEPS][16], xn[STEPS][16];
+#pragma unroll
+    for (int k = 0; k < STEPS; ++k) {
+        const uint64_t sb = sb0 + 8 * k;
+        const uint4* a4 = reinterpret_cast<const uint4*>(p.aq + sl.act[0] * AL + sb * 256 + 64 * q);
+        dx[k] = p.ad[sl.act[0] * (AL / 256) + sb];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 v = a4[i];
+            xa[k][4 * i] = v.x, xa[k][4 * i + 1] = v.y, xa[k][4 * i + 2] = v.z, xa[k][4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xn[k][i] = __vneg4(xa[k][i]);
+    }
+    const uint8_t* gb = smb + (lane & 15) * 8;             // this lane's grid copy
+    const uint8_t* sbt = smb + kIq2SmemGrid + lane * 4;   // and selector copy
+
+    for (uint32_t it = 0; n < p.N; ++it, n += stride) {
+        const int st = int(it % NST);
+        mbar_wait(&bars[st], (it / NST) & 1);
+        const uint8_t* stage = ring + st * S::STAGE;
+        float acc[NW];
+#pragma unroll
+        for (int j = 0; j < NW; ++j) {
+            acc[j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < STEPS; ++k) {
+                const uint32_t sb = uint32_t(sb0) + 8 * k;
+                const uint4 w = *reinterpret_cast<const uint4*>(stage + j * S::CB + sb * 64 + 16 * q);
+                const uint32_t ws[2][2] = {{w.x, w.y}, {w.z, w.w}};
+                int isum = 0;
+#pragma unroll
+                for (int g = 0; g < 2; ++g) {
+                    int sm = 0;
+#pragma unroll
+                    for (int l = 0; l < 4; ++l) {
+                        uint2 gv;
+                        uint32_t sel;
+                        iq2_row_rep<32>(ws[g][0], ws[g][1], l, gb, sbt, gv, sel);
+                        const int i0 = 8 * g + 2 * l;
+                        sm = __dp4a(int(gv.x), int(prmt(xa[k][i0], xn[k][i0], sel)), sm);
+                        sm = __dp4a(int(gv.y), int(prmt(xa[k][i0 + 1], xn[k][i0 + 1], sel >> 16)), sm);
+                    }
+                    isum += sm * int(2 * (ws[g][1] >> 28) + 1);
+                }
+                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                if (q == 0) {
+                    const float dw = f16_to_f32(reinterpret_cast<const uint16_t*>(stage + NW * S::CB + j * S::DB)[sb]);
+                    acc[j] = fmaf(dw * dx[k], float(isum), acc[j]);
+                }
+            }
+        }
+        // every lane has read the stage: refill it with the row NST rows on
+        __syncwarp();
+        if (lane == 0 && n + NST * stride < p.N) {
+            fence_proxy_async_smem();
+            issue(st, n + NST * stride);
+        }
+        float v = warp_sum(acc[0]) * 0.125f;
+        if constexpr (NW == 2) v = swiglu_pair(v, warp_sum(acc[NW - 1]) * 0.125f, p.clamp, p.ew, sl.out[0]);
+        if (lane == 0) p.y[uint64_t(sl.out[0]) * p.y_stride + n] = v;
+    }
+}
+
 int g_q2k_select = -1;   // q2k_select
 
 // Slots per block and rows per warp: one slot per block row for expert pairs (their weight
@@ -1121,6 +1263,55 @@ void launch_kq_grid(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStrea
     kernel<<<grid, block, smem, s>>>(p);
 }
 
+// iq2_stream_kernel's launch: one block of 16 warps an SM, each warp NST stages deep (~136 KB
+// of rings; NST from 2 to 8 by the stage's size), the grid cut to one wave.
+int g_kq_stream_select = -1;   // kq_stream_select
+constexpr int kIq2StreamWarps = 16;
+constexpr int iq2_stream_stages(uint32_t stage) {
+    const int n = int(139264 / (kIq2StreamWarps * (stage + 8)));
+    return n < 2 ? 2 : n > 8 ? 8 : n;
+}
+
+template <int NW, int STEPS>
+void launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
+    using S = Iq2Stream<NW, STEPS>;
+    constexpr int NST = iq2_stream_stages(S::STAGE);
+    constexpr int WARPS = kIq2StreamWarps;
+    const auto kernel = iq2_stream_kernel<NW, STEPS, NST, WARPS>;
+    const size_t smem = S::smem(WARPS, NST);
+    static const bool attr = [&] {
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+              "iq2_stream_kernel: shared memory");
+        return true;
+    }();
+    (void)attr;
+    const uint32_t res = resident_blocks(reinterpret_cast<const void*>(kernel), 32 * WARPS, smem);
+    const uint32_t gx =
+        uint32_t(std::min<uint64_t>((p.N + WARPS - 1) / WARPS, std::max<uint32_t>(1, (res + gy - 1) / gy)));
+    kernel<<<dim3(gx, gy), 32 * WARPS, smem, s>>>(p);
+}
+
+// DSV4_KQ_STREAM (read once; kq_stream_select for tests): 1 (default) iq2_stream_kernel for
+// IQ2_XXS with one slot a block row and rows of 2,048 or 4,096 values on sm_90 and later
+// (bulk copies), 0 kq_kernel_smem. False: not applicable, the caller goes on.
+template <int NW>
+bool launch_iq2_stream(const MV& p, uint32_t gy, cudaStream_t s) {
+    static const int env = env_int("DSV4_KQ_STREAM", 1);
+    static const bool bulk = [] {
+        int dev = 0, major = 0;
+        return cudaGetDevice(&dev) == cudaSuccess &&
+               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+    }();
+    const int v = g_kq_stream_select >= 0 ? g_kq_stream_select : env;
+    uintptr_t align = uintptr_t(p.wqs) | uintptr_t(p.wd);
+    if (NW == 2) align |= uintptr_t(p.wqs2) | uintptr_t(p.wd2);
+    if (v != 1 || !bulk || align % 16) return false;
+    if (p.K == 2048) launch_iq2_stream_k<NW, 1>(p, gy, s);
+    else if (p.K == 4096) launch_iq2_stream_k<NW, 2>(p, gy, s);
+    else return false;
+    return true;
+}
+
 template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
     static const int rw_env = env_int("DSV4_KQ_RW", 0);
@@ -1133,6 +1324,7 @@ void launch_kq(const MV& p, cudaStream_t s) {
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block), gy), block(32 * kKqWarps);
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
     if constexpr (T == T_IQ2_XXS) {
+        if (rb == 1 && !p.grp && !rw_env && launch_iq2_stream<NW>(p, gy, s)) return;
         const int sm = g_kq_smem_select >= 0 ? g_kq_smem_select : smem_env;
         if (rb == 1 && (sm == 1 || sm == 2)) {
             // 48 KB of dynamic shared memory: within the default limit, no attribute needed
@@ -1508,6 +1700,7 @@ void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, cons
 }
 
 void kq_smem_select(int mode) { g_kq_smem_select = mode; }
+void kq_stream_select(int v) { g_kq_stream_select = v; }
 void q2k_select(int v) { g_q2k_select = v; }
 void read_floor(const void* p, uint64_t bytes, int mode, uint32_t* sink, cudaStream_t s) {
     const uint64_t n16 = bytes / 16;

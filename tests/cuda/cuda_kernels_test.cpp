@@ -1540,9 +1540,10 @@ TEST_F(CudaKernels, MoePairGroupsEqualOnePairAtATime) {
 
 TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
     // IQ2_XXS decode (one slot per block row) looks its grid and signs up in shared memory
-    // (DSV4_KQ_SMEM = 1, or 2 with 3 blocks per SM); the results must be those of the
-    // global-memory lookups (0) bit for bit: plain rows and expert pairs, gate+up fused and
-    // single products, N not a multiple of a block's rows (warps without rows), K of one
+    // (DSV4_KQ_SMEM = 1, or 2 with 3 blocks per SM), or streams its rows through shared
+    // memory (mode 3 here: DSV4_KQ_STREAM, for K = 2,048 and 4,096); the results must be those
+    // of the global-memory lookups (0) bit for bit: plain rows and expert pairs, gate+up fused
+    // and single products, N not a multiple of a block's rows (warps without rows), K of one
     // partial to two full rounds of loads.
     const uint64_t RPE = 200, NEXP = 3, N = 200;
     for (const uint64_t K : {256, 2048, 4096, 8192}) {
@@ -1559,8 +1560,9 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
         ActHolder ah(AR * K);
         const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::IQ2_XXS), dx.get(), K, AR, K, ah.buf, nullptr);
         std::vector<float> ref[4];
-        for (int mode : {0, 1, 2}) {
-            cuda::kq_smem_select(mode);
+        for (int mode : {0, 1, 2, 3}) {
+            cuda::kq_smem_select(mode == 3 ? 1 : mode);
+            cuda::kq_stream_select(mode == 3 ? 1 : 0);
             DevVec<float> y1(N), y2(P * N), f1(N), f2(P * N);
             cuda::matvec(dg.w, a, 1, y1.get(), N, N, 0, nullptr);
             cuda::matvec(dg.w, a, P, y2.get(), N, N, 0, nullptr, dex.get(), RPE, 2);
@@ -1578,6 +1580,7 @@ TEST_F(CudaKernels, Iq2DecodeSharedTablesEqualGlobal) {
             }
         }
         cuda::kq_smem_select(-1);
+        cuda::kq_stream_select(-1);
     }
 }
 
