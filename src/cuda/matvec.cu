@@ -1272,23 +1272,31 @@ constexpr int iq2_stream_stages(uint32_t stage) {
     return n < 2 ? 2 : n > 8 ? 8 : n;
 }
 
+// False where the GPU's blocks cannot have its shared memory (~185 KB: Hopper and the data
+// centre Blackwells can, the GeForce Blackwells, 99 KB, cannot): the caller goes on.
 template <int NW, int STEPS>
-void launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
+bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
     using S = Iq2Stream<NW, STEPS>;
     constexpr int NST = iq2_stream_stages(S::STAGE);
     constexpr int WARPS = kIq2StreamWarps;
     const auto kernel = iq2_stream_kernel<NW, STEPS, NST, WARPS>;
     const size_t smem = S::smem(WARPS, NST);
-    static const bool attr = [&] {
+    static const bool fits = [&] {
+        int dev = 0, most = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+            size_t(most) < smem)
+            return false;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
               "iq2_stream_kernel: shared memory");
         return true;
     }();
-    (void)attr;
+    if (!fits) return false;
     const uint32_t res = resident_blocks(reinterpret_cast<const void*>(kernel), 32 * WARPS, smem);
     const uint32_t gx =
         uint32_t(std::min<uint64_t>((p.N + WARPS - 1) / WARPS, std::max<uint32_t>(1, (res + gy - 1) / gy)));
     kernel<<<dim3(gx, gy), 32 * WARPS, smem, s>>>(p);
+    return true;
 }
 
 // DSV4_KQ_STREAM (read once; kq_stream_select for tests): 1 (default) iq2_stream_kernel for
@@ -1306,10 +1314,9 @@ bool launch_iq2_stream(const MV& p, uint32_t gy, cudaStream_t s) {
     uintptr_t align = uintptr_t(p.wqs) | uintptr_t(p.wd);
     if (NW == 2) align |= uintptr_t(p.wqs2) | uintptr_t(p.wd2);
     if (v != 1 || !bulk || align % 16) return false;
-    if (p.K == 2048) launch_iq2_stream_k<NW, 1>(p, gy, s);
-    else if (p.K == 4096) launch_iq2_stream_k<NW, 2>(p, gy, s);
-    else return false;
-    return true;
+    if (p.K == 2048) return launch_iq2_stream_k<NW, 1>(p, gy, s);
+    if (p.K == 4096) return launch_iq2_stream_k<NW, 2>(p, gy, s);
+    return false;
 }
 
 template <uint32_t T, int NW>
