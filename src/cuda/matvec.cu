@@ -1272,8 +1272,9 @@ constexpr int iq2_stream_stages(uint32_t stage) {
     return n < 2 ? 2 : n > 8 ? 8 : n;
 }
 
-// False where the GPU's blocks cannot have its shared memory (~185 KB: Hopper and the data
-// centre Blackwells can, the GeForce Blackwells, 99 KB, cannot): the caller goes on.
+// False where the GPU has no bulk copies (before sm_90) or its blocks cannot have the
+// kernel's shared memory (~185 KB: Hopper and the data centre Blackwells can, the GeForce
+// Blackwells, 99 KB, cannot): the caller goes on.
 template <int NW, int STEPS>
 bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
     using S = Iq2Stream<NW, STEPS>;
@@ -1282,8 +1283,9 @@ bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
     const auto kernel = iq2_stream_kernel<NW, STEPS, NST, WARPS>;
     const size_t smem = S::smem(WARPS, NST);
     static const bool fits = [&] {
-        int dev = 0, most = 0;
+        int dev = 0, major = 0, most = 0;
         if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9 ||
             cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
             size_t(most) < smem)
             return false;
@@ -1292,10 +1294,7 @@ bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
         return true;
     }();
     if (!fits) return false;
-    const uint32_t res = resident_blocks(reinterpret_cast<const void*>(kernel), 32 * WARPS, smem);
-    const uint32_t gx =
-        uint32_t(std::min<uint64_t>((p.N + WARPS - 1) / WARPS, std::max<uint32_t>(1, (res + gy - 1) / gy)));
-    kernel<<<dim3(gx, gy), 32 * WARPS, smem, s>>>(p);
+    launch_kq_grid(kernel, dim3(uint32_t((p.N + WARPS - 1) / WARPS), gy), dim3(32 * WARPS), smem, s, p);
     return true;
 }
 
@@ -1305,15 +1304,10 @@ bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
 template <int NW>
 bool launch_iq2_stream(const MV& p, uint32_t gy, cudaStream_t s) {
     static const int env = env_int("DSV4_KQ_STREAM", 1);
-    static const bool bulk = [] {
-        int dev = 0, major = 0;
-        return cudaGetDevice(&dev) == cudaSuccess &&
-               cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-    }();
     const int v = g_kq_stream_select >= 0 ? g_kq_stream_select : env;
     uintptr_t align = uintptr_t(p.wqs) | uintptr_t(p.wd);
     if (NW == 2) align |= uintptr_t(p.wqs2) | uintptr_t(p.wd2);
-    if (v != 1 || !bulk || align % 16) return false;
+    if (v != 1 || align % 16) return false;
     if (p.K == 2048) return launch_iq2_stream_k<NW, 1>(p, gy, s);
     if (p.K == 4096) return launch_iq2_stream_k<NW, 2>(p, gy, s);
     return false;
