@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <utility>
 #include <cstdint>
+#include <type_traits>
 #include <cstdlib>
 
 #include <cooperative_groups.h>
@@ -46,6 +47,13 @@ __device__ __forceinline__ void mma_s8(const uint32_t (&a)[4], const uint32_t (&
 }
 
 __device__ __forceinline__ uint32_t ld32(const int8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// float(v) without I2F (a quarter-rate conversion) for integer sums |v| < 2^22 formed by adds
+// from kQ8Magic (1.5 · 2^23 as a float's bits) instead of 0: the bits 0x4B400000 + v are the
+// float 12,582,912 + v exactly (floats in [2^23, 2^24) are the integers), so one subtraction
+// gives the value float(v) gives: the same bits.
+constexpr int kQ8Magic = 0x4B400000;   // 12,582,912.0f
+__device__ __forceinline__ float magic_float(int biased) { return __int_as_float(biased) - 12582912.0f; }
 
 // Element-wise over register fragment arrays of any shape (fully unrolled).
 template <typename F>
@@ -292,6 +300,7 @@ struct KqGemm {
     const float* ew;
     const uint64_t *grid, *sign;
     const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
+    bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
 };
 
 // A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs, so each expanded weight
@@ -511,6 +520,30 @@ constexpr int kSmRows = 64;                 // weight rows a block
 // ldmatrix's 8 row addresses fall on different banks
 constexpr int kSmRowE = 256 + 16;
 
+// A warp's tiles of 8 pairs in a staged expert GEMM block. The block's two halves of warps (h =
+// warp / 4) take the group's tiles alternately (tile nt of half h: pairs 8 (2 nt + h) ..), and
+// a warp skips its tiles that start past the group's count (their ldmatrix, MMAs, integer and
+// float steps, stores): a prompt chunk's groups are ~3/4 full (12,288 pairs of a 2,048-token
+// chunk over 256 experts, 64 slots a group), and alternating keeps the two halves' work equal
+// up to a tile. Which thread forms an output changes; its operations do not (same bits).
+template <int NT>
+struct PairTiles {
+    int h, n;   // n: the warp's tiles holding a pair (tiles of 8: ceil(cnt / 8) in the group)
+    __device__ PairTiles(uint32_t half, int cnt, bool skip)
+        : h(int(half)), n(skip ? ((cnt + 7) / 8 - int(half) + 1) / 2 : NT) {}
+    __device__ int base(int nt) const { return 8 * (2 * nt + h); }
+    // lane's ldmatrix.x4 row for tiles 2 np (matrices 0, 1) and 2 np + 1 (matrices 2, 3)
+    __device__ uint32_t ldm_row(int np, uint32_t lane) const { return uint32_t(base(2 * np + int(lane >> 4))) + (lane & 7); }
+};
+// f(std::integral_constant<int, min(n, NT)>) for a run-time n >= I: the kernel's tile loops
+// with the count a constant.
+template <int I, int NT, typename F>
+__device__ __forceinline__ void with_tiles(int n, F&& f) {
+    if constexpr (I >= NT) f(std::integral_constant<int, NT>{});
+    else if (n <= I) f(std::integral_constant<int, I>{});
+    else with_tiles<I + 1, NT>(n, f);
+}
+
 // REP: the tables replicated (iq2.cuh: the grid in 16 copies, the sign selectors in 16), each
 // lane reading its own copy: a warp's 64-bit grid lookups take the minimum 2 shared-memory
 // passes and its selector lookups 2, where one copy of each (REP = false: the grid and the
@@ -573,7 +606,8 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     const int32_t* gp = p.pairs + g[1];
     const int cnt = min(g[2], PAIRS);
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * (PAIRS / 2);   // this warp's rows and pairs in the block
+    const uint32_t wm = (warp & 3) * 16;   // this warp's weight rows in the block
+    const PairTiles<NT> pt(warp >> 2, cnt, p.skip_tiles);   // and its tiles of pairs
     const uint64_t m0 = uint64_t(blockIdx.x) * kSmRows;
     const int nsb = int(p.K / 256);
     int nvis = nsb;   // super-blocks visited (FLAT: sb = idx)
@@ -626,147 +660,154 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     issue(0);
     cp_async_commit();
     float pre = scale_at(0);
+    // the rest with the warp's tile count a constant (run-time guards would cut the unrolled
+    // tile loops into blocks the compiler cannot interleave: each MMA's latency exposed)
+    with_tiles<0, NT>(pt.n, [&](auto ntv) {
+        constexpr int NV = decltype(ntv)::value;
 
-    // One super-block (the idx-th visited): wait for its stage, start the next one's copies,
-    // expand its codes, its MMAs, its float step into cur.
-    auto step = [&](int idx, float (&cur)[NW][NT][4]) {
-        const int s = idx & 1;
-        cp_async_wait_all();
-        __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
-        if (idx + 1 < nvis) issue(idx + 1);
-        cp_async_commit();
-        // expand the codes: unit u = (weight, row, 32-value group), 8 int8 per grid row
-        const uint8_t* raw = sm + L::raw + s * NW * kSmRows * 64;
+        // One super-block (the idx-th visited): wait for its stage, start the next one's copies,
+        // expand its codes, its MMAs, its float step into cur.
+        auto step = [&](int idx, float (&cur)[NW][NT][4]) {
+            const int s = idx & 1;
+            cp_async_wait_all();
+            __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
+            if (idx + 1 < nvis) issue(idx + 1);
+            cp_async_commit();
+            // expand the codes: unit u = (weight, row, 32-value group), 8 int8 per grid row
+            const uint8_t* raw = sm + L::raw + s * NW * kSmRows * 64;
 #pragma unroll 1
-        for (int i = 0; i < 2 * NW; ++i) {
-            const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
-            const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
-            uint32_t w[8];
-            if constexpr (REP) {
-                iq2_expand_rep<kIq2GemmSelCopies, GC>(q.x, q.y, sm + L::grid + (lane & (GC - 1)) * 8,
-                                                      sm + L::sign + (lane & 15) * 4, w);
+            for (int i = 0; i < 2 * NW; ++i) {
+                const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
+                const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
+                uint32_t w[8];
+                if constexpr (REP) {
+                    iq2_expand_rep<kIq2GemmSelCopies, GC>(q.x, q.y, sm + L::grid + (lane & (GC - 1)) * 8,
+                                                          sm + L::sign + (lane & 15) * 4, w);
+                } else {
+#pragma unroll
+                    for (int l = 0; l < 4; ++l) {
+                        const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
+                        const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
+                        const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
+                        const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
+                        w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
+                        w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
+                    }
+                }
+                // groups 4-7 store their second half first: 8 lanes' 16-byte stores then fall
+                // on 8 different bank quads
+                uint4* e = reinterpret_cast<uint4*>(sm + L::exp + jr * kSmRowE + grp * 32);
+                const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
+                const uint32_t sw = (grp >> 2) & 1;
+                e[sw] = sw ? hi : lo;
+                e[sw ^ 1] = sw ? lo : hi;
+                sm[L::ls + jr * 8 + grp] = uint8_t(2 * (q.y >> 28) + 1);
+            }
+            if (t < uint32_t(NW * kSmRows)) reinterpret_cast<float*>(sm + L::dw)[t] = pre;
+            else if (t < uint32_t(NW * kSmRows + PAIRS))
+                reinterpret_cast<float*>(sm + L::dx)[t - NW * kSmRows] = pre;
+            if (idx + 1 < nvis) pre = scale_at(idx + 1);
+            __syncthreads();   // expanded rows, scales visible
+            int isum[NW][NT][4];
+            each(isum, [](int& x) { x = 0; });
+            const uint8_t* as = sm + L::act + s * PAIRS * kSmRowE;
+            // group grp's MMAs; lsv: words of the group scales of rows gid, gid + 8 (weight j), the
+            // group's byte at bit `shift`
+            auto mma_group = [&](int grp, const uint32_t (&lsv)[NW][2], int shift) {
+                // B, per 16 pairs: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
+                uint32_t b[NT / 2][4];
+#pragma unroll
+                for (int np = 0; np < NT / 2; ++np)
+                    if (2 * np < NV)
+                        ldmatrix_x4(b[np], as + pt.ldm_row(np, lane) * kSmRowE + grp * 32 + ((lane >> 3) & 1) * 16);
+#pragma unroll
+                for (int j = 0; j < NW; ++j) {
+                    // A: matrices (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
+                    uint32_t a[4];
+                    ldmatrix_x4(a, sm + L::exp + (j * kSmRows + wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE +
+                                       grp * 32 + (lane >> 4) * 16);
+                    int ls[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) ls[h] = int((lsv[j][h] >> shift) & 0xFF);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        if (nt >= NV) continue;
+                        int d[4];
+                        const uint32_t bb[2] = {b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]};
+                        mma_s8(a, bb, d);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) isum[j][nt][e] += d[e] * ls[e >> 1];
+                    }
+                }
+            };
+            if constexpr (FLAT) {
+                // the scales of 4 groups at a time (a word a row: 4 registers fewer than all 8)
+#pragma unroll 1
+                for (int half = 0; half < 2; ++half) {
+                    uint32_t lsw[NW][2];
+#pragma unroll
+                    for (int j = 0; j < NW; ++j)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            lsw[j][h] = *reinterpret_cast<const uint32_t*>(
+                                sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8 + 4 * half);
+#pragma unroll 2
+                    for (int g4 = 0; g4 < 4; ++g4) mma_group(4 * half + g4, lsw, 8 * g4);
+                }
             } else {
-#pragma unroll
-                for (int l = 0; l < 4; ++l) {
-                    const uint64_t gv = sgrid[(q.x >> (8 * l)) & 0xFF];
-                    const uint64_t m = ssign[(q.y >> (7 * l)) & 127];
-                    const uint32_t glo = uint32_t(gv), ghi = uint32_t(gv >> 32);
-                    const uint32_t mlo = uint32_t(m), mhi = uint32_t(m >> 32);
-                    w[2 * l] = (glo ^ mlo) + (mlo & 0x01010101u);
-                    w[2 * l + 1] = (ghi ^ mhi) + (mhi & 0x01010101u);
-                }
-            }
-            // groups 4-7 store their second half first: 8 lanes' 16-byte stores then fall
-            // on 8 different bank quads
-            uint4* e = reinterpret_cast<uint4*>(sm + L::exp + jr * kSmRowE + grp * 32);
-            const uint4 lo = make_uint4(w[0], w[1], w[2], w[3]), hi = make_uint4(w[4], w[5], w[6], w[7]);
-            const uint32_t sw = (grp >> 2) & 1;
-            e[sw] = sw ? hi : lo;
-            e[sw ^ 1] = sw ? lo : hi;
-            sm[L::ls + jr * 8 + grp] = uint8_t(2 * (q.y >> 28) + 1);
-        }
-        if (t < uint32_t(NW * kSmRows)) reinterpret_cast<float*>(sm + L::dw)[t] = pre;
-        else if (t < uint32_t(NW * kSmRows + PAIRS))
-            reinterpret_cast<float*>(sm + L::dx)[t - NW * kSmRows] = pre;
-        if (idx + 1 < nvis) pre = scale_at(idx + 1);
-        __syncthreads();   // expanded rows, scales visible
-        int isum[NW][NT][4];
-        each(isum, [](int& x) { x = 0; });
-        const uint8_t* as = sm + L::act + s * PAIRS * kSmRowE;
-        // group grp's MMAs; lsv: words of the group scales of rows gid, gid + 8 (weight j), the
-        // group's byte at bit `shift`
-        auto mma_group = [&](int grp, const uint32_t (&lsv)[NW][2], int shift) {
-            // B, per 16 pairs: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
-            uint32_t b[NT / 2][4];
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np)
-                ldmatrix_x4(b[np], as + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * kSmRowE + grp * 32 +
-                                       ((lane >> 3) & 1) * 16);
-#pragma unroll
-            for (int j = 0; j < NW; ++j) {
-                // A: matrices (rows 0-7, k 0-15), (8-15, 0-15), (0-7, 16-31), (8-15, 16-31)
-                uint32_t a[4];
-                ldmatrix_x4(a, sm + L::exp + (j * kSmRows + wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE +
-                                   grp * 32 + (lane >> 4) * 16);
-                int ls[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) ls[h] = int((lsv[j][h] >> shift) & 0xFF);
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    int d[4];
-                    const uint32_t bb[2] = {b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]};
-                    mma_s8(a, bb, d);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) isum[j][nt][e] += d[e] * ls[e >> 1];
-                }
-            }
-        };
-        if constexpr (FLAT) {
-            // the scales of 4 groups at a time (a word a row: 4 registers fewer than all 8)
-#pragma unroll 1
-            for (int half = 0; half < 2; ++half) {
-                uint32_t lsw[NW][2];
+                uint2 lsw[NW][2];
 #pragma unroll
                 for (int j = 0; j < NW; ++j)
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
-                        lsw[j][h] = *reinterpret_cast<const uint32_t*>(
-                            sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8 + 4 * half);
+                        lsw[j][h] = *reinterpret_cast<const uint2*>(sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8);
 #pragma unroll 2
-                for (int g4 = 0; g4 < 4; ++g4) mma_group(4 * half + g4, lsw, 8 * g4);
+                for (int grp = 0; grp < 8; ++grp) {
+                    uint32_t lv[NW][2];
+#pragma unroll
+                    for (int j = 0; j < NW; ++j)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) lv[j][h] = grp < 4 ? lsw[j][h].x : lsw[j][h].y;
+                    mma_group(grp, lv, 8 * (grp & 3));
+                }
             }
-        } else {
-            uint2 lsw[NW][2];
+            // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j, and the
+            // CPU's dot_iq2_xxs: fmaf(d_w · d_x, bsum, s)) does it
+            const float* sdw = reinterpret_cast<const float*>(sm + L::dw);
+            const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
 #pragma unroll
-            for (int j = 0; j < NW; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    lsw[j][h] = *reinterpret_cast<const uint2*>(sm + L::ls + (j * kSmRows + wm + gid + 8 * h) * 8);
-#pragma unroll 2
-            for (int grp = 0; grp < 8; ++grp) {
-                uint32_t lv[NW][2];
+            for (int nt = 0; nt < NT; ++nt) {
+                if (nt >= NV) continue;
+                const float dx[2] = {sdx[pt.base(nt) + 2 * tig], sdx[pt.base(nt) + 2 * tig + 1]};
 #pragma unroll
                 for (int j = 0; j < NW; ++j)
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) lv[j][h] = grp < 4 ? lsw[j][h].x : lsw[j][h].y;
-                mma_group(grp, lv, 8 * (grp & 3));
+                    for (int e = 0; e < 4; ++e) {
+                        const float dwv = sdw[j * kSmRows + wm + gid + 8 * (e >> 1)];
+                        cur[j][nt][e] = fmaf(dwv * dx[e & 1], float(isum[j][nt][e]), cur[j][nt][e]);
+                    }
             }
-        }
-        // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j, and the
-        // CPU's dot_iq2_xxs: fmaf(d_w · d_x, bsum, s)) does it
-        const float* sdw = reinterpret_cast<const float*>(sm + L::dw);
-        const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
-#pragma unroll
-            for (int j = 0; j < NW; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float dwv = sdw[j * kSmRows + wm + gid + 8 * (e >> 1)];
-                    cur[j][nt][e] = fmaf(dwv * dx[e & 1], float(isum[j][nt][e]), cur[j][nt][e]);
-                }
-        }
-    };
+        };
 
-    float cur[NW][NT][4];
-    sum_superblocks<FLAT>(nsb, cur, step);
-    cp_async_wait_all();
+        float cur[NW][NT][4];
+        sum_superblocks<FLAT>(nsb, cur, step);
+        cp_async_wait_all();
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+        for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
-            const int c = int(wn) + nt * 8 + int(2 * tig) + (e & 1);
-            if (n >= p.N || c >= cnt) continue;
-            const uint32_t pc = uint32_t(gp[c]);
-            float v = cur[0][nt][e] * 0.125f;
-            if constexpr (NW == 2) {
-                const float u = cur[1][nt][e] * 0.125f;
-                v = swiglu_pair(v, u, p.clamp, p.ew, pc);
+            for (int e = 0; e < 4; ++e) {
+                const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
+                const int c = pt.base(nt) + int(2 * tig) + (e & 1);
+                if (n >= p.N || c >= cnt) continue;
+                const uint32_t pc = uint32_t(gp[c]);
+                float v = cur[0][nt][e] * 0.125f;
+                if constexpr (NW == 2) {
+                    const float u = cur[1][nt][e] * 0.125f;
+                    v = swiglu_pair(v, u, p.clamp, p.ew, pc);
+                }
+                p.y[uint64_t(pc) * p.y_stride + n] = v;
             }
-            p.y[uint64_t(pc) * p.y_stride + n] = v;
-        }
+    });
 }
 
 
@@ -786,18 +827,37 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
 // 24 warps an SM. FLAT (prompt rounds, k order; MMA_MINS only): groups of 64 pairs, 8 warps of
 // 16 rows × 32 pairs (4 accumulator tiles a thread in the stack's registers), no bsum staging:
 // 62 KB of shared memory, still 3 blocks an SM; 80 registers, 36 bytes spilled (112 unbounded).
-template <bool FLAT = false>
+//
+// MINS picks how the mins' sums are formed: 0 scalar sums of the staged bsums (DSV4_GEMM_SMEM=2,
+// not FLAT), 1 two more m16n8k32 MMAs per 32 values against the activation (MMA_MINS above;
+// DSV4_Q2K_MINS=1), 2 (the default) one m16n8k16 pair per super-block against the bsums: the
+// super-block's 16 mins of a row are the A operand (k = sub-block), its 16 bsums of a pair the
+// B operand, split as bsum = 128 hi + lo with lo in [0, 127] and hi in [-16, 15] (|bsum| <= 16 ·
+// 128) so both fit int8: Σ_u m_u bsum_u = 128 Σ m·hi + Σ m·lo, the same integer. The bsums are
+// staged as MINS 0 stages them and split into bytes once per super-block beside the expansion.
+// A super-block's mins then cost one k32 MMA's work a tile instead of 16.
+template <bool FLAT = false, int MINS = 1>
 struct Q2Smem {
     static constexpr int pairs = FLAT ? int(kKqFlatPairs) : int(kKqPairs);   // a group's pairs at most
+    static constexpr int bss = MINS == 0 ? 80 : 64;                // bytes a staged pair's bsums take
     static constexpr int exp = 0;                                  // [64] rows of kSmRowE int8
     static constexpr int raw = exp + kSmRows * kSmRowE;            // [2][64][80] scales + codes
     static constexpr int act = raw + 2 * kSmRows * 80;             // [2][pairs] rows of kSmRowE int8
-    static constexpr int bs = act + 2 * pairs * kSmRowE;           // [2][pairs][20] int32 (16 used; not FLAT)
-    static constexpr int dw = bs + (FLAT ? 0 : 2 * pairs * 80);    // [64][2] float (d, dmin)
+    static constexpr int bs = act + 2 * pairs * kSmRowE;           // [2][pairs] bss bytes: 16 int32 (MINS 0, 2)
+    static constexpr int split = bs + (MINS == 1 ? 0 : 2 * pairs * bss);   // [pairs][48]: lo, hi bytes (MINS 2)
+    static constexpr int dw = split + (MINS == 2 ? pairs * 48 : 0);        // [64][2] float (d, dmin)
     static constexpr int dx = dw + kSmRows * 8;                    // [pairs] float
     static constexpr int bytes = dx + pairs * 4;
 };
-static_assert(3 * (Q2Smem<true>::bytes + 1024) <= 228 * 1024, "FLAT Q2_K: 3 blocks an SM");
+static_assert(3 * (Q2Smem<true, 1>::bytes + 1024) <= 228 * 1024, "FLAT Q2_K: 3 blocks an SM");
+static_assert(3 * (Q2Smem<true, 2>::bytes + 1024) <= 228 * 1024, "FLAT Q2_K (bsum mins): 3 blocks an SM");
+
+__device__ __forceinline__ void mma_s8_k16(const uint32_t (&a)[2], uint32_t b, int (&d)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b));
+}
 
 __device__ __forceinline__ void mma_s8_acc(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
     asm volatile(
@@ -807,11 +867,11 @@ __device__ __forceinline__ void mma_s8_acc(const uint32_t (&a)[4], uint32_t b0, 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <bool MMA_MINS, bool FLAT = false>
+template <int MINS, bool FLAT = false>
 __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
-    static_assert(MMA_MINS || !FLAT, "FLAT: mins by MMA only");
+    static_assert(MINS != 0 || !FLAT, "FLAT: mins by MMA only");
     pdl_begin();
-    using L = Q2Smem<FLAT>;
+    using L = Q2Smem<FLAT, MINS>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 16;   // NT: a warp's tiles of 8 pairs
     extern __shared__ __align__(16) uint8_t sm[];
     const uint32_t gi = blockIdx.y;
@@ -821,7 +881,8 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
     const int32_t* gp = p.pairs + g[1];
     const int cnt = min(g[2], PAIRS);
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const uint32_t wm = (warp & 3) * 16, wn = (warp >> 2) * (PAIRS / 2);
+    const uint32_t wm = (warp & 3) * 16;
+    const PairTiles<NT> pt(warp >> 2, cnt, p.skip_tiles);
     const uint64_t m0 = uint64_t(blockIdx.x) * kSmRows;
     const int nsb = int(p.K / 256);
     int nvis = nsb;   // super-blocks visited (FLAT: sb = idx)
@@ -857,8 +918,8 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
             cp_async16(sm + L::act + (s * PAIRS + int(t) / TP) * kSmRowE + part * 16,
                        p.aq + uint64_t(arow) * p.AL + uint64_t(sb) * 256 + part * 16);
         }
-        if (!MMA_MINS && t < uint32_t(4 * PAIRS))
-            cp_async16(sm + L::bs + (s * PAIRS + int(t >> 2)) * 80 + (t & 3) * 16,
+        if (MINS != 1 && t < uint32_t(4 * PAIRS))
+            cp_async16(sm + L::bs + (s * PAIRS + int(t >> 2)) * L::bss + (t & 3) * 16,
                        p.absum + uint64_t(brow) * (p.AL / 16) + uint64_t(sb) * 16 + (t & 3) * 4);
     };
     // scales staged per super-block: a row's (d, dmin) (t < 64) or a pair's dx (64 <= t < 64 + PAIRS)
@@ -875,125 +936,170 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
     issue(0);
     cp_async_commit();
     uint32_t pre = scale_at(0);
+    // the rest with the warp's tile count a constant (run-time guards would cut the unrolled
+    // tile loops into blocks the compiler cannot interleave: each MMA's latency exposed)
+    with_tiles<0, NT>(pt.n, [&](auto ntv) {
+        constexpr int NV = decltype(ntv)::value;
 
-    // One super-block (the idx-th visited): wait for its stage, start the next one's copies,
-    // expand its codes, its MMAs, its float step into cur.
-    auto step = [&](int idx, float (&cur)[NT][4]) {
-        const int s = idx & 1;
-        cp_async_wait_all();
-        __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
-        if (idx + 1 < nvis) issue(idx + 1);
-        cp_async_commit();
-        // expand: unit (row, 32 values = sub-blocks 2c, 2c + 1) -> q · (scale & 15)
-        const uint8_t* raw = sm + L::raw + s * kSmRows * 80;
+        // One super-block (the idx-th visited): wait for its stage, start the next one's copies,
+        // expand its codes, its MMAs, its float step into cur.
+        auto step = [&](int idx, float (&cur)[NT][4]) {
+            const int s = idx & 1;
+            cp_async_wait_all();
+            __syncthreads();   // stage s landed for all; every warp is done with the last MMAs
+            if (idx + 1 < nvis) issue(idx + 1);
+            cp_async_commit();
+            // expand: unit (row, 32 values = sub-blocks 2c, 2c + 1) -> q · (scale & 15)
+            const uint8_t* raw = sm + L::raw + s * kSmRows * 80;
 #pragma unroll 1
-        for (int i = 0; i < 2; ++i) {
-            const uint32_t u = t + 256 * i, c = u & 7, row = u >> 3, hh = c >> 2, jp = c & 3;
-            const uint8_t* rr = raw + row * 80;
-            const uint4 q0 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh);
-            const uint4 q1 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh + 16);
-            const uint32_t s0 = rr[2 * c] & 0xF, s1 = rr[2 * c + 1] & 0xF;
-            auto x2 = [&](uint32_t w, uint32_t sc) { return ((w >> (2 * jp)) & 0x03030303u) * sc; };
-            const uint4 lo = make_uint4(x2(q0.x, s0), x2(q0.y, s0), x2(q0.z, s0), x2(q0.w, s0));
-            const uint4 hi = make_uint4(x2(q1.x, s1), x2(q1.y, s1), x2(q1.z, s1), x2(q1.w, s1));
-            uint4* e = reinterpret_cast<uint4*>(sm + L::exp + row * kSmRowE + c * 32);
-            const uint32_t sw = (c >> 2) & 1;
-            e[sw] = sw ? hi : lo;
-            e[sw ^ 1] = sw ? lo : hi;
-        }
-        float* sdw = reinterpret_cast<float*>(sm + L::dw);
-        if (has_dw) {
-            sdw[2 * t] = f16_to_f32(uint16_t(pre & 0xFFFF));
-            sdw[2 * t + 1] = f16_to_f32(uint16_t(pre >> 16));
-        } else if (has_dx) {
-            reinterpret_cast<float*>(sm + L::dx)[t - kSmRows] = __uint_as_float(pre);
-        }
-        if (idx + 1 < nvis) pre = scale_at(idx + 1);
-        __syncthreads();   // expanded rows, scales visible
-        int isum[NT][4], mins[NT][4];
-        each(isum, [](int& x) { x = 0; });
-        each(mins, [](int& x) { x = 0; });
-        const uint8_t* as = sm + L::act + s * PAIRS * kSmRowE;
-#pragma unroll 2
-        for (int c = 0; c < 8; ++c) {
-            // B, per 16 pairs: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
-            uint32_t a[4], b[NT / 2][4];
-#pragma unroll
-            for (int np = 0; np < NT / 2; ++np)
-                ldmatrix_x4(b[np], as + (wn + 16 * np + (lane & 7) + (lane >> 4) * 8) * kSmRowE + c * 32 +
-                                       ((lane >> 3) & 1) * 16);
-            ldmatrix_x4(a, sm + L::exp + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE + c * 32 +
-                               (lane >> 4) * 16);
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-                mma_s8_acc(a, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], isum[nt]);
-            if constexpr (MMA_MINS) {
-                // sub-blocks 2c (k 0-15) and 2c + 1 (k 16-31) of rows gid, gid + 8: their
-                // mins (high nibbles of scale bytes 2c, 2c + 1) in every byte
-                const uint32_t s0 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid) * 80 + 2 * c);
-                const uint32_t s1 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid + 8) * 80 + 2 * c);
-                const uint32_t am[4] = {((s0 >> 4) & 0xF) * 0x01010101u, ((s1 >> 4) & 0xF) * 0x01010101u,
-                                        (s0 >> 12) * 0x01010101u, (s1 >> 12) * 0x01010101u};
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt)
-                    mma_s8_acc(am, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], mins[nt]);
+            for (int i = 0; i < 2; ++i) {
+                const uint32_t u = t + 256 * i, c = u & 7, row = u >> 3, hh = c >> 2, jp = c & 3;
+                const uint8_t* rr = raw + row * 80;
+                const uint4 q0 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh);
+                const uint4 q1 = *reinterpret_cast<const uint4*>(rr + 16 + 32 * hh + 16);
+                const uint32_t s0 = rr[2 * c] & 0xF, s1 = rr[2 * c + 1] & 0xF;
+                auto x2 = [&](uint32_t w, uint32_t sc) { return ((w >> (2 * jp)) & 0x03030303u) * sc; };
+                const uint4 lo = make_uint4(x2(q0.x, s0), x2(q0.y, s0), x2(q0.z, s0), x2(q0.w, s0));
+                const uint4 hi = make_uint4(x2(q1.x, s1), x2(q1.y, s1), x2(q1.z, s1), x2(q1.w, s1));
+                uint4* e = reinterpret_cast<uint4*>(sm + L::exp + row * kSmRowE + c * 32);
+                const uint32_t sw = (c >> 2) & 1;
+                e[sw] = sw ? hi : lo;
+                e[sw ^ 1] = sw ? lo : hi;
             }
-        }
-        // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
-        if constexpr (!MMA_MINS) {
-            const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * PAIRS * 20;
-#pragma unroll 1
-            for (int u4 = 0; u4 < 4; ++u4) {
-                uint32_t mw[2];
+            if constexpr (MINS == 2) {
+                // the bsums as bytes: pair t / 4's sub-blocks 4 (t % 4) .. + 3, lo then hi
+                if (t < uint32_t(4 * PAIRS)) {
+                    const int4 v = *reinterpret_cast<const int4*>(sm + L::bs + (s * PAIRS + int(t >> 2)) * L::bss +
+                                                                 (t & 3) * 16);
+                    const int b[4] = {v.x, v.y, v.z, v.w};
+                    uint32_t lo = 0, hi = 0;
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
-                    mw[h] = (*reinterpret_cast<const uint32_t*>(raw + (wm + gid + 8 * h) * 80 + 4 * u4) >> 4) &
-                            0x0F0F0F0Fu;
-#pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    int4 bv[2];
-#pragma unroll
-                    for (int cc = 0; cc < 2; ++cc)
-                        bv[cc] = *reinterpret_cast<const int4*>(bsp + (wn + nt * 8 + 2 * tig + cc) * 20 + 4 * u4);
-#pragma unroll
-                    for (int k = 0; k < 4; ++k)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int4& v = bv[e & 1];
-                            const int bsv = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
-                            mins[nt][e] += int((mw[e >> 1] >> (8 * k)) & 0xFF) * bsv;
-                        }
+                    for (int k = 0; k < 4; ++k) {
+                        lo |= uint32_t(b[k] & 127) << (8 * k);
+                        hi |= (uint32_t(b[k] >> 7) & 0xFFu) << (8 * k);
+                    }
+                    uint8_t* d = sm + L::split + (t >> 2) * 48 + (t & 3) * 4;
+                    *reinterpret_cast<uint32_t*>(d) = lo;
+                    *reinterpret_cast<uint32_t*>(d + 16) = hi;
                 }
             }
-        }
-        // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j, and the
-        // CPU's k_superblock) does it
-        const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
+            float* sdw = reinterpret_cast<float*>(sm + L::dw);
+            if (has_dw) {
+                sdw[2 * t] = f16_to_f32(uint16_t(pre & 0xFFFF));
+                sdw[2 * t + 1] = f16_to_f32(uint16_t(pre >> 16));
+            } else if (has_dx) {
+                reinterpret_cast<float*>(sm + L::dx)[t - kSmRows] = __uint_as_float(pre);
+            }
+            if (idx + 1 < nvis) pre = scale_at(idx + 1);
+            __syncthreads();   // expanded rows, scales visible
+            // integer sums from kQ8Magic (magic_float): |Σ| <= 256 · 45 · 128 for isum and
+            // 16 · 15 · 2,048 for the mins, both < 2^22
+            int isum[NT][4], mins[NT][4];
+            each(isum, [](int& x) { x = kQ8Magic; });
+            each(mins, [](int& x) { x = kQ8Magic; });
+            const uint8_t* as = sm + L::act + s * PAIRS * kSmRowE;
+#pragma unroll 2
+            for (int c = 0; c < 8; ++c) {
+                // B, per 16 pairs: matrices (pairs 0-7, k 0-15), (0-7, 16-31), (8-15, 0-15), (8-15, 16-31)
+                uint32_t a[4], b[NT / 2][4];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            const float dx[2] = {sdx[wn + nt * 8 + 2 * tig], sdx[wn + nt * 8 + 2 * tig + 1]};
+                for (int np = 0; np < NT / 2; ++np)
+                    if (2 * np < NV)
+                        ldmatrix_x4(b[np], as + pt.ldm_row(np, lane) * kSmRowE + c * 32 + ((lane >> 3) & 1) * 16);
+                ldmatrix_x4(a, sm + L::exp + (wm + (lane & 7) + ((lane >> 3) & 1) * 8) * kSmRowE + c * 32 +
+                                   (lane >> 4) * 16);
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+                    if (nt < NV) mma_s8_acc(a, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], isum[nt]);
+                if constexpr (MINS == 1) {
+                    // sub-blocks 2c (k 0-15) and 2c + 1 (k 16-31) of rows gid, gid + 8: their
+                    // mins (high nibbles of scale bytes 2c, 2c + 1) in every byte
+                    const uint32_t s0 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid) * 80 + 2 * c);
+                    const uint32_t s1 = *reinterpret_cast<const uint16_t*>(raw + (wm + gid + 8) * 80 + 2 * c);
+                    const uint32_t am[4] = {((s0 >> 4) & 0xF) * 0x01010101u, ((s1 >> 4) & 0xF) * 0x01010101u,
+                                            (s0 >> 12) * 0x01010101u, (s1 >> 12) * 0x01010101u};
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt)
+                        if (nt < NV) mma_s8_acc(am, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], mins[nt]);
+                }
+            }
+            // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
+            if constexpr (MINS == 0) {
+                const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * PAIRS * 20;
+#pragma unroll 1
+                for (int u4 = 0; u4 < 4; ++u4) {
+                    uint32_t mw[2];
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        mw[h] = (*reinterpret_cast<const uint32_t*>(raw + (wm + gid + 8 * h) * 80 + 4 * u4) >> 4) &
+                                0x0F0F0F0Fu;
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        int4 bv[2];
+#pragma unroll
+                        for (int cc = 0; cc < 2; ++cc)
+                            bv[cc] = *reinterpret_cast<const int4*>(bsp + (pt.base(nt) + 2 * tig + cc) * 20 + 4 * u4);
+#pragma unroll
+                        for (int k = 0; k < 4; ++k)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) {
+                                const int4& v = bv[e & 1];
+                                const int bsv = k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+                                mins[nt][e] += int((mw[e >> 1] >> (8 * k)) & 0xFF) * bsv;
+                            }
+                    }
+                }
+            }
+            // MINS 2, A: the mins of rows gid, gid + 8, sub-blocks 4 tig .. + 3 (high nibbles of
+            // the scale bytes); B (per tile): pair gid's bsum bytes of the same sub-blocks
+            [[maybe_unused]] uint32_t am[2];
+            if constexpr (MINS == 2) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+                    am[h] = (*reinterpret_cast<const uint32_t*>(raw + (wm + gid + 8 * h) * 80 + 4 * tig) >> 4) & 0x0F0F0F0Fu;
+            }
+            // the super-block's float step, as gemm_kq_kernel (and decode's lane 4j, and the
+            // CPU's k_superblock) does it
+            const float* sdx = reinterpret_cast<const float*>(sm + L::dx);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                if (nt >= NV) continue;
+                int mn[4];
+                if constexpr (MINS == 2) {
+                    const uint8_t* bp = sm + L::split + (pt.base(nt) + gid) * 48 + 4 * tig;
+                    mn[0] = mn[1] = mn[2] = mn[3] = 0;
+                    mma_s8_k16(am, *reinterpret_cast<const uint32_t*>(bp + 16), mn);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) mn[e] = mn[e] * 128 + kQ8Magic;
+                    mma_s8_k16(am, *reinterpret_cast<const uint32_t*>(bp), mn);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) mn[e] = mins[nt][e];
+                }
+                const float dx[2] = {sdx[pt.base(nt) + 2 * tig], sdx[pt.base(nt) + 2 * tig + 1]};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float x = dx[e & 1];
+                    const uint32_t r = wm + gid + 8 * (e >> 1);
+                    const float dall = x * sdw[2 * r], dmin = x * sdw[2 * r + 1];
+                    cur[nt][e] += fmaf(dall, magic_float(isum[nt][e]), -(dmin * magic_float(mn[e])));
+                }
+            }
+        };
+
+        float cur[NT][4];
+        sum_superblocks<FLAT>(nsb, cur, step);
+        cp_async_wait_all();
+#pragma unroll
+        for (int nt = 0; nt < NV; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float x = dx[e & 1];
-                const uint32_t r = wm + gid + 8 * (e >> 1);
-                const float dall = x * sdw[2 * r], dmin = x * sdw[2 * r + 1];
-                cur[nt][e] += fmaf(dall, float(isum[nt][e]), -(dmin * float(mins[nt][e])));
+                const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
+                const int c = pt.base(nt) + int(2 * tig) + (e & 1);
+                if (n >= p.N || c >= cnt) continue;
+                p.y[uint64_t(uint32_t(gp[c])) * p.y_stride + n] = cur[nt][e];
             }
-        }
-    };
-
-    float cur[NT][4];
-    sum_superblocks<FLAT>(nsb, cur, step);
-    cp_async_wait_all();
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint64_t n = m0 + wm + gid + 8 * (e >> 1);
-            const int c = int(wn) + nt * 8 + int(2 * tig) + (e & 1);
-            if (n >= p.N || c >= cnt) continue;
-            p.y[uint64_t(uint32_t(gp[c])) * p.y_stride + n] = cur[nt][e];
-        }
+    });
 }
 
 
@@ -1147,7 +1253,6 @@ constexpr int kQ2Slots = 8;                       // blocks a row a stage
 constexpr int kQ2Stride = kQ2Slots * 32 + 16;     // a staged row: 17 16-byte units (odd: ldmatrix rows on distinct banks)
 constexpr int kQ2StageBytes = 2 * kQ2Rows * kQ2Stride + 2 * kQ2Rows * kQ2Slots * 4;
 constexpr int q8_pipe_smem(int stages) { return stages * kQ2StageBytes; }
-constexpr int kQ8Magic = 0x4B400000;              // 12,582,912.0f
 static_assert(kQ2Rows == kBM, "gemm_q8_0_eligible's group check (rpg % kBM) covers the pipelined tiles");
 
 __device__ __forceinline__ void mma_s8_magic(const uint32_t (&a)[4], uint32_t b0, uint32_t b1, int (&d)[4]) {
@@ -1870,32 +1975,37 @@ bool flat_ok(const DevWeight& W, const DevAct& a, uint64_t row0, uint64_t rpg) {
            (rpg == 0 || (rpg % kFlatBM == 0 && row0 % kFlatBM == 0)) &&
            reinterpret_cast<uintptr_t>(W.qs) % 16 == 0 && reinterpret_cast<uintptr_t>(a.q) % 16 == 0;
 }
-template <bool MMA_MINS, bool FLAT = false>
-bool q2k_smem_ready(cudaStream_t s) {
+template <int MINS, bool FLAT>
+bool q2k_smem_launch(const KqGemm& p, dim3 grid, cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_q2k_smem_kernel<MMA_MINS, FLAT>), Q2Smem<FLAT>::bytes, ready,
-                      s);
-}
-// The staged Q2_K kernel, the mins by MMA unless DSV4_GEMM_SMEM=2; groups of 64 pairs (flat:
-// k order) take the FLAT kernel (mins by MMA, also for DSV4_GEMM_SMEM=2). False when its
-// shared memory cannot be raised yet (a capture first).
-bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
-    const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap), block(256);
-    if (flat) {
-        if (!q2k_smem_ready<true, true>(s)) return false;
-        gemm_q2k_smem_kernel<true, true><<<grid, block, Q2Smem<true>::bytes, s>>>(p);
-    } else if (smem_mode() != 2) {
-        if (!q2k_smem_ready<true>(s)) return false;
-        gemm_q2k_smem_kernel<true><<<grid, block, Q2Smem<>::bytes, s>>>(p);
-    } else {
-        if (!q2k_smem_ready<false>(s)) return false;
-        gemm_q2k_smem_kernel<false><<<grid, block, Q2Smem<>::bytes, s>>>(p);
-    }
+    const auto kernel = gemm_q2k_smem_kernel<MINS, FLAT>;
+    constexpr int bytes = Q2Smem<FLAT, MINS>::bytes;
+    if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
+    kernel<<<grid, 256, bytes, s>>>(p);
     return true;
+}
+// DSV4_Q2K_MINS (read once): how the FLAT Q2_K kernel forms the mins' sums, 2 (default) by
+// one m16n8k16 pair a super-block against the split bsums, 1 by two MMAs per 32 values against
+// the activation (before); gemm_q2k_mins (tests) wins.
+int g_q2k_mins_override = -1;
+int q2k_mins() {
+    static const int m = env_int("DSV4_Q2K_MINS", 2) == 1 ? 1 : 2;
+    return g_q2k_mins_override > 0 ? g_q2k_mins_override : m;
+}
+// The staged Q2_K kernel: groups of 64 pairs (flat: k order) take the FLAT kernel, the mins as
+// q2k_mins() says (also for DSV4_GEMM_SMEM=2); decode's order (groups of 32) the mins by MMAs
+// against the activation, or by scalar sums for DSV4_GEMM_SMEM=2 (MINS 2 there: ptxas spills
+// 144 bytes inside the decode tree's eight unrolled leaves). False when its shared memory
+// cannot be raised yet (a capture first).
+bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
+    const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap);
+    if (flat) return q2k_mins() == 2 ? q2k_smem_launch<2, true>(p, grid, s) : q2k_smem_launch<1, true>(p, grid, s);
+    return smem_mode() == 2 ? q2k_smem_launch<0, false>(p, grid, s) : q2k_smem_launch<1, false>(p, grid, s);
 }
 }  // namespace
 
 void gemm_smem_override(int on) { g_smem_override = on; }
+void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 void gemm_q8_0_flat_bn(int bn) { g_flat_bn_override = bn; }
 void gemm_q8_0_flat_lean(int on) { g_flat_lean_override = on; }
@@ -1959,6 +2069,12 @@ bool kq_flat_on() {
     static const bool on = env_switch("DSV4_KQ_FLAT", true);
     return on;
 }
+// DSV4_KQ_SKIP (read once, on by default): the staged expert GEMMs' warps skip their tiles of
+// 8 pairs past the group's count; 0 runs every tile (the same bits).
+bool kq_skip_on() {
+    static const bool on = env_switch("DSV4_KQ_SKIP", true);
+    return on;
+}
 }  // namespace
 
 uint32_t gemm_kq_pairs() { return g_flat_round && kq_flat_on() ? kKqFlatPairs : kKqPairs; }
@@ -1997,6 +2113,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.clamp = clamp;
     p.ew = ew;
     iq2_tables(&p.grid, &p.sign, &p.sel);
+    p.skip_tiles = kq_skip_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

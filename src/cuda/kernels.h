@@ -221,6 +221,10 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
 // replicated ones and the Q2_K mins by scalar sums instead of MMAs); tests force a path: 1,
 // 2, 0, or -1 for the variable's.
 void gemm_smem_override(int on);
+// How the staged Q2_K expert kernel of prompt rounds (k order) forms the mins' sums: 2 one
+// m16n8k16 pair a super-block against the bsums split into bytes (the default), 1 two MMAs
+// per 32 values against the activation; -1 DSV4_Q2K_MINS's choice (the same bits either way).
+void gemm_q2k_mins(int m);
 // The Q8_0 products of decode's warp-per-row order: 2 the pipelined tensor-core kernel with
 // 2 stages and two blocks an SM (the default), 1 the same with 3 stages and one block an SM,
 // 0 the register-fed one; -1 DSV4_GEMM_Q8_V's choice (tests, benchmarks).

@@ -2095,12 +2095,15 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     // two CPU dots (which matvec + matvec + swiglu equals: MatvecSwigluEqualsMatvecThenSwiglu).
     // Experts with 1 to 130 pairs (past 64 a group splits: 65 = 64 + 1, 130 = 64 + 64 + 2) and
     // none, N with a tail past the block's 64 rows, K of 1 to 16 super-blocks, every path
-    // (staged: smem 1 and 2; register-fed: 0), and batches of the first 20 rows and of the
-    // first row alone (other groups; the one-row rounds of a prompt chunked token by token).
+    // (staged: smem 1 and 2, the Q2_K mins by the split bsums and by MMAs against the
+    // activation; register-fed: 0), and batches of the first 20 rows and of the first row
+    // alone (other groups; the one-row rounds of a prompt chunked token by token). The counts
+    // leave tiles of 8 pairs partly and wholly empty, which the staged kernels' warps skip.
     struct Restore {
         ~Restore() {
             cuda::gemm_prefill_order(false);
             cuda::gemm_smem_override(-1);
+            cuda::gemm_q2k_mins(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2217,11 +2220,16 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                    std::to_string(want[i]);
                     return std::string("none");
                 };
-                for (const int smem : {1, 2, 0}) {   // staged FLAT (1; 2 takes it too), register-fed FLAT
+                // staged FLAT (1; 2 takes it too) with the Q2_K mins by the split bsums (2) and
+                // against the activation (1), register-fed FLAT
+                const std::pair<int, int> paths[4] = {{1, 2}, {1, 1}, {2, -1}, {0, -1}};
+                for (const auto& [smem, mins] : paths) {
                     cuda::gemm_smem_override(smem);
+                    cuda::gemm_q2k_mins(mins);
                     for (size_t bi = 0; bi < batches.size(); ++bi) {
                         const Batch& b = *batches[bi];
-                        const std::string where = what + " smem " + std::to_string(smem) + " batch of " +
+                        const std::string where = what + " smem " + std::to_string(smem) + " mins " +
+                                                  std::to_string(mins) + " batch of " +
                                                   std::to_string(batch_rows[bi]) + " rows: ";
                         // poisoned outputs: a skipped one shows
                         DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
@@ -2242,6 +2250,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                     }
                     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                     cuda::gemm_smem_override(-1);
+                    cuda::gemm_q2k_mins(-1);
                 }
             }
         }
