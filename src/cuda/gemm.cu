@@ -526,6 +526,8 @@ constexpr int kSmRowE = 256 + 16;
 // float steps, stores): a prompt chunk's groups are ~3/4 full (12,288 pairs of a 2,048-token
 // chunk over 256 experts, 64 slots a group), and alternating keeps the two halves' work equal
 // up to a tile. Which thread forms an output changes; its operations do not (same bits).
+// DSV4_KQ_SKIP=0 runs every tile. Measured (runs 115, 117: Nsight Compute, a 2,048-token chunk):
+// gate+up 2,200 against 2,399 µs, down 1,690 against 1,811; the 43-layer prefill +4.6 %.
 template <int NT>
 struct PairTiles {
     int h, n;   // n: the warp's tiles holding a pair (tiles of 8: ceil(cnt / 8) in the group)
