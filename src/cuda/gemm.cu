@@ -794,6 +794,8 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
         float cur[NW][NT][4];
         sum_superblocks<FLAT>(nsb, cur, step);
         cp_async_wait_all();
+        // every tile (the empty ones hold zeros; c >= cnt skips them): bounded by NV, ptxas
+        // spilled 388 bytes here instead of 16
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -1027,7 +1029,7 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
             }
             // mins: Σ_u (scale_u >> 4) · bsum_u per (row, pair)
             if constexpr (MINS == 0) {
-                const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * PAIRS * 20;
+                const int32_t* bsp = reinterpret_cast<const int32_t*>(sm + L::bs) + s * PAIRS * (L::bss / 4);
 #pragma unroll 1
                 for (int u4 = 0; u4 < 4; ++u4) {
                     uint32_t mw[2];
@@ -1040,7 +1042,7 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
                         int4 bv[2];
 #pragma unroll
                         for (int cc = 0; cc < 2; ++cc)
-                            bv[cc] = *reinterpret_cast<const int4*>(bsp + (pt.base(nt) + 2 * tig + cc) * 20 + 4 * u4);
+                            bv[cc] = *reinterpret_cast<const int4*>(bsp + (pt.base(nt) + 2 * tig + cc) * (L::bss / 4) + 4 * u4);
 #pragma unroll
                         for (int k = 0; k < 4; ++k)
 #pragma unroll
@@ -1494,7 +1496,7 @@ __global__ void __launch_bounds__(256, MINB) gemm_q8_0_pipe_kernel(Gemm p, uint3
                         // d[e]: weight row gid + 8 (e >> 1), activation row 2 tig + (e & 1)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) {
-                            const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
+                            const float isum = magic_float(d[e]);   // exact: float(isum)
                             cur[mt][nt][e] = fmaf(dw[mt][e >> 1] * da[nt][e & 1], isum, cur[mt][nt][e]);
                         }
                     }
@@ -1551,7 +1553,7 @@ __device__ __forceinline__ void flat_q8_block(const uint32_t (&a)[MT][4], const 
             mma_s8_magic(a[mt], b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1], d);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const float isum = __int_as_float(d[e]) - 12582912.0f;   // exact: float(isum)
+                const float isum = magic_float(d[e]);   // exact: float(isum)
                 acc[mt][nt][e] = fmaf(dw[2 * mt + (e >> 1)] * da[2 * nt + (e & 1)], isum, acc[mt][nt][e]);
             }
         }
