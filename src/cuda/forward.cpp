@@ -41,8 +41,9 @@ const bool g_graphs_on = env_switch("DSV4_CUDA_GRAPHS", true);
 // DSV4_IDX_FUSED=0 keeps the indexer's three-kernel query path (indexer_q_prep →
 // indexer_scores → topk_select) in ratio-4 layers instead of the one-launch indexer_fused
 // (bit-identical; used for batches of up to 16 rows and up to 16384 visible compressed rows).
-// With it on, the indexer queries (iq_b product and preparation) are also skipped while no
-// row has more visible compressed rows than the top-k (nothing reads them then).
+// Either way the indexer's head weights and queries (iq_b product and preparation) are
+// skipped while no row has more visible compressed rows than the top-k (nothing reads them
+// then; the three-kernel path made them anyway before run 118).
 const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
 // The attention sublayer's branches (attention_layer). DSV4_CUDA_SPLIT: 0 the indexer's
 // compressor, head weights and queries on one side stream (its queries after everything
@@ -832,8 +833,9 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         compressor_emit(ipooled_.get(), R, rows, ratio, DI, c_.n_rot, c_.n_nope(), c_.rms_eps, L.icomp_norm, invf,
                         true, official, lkv, NL, il, sic);
         mark("compressor");
-        // the indexer's head weights need only xn: made before the branch waits for qr
-        mv_xn(L.iproj, R, wi_.get(), c_.n_indexer_head, "indexer proj", si);
+        // the indexer's head weights need only xn: made before the branch waits for qr (and
+        // only when a row sees more compressed rows than the top-k: nothing reads them else)
+        if (vis_ld_) mv_xn(L.iproj, R, wi_.get(), c_.n_indexer_head, "indexer proj", si);
     }
     // Q path: qr_ normed, then quantised once for q_b and the indexer's queries (same
     // activation kind: one copy); for Q8_0 both in one launch (with DSV4_MV_TAIL=1, for one
@@ -863,9 +865,12 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
         // Fused: iq_b → indexer_fused (queries prepared, scored and selected in one launch),
-        // and nothing at all while every row sees at most top_k compressed rows.
-        const bool fused = g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
-        if (!fused || vis_ld_) {
+        // and nothing at all while every row sees at most top_k compressed rows. Prompt rounds
+        // with official numerics score on the tensor cores instead, whatever their size (one
+        // order for every chunking of a prompt).
+        const bool tc = official && gemm_prefill_order() && indexer_tc_ok(NIH, DI);
+        const bool fused = !tc && g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
+        if (vis_ld_) {
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
                                     ? qa
                                     : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
@@ -877,11 +882,9 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
                               c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
             } else {
                 indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
-                if (vis_ld_) {
-                    indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
-                                   score_.get(), vis_ld_, si);
-                    topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
-                }
+                (tc ? indexer_scores_tc : indexer_scores)(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il,
+                                                          c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, si);
+                topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
             }
             mark("indexer scores+top-k");
         }

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_bf16.h>
+
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
 #include "cuda/tails.cuh"
@@ -1355,6 +1357,194 @@ __global__ void __launch_bounds__(256) indexer_scores_tiled_kernel(const float* 
     }
 }
 
+// ---- prompt rounds' indexer scores on the BF16 tensor cores ------------------------------
+// With official numerics the indexer's queries (indexer_q_prep) and index rows
+// (compressor_emit) leave their Hadamard + FP4 step as E2M1 values times a power of two a
+// block of 32: at most two significant bits, so each is a BF16 value exactly and each product
+// of two is exact in FP32. A row's dots then go to m16n8k16 BF16 MMAs (FP32 accumulate) instead
+// of one fmaf a dimension: 8 MMAs a (16 heads × 8 keys) tile for 128 dimensions where the FP32
+// kernels issue 128 FMAs a (head, key) pair. Not the FP32 kernels' bits (the tensor cores add
+// their products in their own order and rounding), so prompt rounds only (gemm_prefill_order:
+// their order is their own, the same for every chunking); decode keeps indexer_fused's. Each
+// score is formed from its own row's queries, weights and its key alone, in a fixed order
+// (the k steps in order; the lane's heads 16 m + gid, + 8 in m order, then a butterfly over
+// the 8 lanes of a key), whatever the block, batch or chunk: the chunkings of a prompt stay
+// bit-identical.
+// A block: kTcKeys = 256 index rows of one session staged as BF16 (8 warps of 32 keys), and
+// up to kTcRows query rows in turn (each staged as BF16, the next one's loads in flight during
+// the current one's MMAs); MT m-tiles of 16 heads (heads past NH are zero, weight 0).
+constexpr uint32_t kTcKeys = 256, kTcRows = 16, kTcThreads = 256;
+template <uint32_t DI>
+constexpr uint32_t tc_pitch() { return DI + 8; }   // bf16 a staged row: 16 bytes of padding, ldmatrix rows on distinct banks
+template <uint32_t DI, uint32_t MT>
+constexpr size_t idx_tc_smem() {
+    return (size_t(kTcKeys) + 2 * 16 * MT) * tc_pitch<DI>() * 2 + 2 * 16 * MT * sizeof(float);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void ldsm_x4_s(uint32_t (&r)[4], uint32_t s) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+// Four floats as BF16 (exact for the FP4-simulated values this kernel takes), low dims first.
+__device__ __forceinline__ uint2 bf16x4(float4 v) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    return make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
+template <uint32_t DI, uint32_t MT>
+__global__ void __launch_bounds__(kTcThreads, 2)
+    indexer_scores_tc_kernel(const float* qi, const float* wi, uint32_t NH, const DevRow* rows, const DevLayerKV* lkv,
+                             uint32_t n_layer, uint32_t il, uint32_t top_k, uint32_t R, float* score, uint64_t ld) {
+    static_assert(DI % 16 == 0 && MT >= 1 && MT <= 4, "k16 steps, up to 64 heads");
+    constexpr uint32_t KP = tc_pitch<DI>(), HP = 16 * MT, D4 = DI / 4;
+    constexpr uint32_t QV = (HP * D4 + kTcThreads - 1) / kTcThreads;   // a thread's query float4s a row
+    pdl_begin();
+    extern __shared__ __align__(16) uint8_t tc_sm[];
+    const uint32_t k_a = smem_addr(tc_sm), q_a = k_a + kTcKeys * KP * 2;   // keys [256][KP]; queries [2][HP][KP]
+    float* w_s = reinterpret_cast<float*>(tc_sm + (kTcKeys + 2 * HP) * KP * 2);   // [2][HP]
+    const uint32_t t = threadIdx.x, lane = t & 31, w = t >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint64_t c0 = uint64_t(blockIdx.x) * kTcKeys;
+    const uint32_t r0 = blockIdx.y * kTcRows, nr = min(kTcRows, R - r0);
+    // the block's rows that score keys of this chunk (every thread forms the same mask)
+    uint32_t act = 0;
+    for (uint32_t i = 0; i < nr; ++i) {
+        const uint64_t nv = uint64_t(rows[r0 + i].pos + 1) / 4;
+        if (nv > top_k && nv > c0) act |= 1u << i;
+    }
+    if (!act) return;
+
+    float4 qv[QV];
+    float wv = 0.0f;
+    auto load_q = [&](uint32_t r) {   // row r's queries (heads past NH: zeros) and weights, into registers
+        const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
+#pragma unroll
+        for (uint32_t j = 0; j < QV; ++j) {
+            const uint32_t i = t + kTcThreads * j;
+            qv[j] = i < NH * D4 ? q4[i] : make_float4(0, 0, 0, 0);
+        }
+        wv = t < NH ? wi[uint64_t(r) * NH + t] : 0.0f;
+    };
+    auto store_q = [&](uint32_t b) {
+#pragma unroll
+        for (uint32_t j = 0; j < QV; ++j) {
+            const uint32_t i = t + kTcThreads * j;
+            if (i < HP * D4)
+                *reinterpret_cast<uint2*>(tc_sm + kTcKeys * KP * 2 + ((b * HP + i / D4) * KP + (i % D4) * 4) * 2) =
+                    bf16x4(qv[j]);
+        }
+        if (t < HP) w_s[b * HP + t] = wv;
+    };
+    int32_t staged = -1;   // the session whose index rows are staged
+    auto stage_keys = [&](int32_t sess) {
+        // as many rows as the block's rows of this session see (rows past them: zeros)
+        uint64_t nmax = 0;
+        for (uint32_t i = 0; i < nr; ++i)
+            if (rows[r0 + i].sess == sess) nmax = max(nmax, uint64_t(rows[r0 + i].pos + 1) / 4);
+        const uint32_t nk = uint32_t(min(uint64_t(kTcKeys), nmax > c0 ? nmax - c0 : uint64_t(0)));
+        const DevLayerKV& L = lkv[uint64_t(sess) * n_layer + il];
+        constexpr uint32_t KB = 8;   // loads in flight a thread
+        static_assert(kTcKeys * D4 % (KB * kTcThreads) == 0, "whole batches of loads");
+        for (uint32_t i0 = t; i0 < kTcKeys * D4; i0 += KB * kTcThreads) {
+            float4 v[KB];
+#pragma unroll
+            for (uint32_t j = 0; j < KB; ++j) {
+                const uint32_t c = (i0 + j * kTcThreads) / D4, d4 = (i0 + j * kTcThreads) % D4;
+                v[j] = c < nk ? reinterpret_cast<const float4*>(L.index + (c0 + c) * L.index_stride)[d4]
+                              : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (uint32_t j = 0; j < KB; ++j) {
+                const uint32_t c = (i0 + j * kTcThreads) / D4, d4 = (i0 + j * kTcThreads) % D4;
+                *reinterpret_cast<uint2*>(tc_sm + (c * KP + d4 * 4) * 2) = bf16x4(v[j]);
+            }
+        }
+    };
+
+    // ldmatrix rows: A (queries: heads 16 m + lane % 8 (+ 8 for matrices 1, 3), dims + 8 for
+    // matrices 2, 3), B (keys 32 w + 16 p + lane % 8 (+ 8 for matrices 2, 3), dims + 8 for 1, 3)
+    const uint32_t qoff = ((lane & 7) + 8 * ((lane >> 3) & 1)) * KP * 2 + (lane >> 4) * 16;
+    const uint32_t koff = k_a + (32 * w + (lane & 7) + 8 * (lane >> 4)) * KP * 2 + ((lane >> 3) & 1) * 16;
+    uint32_t i = __ffs(act) - 1, b = 0;
+    load_q(r0 + i);
+    store_q(0);
+    while (true) {
+        const uint32_t r = r0 + i;
+        const int32_t sess = rows[r].sess;
+        if (sess != staged) {   // (block-uniform)
+            if (staged >= 0) __syncthreads();   // every warp done with the last session's keys
+            stage_keys(sess);
+            staged = sess;
+        }
+        __syncthreads();   // the row's queries, weights (and keys) staged
+        const uint32_t rest = act & ~((2u << i) - 1u);
+        const uint32_t next = rest ? uint32_t(__ffs(rest) - 1) : 0u;
+        if (rest) load_q(r0 + next);   // in flight during this row's MMAs
+        const uint64_t nv = uint64_t(rows[r].pos + 1) / 4;
+        const uint64_t kw = c0 + 32 * w;   // this warp's first key
+        if (kw < nv) {
+            float acc[MT][4][4];
+#pragma unroll
+            for (uint32_t m = 0; m < MT; ++m)
+#pragma unroll
+                for (uint32_t n = 0; n < 4; ++n)
+#pragma unroll
+                    for (uint32_t e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+            const uint32_t qb = q_a + b * HP * KP * 2 + qoff;
+#pragma unroll
+            for (uint32_t kk = 0; kk < DI / 16; ++kk) {
+                uint32_t bk[2][4];
+#pragma unroll
+                for (uint32_t p = 0; p < 2; ++p) ldsm_x4_s(bk[p], koff + p * 16 * KP * 2 + kk * 32);
+#pragma unroll
+                for (uint32_t m = 0; m < MT; ++m) {
+                    uint32_t a[4];
+                    ldsm_x4_s(a, qb + m * 16 * KP * 2 + kk * 32);
+#pragma unroll
+                    for (uint32_t n = 0; n < 4; ++n) mma_bf16(acc[m][n], a, bk[n >> 1][2 * (n & 1)], bk[n >> 1][2 * (n & 1) + 1]);
+                }
+            }
+            // score of key 8 n + 2 tig + j: the lane's heads (16 m + gid, + 8) in m order, then the
+            // sum over the 8 lanes of the key (gid) by a fixed butterfly
+            const float* ws = w_s + b * HP;
+            float* out = score + uint64_t(r) * ld;
+#pragma unroll
+            for (uint32_t n = 0; n < 4; ++n) {
+                float s[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (uint32_t m = 0; m < MT; ++m)
+#pragma unroll
+                    for (uint32_t h = 0; h < 2; ++h) {
+                        const float wh = ws[16 * m + gid + 8 * h];
+#pragma unroll
+                        for (uint32_t j = 0; j < 2; ++j) s[j] = fmaf(fmaxf(acc[m][n][2 * h + j], 0.0f), wh, s[j]);
+                    }
+#pragma unroll
+                for (uint32_t j = 0; j < 2; ++j)
+#pragma unroll
+                    for (uint32_t o = 4; o < 32; o <<= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+                if (gid == 0)
+#pragma unroll
+                    for (uint32_t j = 0; j < 2; ++j) {
+                        const uint64_t c = kw + 8 * n + 2 * tig + j;
+                        if (c < nv) out[c] = s[j];
+                    }
+            }
+        }
+        if (!rest) break;
+        store_q(b ^ 1);   // that buffer's last readers were the previous row's, before the barrier above
+        b ^= 1;
+        i = next;
+    }
+}
+
 __device__ __forceinline__ uint32_t order_key(float f) {
     if (f == 0.0f) f = 0.0f;   // -0 ties with +0, as in the CPU's comparisons
     const uint32_t u = __float_as_uint(f);
@@ -1553,6 +1743,89 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
     }
 }
 
+// indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
+// rope_block (the tail pairs, angles cs_s / sn_s), then (official) hadamard_block's butterflies
+// (strides 1, 2 inside the lane, 4..64 across lanes), its scale, and sim_block's FP4 (a block
+// of 32 dims = 8 lanes). The same operations in the same order, so the same bits
+// (indexer_fused_kernel, indexer_q_prep_warp_kernel).
+__device__ __forceinline__ void iq_prep_lane(float (&x)[4], uint32_t lane, const float* cs_s, const float* sn_s,
+                                             uint32_t tail0, bool official) {
+    constexpr uint32_t DI = 128;
+#pragma unroll
+    for (uint32_t e = 0; e < 4; e += 2) {
+        const uint32_t d = 4 * lane + e;
+        if (d >= tail0) {
+            const uint32_t i = (d - tail0) / 2;
+            const float c = cs_s[i], s = sn_s[i];
+            const float x0 = x[e], x1 = x[e + 1];
+            x[e] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+            x[e + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        }
+    }
+    if (!official) return;
+    {   // stride 1
+        const float a0 = x[0], b0 = x[1], a1 = x[2], b1 = x[3];
+        x[0] = a0 + b0, x[1] = a0 - b0, x[2] = a1 + b1, x[3] = a1 - b1;
+    }
+    {   // stride 2
+        const float a0 = x[0], b0 = x[2], a1 = x[1], b1 = x[3];
+        x[0] = a0 + b0, x[2] = a0 - b0, x[1] = a1 + b1, x[3] = a1 - b1;
+    }
+#pragma unroll
+    for (uint32_t m = 1; m < 32; m <<= 1) {   // stride 4m: partner lane ^ m
+        const bool upper = lane & m;
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) {
+            const float o = __shfl_xor_sync(0xffffffffu, x[e], m);
+            x[e] = upper ? o - x[e] : x[e] + o;
+        }
+    }
+    const float hs = float(1.0 / sqrt(double(DI)));
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) x[e] *= hs;
+    const float qmax = 6.0f, floor_ = 7.052966104933725e-38f;
+    float amax = 0.0f;
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    for (uint32_t m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    amax = fmaxf(amax, floor_);
+    const float scale = pow2_ceil_d(amax / qmax);
+#pragma unroll
+    for (uint32_t e = 0; e < 4; ++e) {
+        const float v = fminf(fmaxf(x[e] / scale, -qmax), qmax);
+        x[e] = e2m1_round_d(v) * scale;
+    }
+}
+
+// indexer_q_prep for heads of 128: a block (8 warps) a row, a warp a head at a time, in
+// registers (iq_prep_lane), the row's RoPE angles made once. indexer_q_prep_kernel (a block a
+// head: its RoPE angles again for every head, and nine block barriers for the Hadamard
+// butterflies in shared memory) took 275 us for a 2,048-row round (run 116).
+__global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, float* wi, uint32_t NH, uint32_t n_rot,
+                                                                  const double* inv_freq, const DevRow* rows,
+                                                                  bool official, float wscale) {
+    pdl_begin();
+    constexpr uint32_t DI = 128;
+    __shared__ float cs_s[DI / 2], sn_s[DI / 2];
+    const uint32_t r = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
+    const uint32_t half = n_rot / 2;
+    if (t < 2 * half) {   // (as rope_block's rope_angle: cos on the first half of the threads, sin on the second)
+        const uint32_t i = t < half ? t : t - half;
+        const double th = double(rows[r].pos) * inv_freq[i];
+        if (t < half) cs_s[i] = float(cos(th));
+        else sn_s[i] = float(sin(th));
+    }
+    for (uint32_t h = t; h < NH; h += blockDim.x) wi[uint64_t(r) * NH + h] *= wscale;
+    __syncthreads();
+    for (uint32_t h = w; h < NH; h += blockDim.x / 32) {
+        float4* p = reinterpret_cast<float4*>(qi + (uint64_t(r) * NH + h) * DI) + lane;
+        const float4 v = *p;
+        float x[4] = {v.x, v.y, v.z, v.w};
+        iq_prep_lane(x, lane, cs_s, sn_s, DI - n_rot, official);
+        *p = make_float4(x[0], x[1], x[2], x[3]);
+    }
+}
+
 __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
@@ -1613,58 +1886,12 @@ __global__ void __launch_bounds__(kFusedThreads)
     if (tid < NH) w_s[tid] = wi[uint64_t(r) * NH + tid] * wscale;   // indexer_q_prep's wi *= wscale
     if (!early) angles();
     __syncthreads();
-    // indexer_q_prep per head, one warp per head at a time: rope_block (tail pairs), then
-    // hadamard_block's butterflies (strides 1, 2 inside the lane, 4..64 across lanes), its
-    // scale, and sim_block's FP4 (a block of 32 dims = 8 lanes).
+    // indexer_q_prep per head, one warp per head at a time (iq_prep_lane)
     const uint32_t tail0 = DI - n_rot;
 #pragma unroll
     for (uint32_t j = 0; j < HPW; ++j) {
         float x[4] = {qv[j].x, qv[j].y, qv[j].z, qv[j].w};
-#pragma unroll
-        for (uint32_t e = 0; e < 4; e += 2) {
-            const uint32_t d = 4 * lane + e;
-            if (d >= tail0) {
-                const uint32_t i = (d - tail0) / 2;
-                const float c = cs_s[i], s = sn_s[i];
-                const float x0 = x[e], x1 = x[e + 1];
-                x[e] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-                x[e + 1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-            }
-        }
-        if (official) {
-            {   // stride 1
-                const float a0 = x[0], b0 = x[1], a1 = x[2], b1 = x[3];
-                x[0] = a0 + b0, x[1] = a0 - b0, x[2] = a1 + b1, x[3] = a1 - b1;
-            }
-            {   // stride 2
-                const float a0 = x[0], b0 = x[2], a1 = x[1], b1 = x[3];
-                x[0] = a0 + b0, x[2] = a0 - b0, x[1] = a1 + b1, x[3] = a1 - b1;
-            }
-#pragma unroll
-            for (uint32_t m = 1; m < 32; m <<= 1) {   // stride 4m: partner lane ^ m
-                const bool upper = lane & m;
-#pragma unroll
-                for (uint32_t e = 0; e < 4; ++e) {
-                    const float o = __shfl_xor_sync(0xffffffffu, x[e], m);
-                    x[e] = upper ? o - x[e] : x[e] + o;
-                }
-            }
-            const float hs = float(1.0 / sqrt(double(DI)));
-#pragma unroll
-            for (uint32_t e = 0; e < 4; ++e) x[e] *= hs;
-            const float qmax = 6.0f, floor_ = 7.052966104933725e-38f;
-            float amax = 0.0f;
-#pragma unroll
-            for (uint32_t e = 0; e < 4; ++e) amax = fmaxf(amax, fabsf(x[e]));
-            for (uint32_t m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-            amax = fmaxf(amax, floor_);
-            const float scale = pow2_ceil_d(amax / qmax);
-#pragma unroll
-            for (uint32_t e = 0; e < 4; ++e) {
-                const float v = fminf(fmaxf(x[e] / scale, -qmax), qmax);
-                x[e] = e2m1_round_d(v) * scale;
-            }
-        }
+        iq_prep_lane(x, lane, cs_s, sn_s, tail0, official);
         *reinterpret_cast<float4*>(q_s + (w * HPW + j) * P + 4 * lane) = make_float4(x[0], x[1], x[2], x[3]);
     }
     __syncthreads();
@@ -2544,9 +2771,27 @@ void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32
     check_launch("compressor_emit");
 }
 
+namespace {
+// DSV4_IDX_PREP=0 keeps indexer_q_prep_kernel (a block a head) for heads of 128 too (the same
+// bits); indexer_prep_warp_override (tests) wins.
+int g_idx_prep_override = -1;
+bool indexer_prep_warp_on(uint32_t DI, uint32_t n_rot) {
+    static const bool env = env_switch("DSV4_IDX_PREP", true);
+    const bool on = g_idx_prep_override >= 0 ? g_idx_prep_override != 0 : env;
+    return on && DI == 128 && n_rot % 2 == 0 && n_rot <= DI;
+}
+}  // namespace
+
+void indexer_prep_warp_override(int on) { g_idx_prep_override = on; }
+
 void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
                     const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s) {
     if (!R) return;
+    if (indexer_prep_warp_on(DI, n_rot)) {
+        indexer_q_prep_warp_kernel<<<R, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale);
+        check_launch("indexer_q_prep");
+        return;
+    }
     indexer_q_prep_kernel<<<R * NH, 64, DI * sizeof(float), s>>>(qi, wi, NH, DI, n_rot, inv_freq, rows, official,
                                                                  wscale);
     check_launch("indexer_q_prep");
@@ -2594,6 +2839,52 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_scores_kernel<<<grid, 256, smem, s>>>(qi, wi, NH, DI, rows, lkv, n_layer, il, top_k, score, ld);
     check_launch("indexer_scores");
+}
+
+namespace {
+// DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
+// indexer_scores, decode's bits); indexer_tc_override (tests) wins.
+int g_idx_tc_override = -1;
+
+template <uint32_t DI, uint32_t MT>
+void launch_scores_tc(const float* qi, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
+                      const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
+                      float* score, uint64_t ld, cudaStream_t s) {
+    constexpr auto kernel = indexer_scores_tc_kernel<DI, MT>;
+    constexpr size_t smem = idx_tc_smem<DI, MT>();
+    static const bool raised = [] {
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+              "indexer scores (tensor cores) shared memory");
+        return true;
+    }();
+    (void)raised;
+    const dim3 grid(uint32_t((max_vis + kTcKeys - 1) / kTcKeys), (R + kTcRows - 1) / kTcRows);
+    kernel<<<grid, kTcThreads, smem, s>>>(qi, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld);
+    check_launch("indexer scores (tensor cores)");
+}
+}  // namespace
+
+void indexer_tc_override(int on) { g_idx_tc_override = on; }
+
+bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
+    static const bool env = env_switch("DSV4_IDX_TC", true);
+    const bool on = g_idx_tc_override >= 0 ? g_idx_tc_override != 0 : env;
+    return on && NH >= 1 && NH <= 64 && (DI == 64 || DI == 128);
+}
+
+void indexer_scores_tc(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
+                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
+                       float* score, uint64_t ld, cudaStream_t s) {
+    if (!R || max_vis <= top_k) return;
+    if (!indexer_tc_ok(NH, DI)) throw_mismatch("indexer_scores_tc: indexer heads (up to 64) of width 64 or 128", 0, NH, DI);
+    const uint32_t MT = (NH + 15) / 16;
+    using Launch = void (*)(const float*, const float*, uint32_t, uint32_t, const DevRow*, const DevLayerKV*, uint32_t,
+                            uint32_t, uint32_t, uint64_t, float*, uint64_t, cudaStream_t);
+    static constexpr Launch l64[4] = {launch_scores_tc<64, 1>, launch_scores_tc<64, 2>, launch_scores_tc<64, 3>,
+                                      launch_scores_tc<64, 4>};
+    static constexpr Launch l128[4] = {launch_scores_tc<128, 1>, launch_scores_tc<128, 2>, launch_scores_tc<128, 3>,
+                                       launch_scores_tc<128, 4>};
+    (DI == 64 ? l64 : l128)[MT - 1](qi, wi, R, NH, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
 }
 
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,

@@ -373,7 +373,7 @@ TEST(CudaBench, FlashDecodeSessions) {
 // a forward call of its own (a prompt round of N rows, as `dsv4 serve`'s steps of
 // --prefill-chunk tokens and the CLI's --chunk make them), after a warm-up prompt; the data for
 // the CUDA defaults of both. DSV4_BENCH_CHUNKS (128,256,512,1024,2048) lists the sizes; under
-// DSV4_BENCH_AB only when it is set.
+// DSV4_BENCH_AB only when it is set. DSV4_BENCH_PROMPT: a longer prompt.
 TEST(CudaBench, FlashPrefillByRoundSize) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
@@ -383,8 +383,9 @@ TEST(CudaBench, FlashPrefillByRoundSize) {
     Backend& g = *bm.g;
     const uint32_t V = bm.m->config.n_vocab;
     const std::vector<uint32_t> sizes = env_u32_list("DSV4_BENCH_CHUNKS", "128,256,512,1024,2048");
-    // a prompt of at least two of the largest rounds (4,096 tokens for the default sizes)
-    size_t n = 4096;
+    // a prompt of at least two of the largest rounds (4,096 tokens for the default sizes), or of
+    // DSV4_BENCH_PROMPT tokens (long prompts: the indexer's work grows with the position)
+    size_t n = std::max<size_t>(4096, env_u32("DSV4_BENCH_PROMPT", 0));
     for (uint32_t N : sizes)
         if (N <= g.options().prefill_chunk) n = std::max<size_t>(n, 2 * size_t(N));
     const auto prompt = random_tokens(n, 0, int32_t(V), 77);

@@ -850,7 +850,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
 }
 
 // The fused indexer (queries prepared, scored and selected in one launch) against the
-// three kernels it replaces, bit for bit (the scores by the general and the tiled kernel): scores and selections, decode (R = 1, also with
+// three kernels it replaces (the queries prepared by a block a head and by a warp a head), bit for bit (the scores by the general and the tiled kernel): scores and selections, decode (R = 1, also with
 // the keys staged past the base shared memory) and small batches (a row at or below top_k
 // is left alone by both), official and plain numerics, index rows with many exact ties
 // (duplicated rows, all-zero rows). Run twice: the row counters must be left at 0.
@@ -901,8 +901,20 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             DevVec<float> s_old(score_init), s_new(score_init);
             DevVec<uint32_t> sel_old(sel_init), sel_new(sel_init);
             DevVec<uint32_t> count(std::vector<uint32_t>(R, 0u));
+            cuda::indexer_prep_warp_override(0);   // a block a head
             cuda::indexer_q_prep(q_old.get(), w_old.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official, wscale,
                                  nullptr);
+            {   // a warp a head (the default for heads of 128): the same bits
+                DevVec<float> q_w(q), w_w(wv);
+                cuda::indexer_prep_warp_override(1);
+                cuda::indexer_q_prep(q_w.get(), w_w.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official, wscale,
+                                     nullptr);
+                const auto qa = q_old.download(), qb = q_w.download(), wa = w_old.download(), wb = w_w.download();
+                ASSERT_EQ(0, std::memcmp(qa.data(), qb.data(), qa.size() * sizeof(float)))
+                    << "prepared queries, case " << ci << " official " << official;
+                ASSERT_EQ(0, std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(float)));
+            }
+            cuda::indexer_prep_warp_override(-1);
             // the general scores kernel, then the tiled one (the default for this shape): same bits
             cuda::indexer_tiled_override(0);
             cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, ld,
@@ -949,6 +961,119 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
                 std::sort(idx.begin(), idx.end());
                 ASSERT_EQ(0, std::memcmp(idx.data(), lo.data() + r * top_k, top_k * sizeof(uint32_t))) << "row " << r;
             }
+        }
+    }
+}
+
+// Prompt rounds' indexer scores on the BF16 tensor cores (official numerics) against a double
+// reference and the FP32 kernel: FP4-simulated queries (indexer_q_prep) and index rows (as
+// compressor_emit makes them: Hadamard + FP4), flash's shape (64 heads of 128) and tiny's (8
+// of 64). The products are exact, so each score is within the FP32 sums' rounding of the
+// double one. A row's scores are the same bits alone and in a batch (rows of several sessions
+// in one block of rows, chunks of keys of any length); rows at or below top_k, and scores
+// past a row's visible rows, are left alone.
+TEST_F(CudaKernels, IndexerTensorCoreScoresMatchFp32) {
+    struct Shape {
+        uint32_t NH, DI, top_k;
+    };
+    for (const Shape sh : {Shape{64, 128, 512}, Shape{8, 64, 8}, Shape{20, 128, 16}}) {
+        const uint32_t NH = sh.NH, DI = sh.DI, n_rot = 64 < DI ? 64 : DI / 2, top_k = sh.top_k, n_layer = 2, il = 1;
+        ASSERT_TRUE(cuda::indexer_tc_ok(NH, DI));
+        const float wscale = float(1.0 / std::sqrt(double(DI) * NH));
+        std::vector<double> invf(n_rot / 2);
+        for (uint32_t i = 0; i < n_rot / 2; ++i) invf[i] = 1.0 / std::pow(10000.0, 2.0 * i / n_rot);
+        DevVec<double> dinv(invf);
+        // 3 sessions: rows 0-20 of session 0, 21-24 of session 1 (few visible rows: left
+        // alone when at or below top_k), 25-39 of session 2 (the block of rows 16-31 spans all three)
+        const uint32_t n_sess = 3, R = 40;
+        const uint64_t n_index[n_sess] = {uint64_t(top_k) + 700, uint64_t(top_k) + 3, uint64_t(top_k) + 257};
+        const uint64_t stride = DI + 4;
+        std::vector<std::vector<float>> idx(n_sess);
+        std::vector<std::unique_ptr<DevVec<float>>> didx;
+        std::vector<cuda::DevLayerKV> lkv(n_sess * n_layer);
+        for (uint32_t s = 0; s < n_sess; ++s) {
+            idx[s].assign(n_index[s] * stride, 0.0f);
+            for (uint64_t c = 0; c < n_index[s]; ++c) {
+                auto row = random_floats(DI, 5000 * s + c + DI, -3.0f, 3.0f);
+                if (c % 11 == 3) std::fill(row.begin(), row.end(), 0.0f);
+                cpu::hadamard(row.data(), DI);
+                cpu::fp4_sim(row.data(), DI);
+                std::copy(row.begin(), row.end(), idx[s].begin() + c * stride);
+            }
+            didx.push_back(std::make_unique<DevVec<float>>(idx[s]));
+            lkv[s * n_layer + il].index = didx.back()->get();
+            lkv[s * n_layer + il].index_stride = stride;
+        }
+        std::vector<cuda::DevRow> rows(R);
+        for (uint32_t r = 0; r < R; ++r) {
+            const uint32_t s = r < 21 ? 0 : r < 25 ? 1 : 2;
+            // visible rows (pos + 1) / 4 from below top_k up to the session's n_index
+            const uint64_t nv = r < 21 ? top_k - 2 + (n_index[0] - top_k + 2) * r / 20
+                                : r < 25 ? top_k - 2 + (r - 21) * 5 / 3
+                                         : n_index[2] - (r - 25) * 13;
+            rows[r] = {int64_t(4 * std::min(nv, n_index[s]) + r % 4 - 1 + (nv == 0 ? 4 : 0)), 0, int32_t(s)};
+        }
+        DevVec<cuda::DevLayerKV> dlkv(lkv);
+        DevVec<cuda::DevRow> drows(rows);
+        const auto q = random_floats(uint64_t(R) * NH * DI, 31 + NH, -2.0f, 2.0f);
+        const auto wv = random_floats(uint64_t(R) * NH, 37 + NH, -1.0f, 1.0f);
+        DevVec<float> dq(q), dw(wv);
+        cuda::indexer_q_prep(dq.get(), dw.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), true, wscale, nullptr);
+        const auto qp = dq.download(), wp = dw.download();
+        uint64_t max_vis = 0;
+        for (const auto& rw : rows) max_vis = std::max<uint64_t>(max_vis, uint64_t(rw.pos + 1) / 4);
+        const uint64_t ld = max_vis + 5;
+        const std::vector<float> init(R * ld, 12345.0f);
+        DevVec<float> s_tc(init), s_f32(init);
+        cuda::indexer_scores_tc(dq.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, max_vis,
+                                s_tc.get(), ld, nullptr);
+        cuda::indexer_scores(dq.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, max_vis,
+                             s_f32.get(), ld, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto tc = s_tc.download(), f32 = s_f32.download();
+        uint64_t checked = 0;
+        double worst = 0;
+        for (uint32_t r = 0; r < R; ++r) {
+            const uint64_t nv = uint64_t(rows[r].pos + 1) / 4;
+            const float* krows = idx[rows[r].sess].data();
+            for (uint64_t c = 0; c < ld; ++c) {
+                const float got = tc[r * ld + c];
+                if (nv <= top_k || c >= nv) {
+                    ASSERT_EQ(got, 12345.0f) << "row " << r << " key " << c << " should be untouched";
+                    continue;
+                }
+                double ref = 0, mag = 0;
+                for (uint32_t h = 0; h < NH; ++h) {
+                    double dot = 0, adot = 0;
+                    for (uint32_t d = 0; d < DI; ++d) {
+                        const double p = double(qp[(uint64_t(r) * NH + h) * DI + d]) * krows[c * stride + d];
+                        dot += p;
+                        adot += std::fabs(p);
+                    }
+                    ref += std::max(0.0, dot) * wp[uint64_t(r) * NH + h];
+                    mag += adot * std::fabs(wp[uint64_t(r) * NH + h]);
+                }
+                const double tol = 2e-6 * mag + 1e-30;
+                ASSERT_LE(std::fabs(got - ref), tol) << "row " << r << " key " << c << " NH " << NH;
+                ASSERT_LE(std::fabs(f32[r * ld + c] - ref), tol) << "FP32 kernel, row " << r << " key " << c;
+                worst = std::max(worst, mag > 0 ? std::fabs(got - ref) / mag : 0.0);
+                ++checked;
+            }
+        }
+        EXPECT_GT(checked, uint64_t(R) * 100);
+        std::printf("NH %u DI %u: %llu scores, worst |tc - ref| / sum|terms| %.3g\n", NH, DI,
+                    static_cast<unsigned long long>(checked), worst);
+        // each row alone: the same bits as in the batch
+        for (uint32_t r : {0u, 17u, 20u, 26u, 39u}) {
+            DevVec<cuda::DevRow> one(std::vector<cuda::DevRow>{rows[r]});
+            DevVec<float> q1(std::vector<float>(qp.begin() + uint64_t(r) * NH * DI, qp.begin() + uint64_t(r + 1) * NH * DI));
+            DevVec<float> w1(std::vector<float>(wp.begin() + uint64_t(r) * NH, wp.begin() + uint64_t(r + 1) * NH));
+            DevVec<float> s1(std::vector<float>(ld, 12345.0f));
+            const uint64_t nv = uint64_t(rows[r].pos + 1) / 4;
+            cuda::indexer_scores_tc(q1.get(), w1.get(), 1, NH, DI, one.get(), dlkv.get(), n_layer, il, top_k, nv,
+                                    s1.get(), ld, nullptr);
+            const auto a = s1.download();
+            ASSERT_EQ(0, std::memcmp(a.data(), tc.data() + uint64_t(r) * ld, ld * sizeof(float))) << "row " << r;
         }
     }
 }
