@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                          const DevRow* __restrict__ rows, const DevLayerKV* __restrict__ lkv, uint32_t n_layer,
                          uint32_t il, uint32_t R, uint32_t n_rot, const double* __restrict__ inv_freq,
                          float* __restrict__ o, int8_t* __restrict__ oq, float* __restrict__ od, bool qn,
-                         double q_eps) {
+                         double q_eps, bool qpf) {
     pdl_begin();
     constexpr uint32_t D = 64 * NT, DP = D + kAttnPad, D4 = D / 4, T = kF16Threads;
     constexpr uint32_t KH = D + 8;              // a converted key row in halves
@@ -242,7 +242,17 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     while (true) {
         cp_async_wait_all();
         __syncthreads();   // the tile (and a new row's queries) in; every warp done with the last tile's halves
-        if (t0 == 0) split_q();
+        if (t0 == 0) {
+            split_q();
+            // qpf: the block's next row's queries (128 KB at 64 heads of 512) into L2 now, a hint,
+            // so that their copy at this row's end (rows_finish), which nothing overlaps, reads L2
+            // instead of device memory (q_b's output of the whole round is larger than L2)
+            if (qpf && r + gridDim.x < R) {
+                const char* nq = reinterpret_cast<const char*>(q + uint64_t(r + gridDim.x) * n_head * D);
+                for (uint32_t i = threadIdx.x; i < n_head * D / 32; i += T)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(nq + 128 * i));
+            }
+        }
         split_keys(mb);
         const uint32_t NK = tiles.keys(r).NK;
         const uint32_t nt = NK - t0 < kF16KT ? NK - t0 : kF16KT;
@@ -442,9 +452,11 @@ void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32
         return resident_blocks(reinterpret_cast<const void*>(kernel), kF16Threads, most);
     }();
     const size_t smem = f16_smem_bytes(64 * NT, (n_head + 15) / 16);
+    // DSV4_ATTN_QPF=0: no L2 prefetch of a block's next row's queries (the same bits)
+    static const bool qpf = env_switch("DSV4_ATTN_QPF", true);
     kernel<<<std::min(R, std::max(1u, resident)), kF16Threads, smem, s>>>(
         q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn,
-        double(q_eps));
+        double(q_eps), qpf);
     check_launch("attention (rows, FP16)");
 }
 
