@@ -493,6 +493,7 @@ private:
     uint32_t cap_rows_ = 0;
     DBuf<float> X_, flat_, mix_, x_sub_, xn_, post_, comb_, qr_, q_, kvr_, ckv_, csc_, pooled_, ikv_, isc_, ipooled_,
         qi_, wi_, o_, low_, y_, rlog_, ew_, gate_, up_, mid_, down_, shg_, shu_, score_, logits_;
+    DBuf<uint16_t> qib_;       // the indexer's queries as BF16 (prompt rounds' tensor-core scores)
     DBuf<int32_t> experts_, bad_, grp_, grp_pairs_, grp_count_;
     DBuf<float> hc_gate_;      // hc_pre_mix → hc_pre_collapse: per row the pre gates and the norm's scale
     DBuf<double> hc_part_;     // hc_pre_mix's per-block partial sums
@@ -670,6 +671,7 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     isc_.ensure(n * 2 * DI, "workspace", g);
     ipooled_.ensure(n * DI, "workspace", g);
     qi_.ensure(n * c_.indexer_q_dim(), "workspace", g);
+    qib_.ensure(n * c_.indexer_q_dim(), "workspace", g);
     wi_.ensure(n * c_.n_indexer_head, "workspace", g);
     o_.ensure(n * c_.q_dim(), "workspace", g);
     low_.ensure(n * c_.n_out_group * c_.o_lora_rank, "workspace", g);
@@ -881,9 +883,15 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
                 indexer_fused(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, lkv, NL, il,
                               c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
             } else {
-                indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si);
-                (tc ? indexer_scores_tc : indexer_scores)(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il,
-                                                          c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, si);
+                // (the tensor cores take the queries as BF16: half the bytes, no conversion there)
+                indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si,
+                               tc ? qib_.get() : nullptr);
+                if (tc)
+                    indexer_scores_tc(qib_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
+                                      score_.get(), vis_ld_, si);
+                else
+                    indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
+                                   score_.get(), vis_ld_, si);
                 topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
             }
             mark("indexer scores+top-k");

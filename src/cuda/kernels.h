@@ -420,11 +420,14 @@ void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32
                      bool official, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, cudaStream_t s);
 
 // Indexer queries: RoPE of each head's tail, then (official) Hadamard + FP4; wi *= wscale.
-// Heads of 128 take a warp a head (DSV4_IDX_PREP=0: a block a head; the same bits; tests
-// force 1 / 0, or -1 for the variable's).
+// With qb (official only), the prepared queries go there as BF16 (exact: FP4 values; row r
+// head h at (r NH + h) DI) for indexer_scores_tc, and qi is left as it was. Heads of 128 take
+// a warp a head (DSV4_IDX_PREP=0: a block a head; the same bits; tests force 1 / 0, or -1
+// for the variable's).
 void indexer_prep_warp_override(int on);
 void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
-                    const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s);
+                    const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s,
+                    uint16_t* qb = nullptr);
 // score[r][c] = Σ_h max(0, qi[r][h]·Kidx[c]) · wi[r][h] for c < n_vis(r) = (pos+1)/4, for rows
 // with n_vis > top_k (others untouched). ld: floats per score row.
 // indexer_scores takes the tiled kernel for 64 heads of 128 (DSV4_IDX_TILED=0: the general
@@ -436,11 +439,11 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 // The same scores on the BF16 tensor cores for prompt rounds with official numerics, whose
 // FP4-simulated queries and index rows are BF16 values exactly (products exact; the sums in
 // the tensor cores' order: not the FP32 kernels' bits, the same for a row in any batch or
-// chunk). indexer_tc_ok: the shapes it takes (up to 64 heads of 64 or 128) and DSV4_IDX_TC
-// (default 1; tests force 1 / 0, or -1 for the variable's).
+// chunk), from indexer_q_prep's BF16 queries qb. indexer_tc_ok: the shapes it takes (up to 64
+// heads of 64 or 128) and DSV4_IDX_TC (default 1; tests force 1 / 0, or -1 for the variable's).
 void indexer_tc_override(int on);
 bool indexer_tc_ok(uint32_t NH, uint32_t DI);
-void indexer_scores_tc(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
+void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                        const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                        float* score, uint64_t ld, cudaStream_t s);
 // sel[r][0..top_k) = the top_k scores' indices (ties: lower index), ascending, for rows

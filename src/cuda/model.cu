@@ -1222,8 +1222,11 @@ __global__ void compressor_emit_kernel(const float* pooled, const DevRow* rows, 
     for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) dst[i] = xs[i];
 }
 
+// qb (the tensor-core scores' input): the prepared queries as BF16 there instead of floats in
+// qi (official numerics: FP4 values, exact in BF16).
 __global__ void indexer_q_prep_kernel(float* qi, float* wi, uint32_t NH, uint32_t DI, uint32_t n_rot,
-                                      const double* inv_freq, const DevRow* rows, bool official, float wscale) {
+                                      const double* inv_freq, const DevRow* rows, bool official, float wscale,
+                                      uint16_t* qb) {
     pdl_begin();
     extern __shared__ float xs[];
     const uint32_t r = blockIdx.x / NH;
@@ -1235,7 +1238,10 @@ __global__ void indexer_q_prep_kernel(float* qi, float* wi, uint32_t NH, uint32_
         hadamard_block(xs, DI);
         sim_block(xs, DI, 32, false);
     }
-    for (uint32_t i = threadIdx.x; i < DI; i += blockDim.x) qh[i] = xs[i];
+    for (uint32_t i = threadIdx.x; i < DI; i += blockDim.x) {
+        if (qb) qb[uint64_t(blockIdx.x) * DI + i] = __bfloat16_as_ushort(__float2bfloat16_rn(xs[i]));
+        else qh[i] = xs[i];
+    }
     if (threadIdx.x == 0) wi[blockIdx.x] *= wscale;
 }
 
@@ -1371,8 +1377,9 @@ __global__ void __launch_bounds__(256) indexer_scores_tiled_kernel(const float* 
 // the 8 lanes of a key), whatever the block, batch or chunk: the chunkings of a prompt stay
 // bit-identical.
 // A block: kTcKeys = 256 index rows of one session staged as BF16 (8 warps of 32 keys), and
-// up to kTcRows query rows in turn (each staged as BF16, the next one's loads in flight during
-// the current one's MMAs); MT m-tiles of 16 heads (heads past NH are zero, weight 0).
+// up to kTcRows query rows in turn, each row's BF16 queries (indexer_q_prep's qb: half the
+// bytes of the floats, no conversion here) copied by cp.async one row ahead; MT m-tiles of 16
+// heads (heads past NH are zero, weight 0).
 constexpr uint32_t kTcKeys = 256, kTcRows = 16, kTcThreads = 256;
 template <uint32_t DI>
 constexpr uint32_t tc_pitch() { return DI + 8; }   // bf16 a staged row: 16 bytes of padding, ldmatrix rows on distinct banks
@@ -1401,14 +1408,15 @@ __device__ __forceinline__ uint2 bf16x4(float4 v) {
 
 template <uint32_t DI, uint32_t MT>
 __global__ void __launch_bounds__(kTcThreads, 2)
-    indexer_scores_tc_kernel(const float* qi, const float* wi, uint32_t NH, const DevRow* rows, const DevLayerKV* lkv,
-                             uint32_t n_layer, uint32_t il, uint32_t top_k, uint32_t R, float* score, uint64_t ld) {
+    indexer_scores_tc_kernel(const uint16_t* qb, const float* wi, uint32_t NH, const DevRow* rows,
+                             const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint32_t R,
+                             float* score, uint64_t ld) {
     static_assert(DI % 16 == 0 && MT >= 1 && MT <= 4, "k16 steps, up to 64 heads");
-    constexpr uint32_t KP = tc_pitch<DI>(), HP = 16 * MT, D4 = DI / 4;
-    constexpr uint32_t QV = (HP * D4 + kTcThreads - 1) / kTcThreads;   // a thread's query float4s a row
+    constexpr uint32_t KP = tc_pitch<DI>(), HP = 16 * MT, D4 = DI / 4, C8 = DI / 8;   // C8: 16-byte chunks a head
     pdl_begin();
     extern __shared__ __align__(16) uint8_t tc_sm[];
-    const uint32_t k_a = smem_addr(tc_sm), q_a = k_a + kTcKeys * KP * 2;   // keys [256][KP]; queries [2][HP][KP]
+    uint8_t* q_sm = tc_sm + kTcKeys * KP * 2;                                     // queries [2][HP][KP]
+    const uint32_t k_a = smem_addr(tc_sm), q_a = smem_addr(q_sm);                 // keys [256][KP]
     float* w_s = reinterpret_cast<float*>(tc_sm + (kTcKeys + 2 * HP) * KP * 2);   // [2][HP]
     const uint32_t t = threadIdx.x, lane = t & 31, w = t >> 5, gid = lane >> 2, tig = lane & 3;
     const uint64_t c0 = uint64_t(blockIdx.x) * kTcKeys;
@@ -1421,27 +1429,17 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     }
     if (!act) return;
 
-    float4 qv[QV];
-    float wv = 0.0f;
-    auto load_q = [&](uint32_t r) {   // row r's queries (heads past NH: zeros) and weights, into registers
-        const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
-#pragma unroll
-        for (uint32_t j = 0; j < QV; ++j) {
-            const uint32_t i = t + kTcThreads * j;
-            qv[j] = i < NH * D4 ? q4[i] : make_float4(0, 0, 0, 0);
-        }
-        wv = t < NH ? wi[uint64_t(r) * NH + t] : 0.0f;
+    // row r's queries into buffer b by cp.async (heads past NH: zeros, written once below) and
+    // its weights (read a row later: the barrier between covers the plain store)
+    auto stage_q = [&](uint32_t r, uint32_t b) {
+        const uint16_t* src = qb + uint64_t(r) * NH * DI;
+        for (uint32_t i = t; i < NH * C8; i += kTcThreads)
+            cp_async16(q_sm + ((b * HP + i / C8) * KP + (i % C8) * 8) * 2, src + uint64_t(i) * 8);
+        if (t < HP) w_s[b * HP + t] = t < NH ? wi[uint64_t(r) * NH + t] : 0.0f;
     };
-    auto store_q = [&](uint32_t b) {
-#pragma unroll
-        for (uint32_t j = 0; j < QV; ++j) {
-            const uint32_t i = t + kTcThreads * j;
-            if (i < HP * D4)
-                *reinterpret_cast<uint2*>(tc_sm + kTcKeys * KP * 2 + ((b * HP + i / D4) * KP + (i % D4) * 4) * 2) =
-                    bf16x4(qv[j]);
-        }
-        if (t < HP) w_s[b * HP + t] = wv;
-    };
+    for (uint32_t i = NH * C8 + t; i < HP * C8; i += kTcThreads)   // the padding heads of both buffers
+        for (uint32_t b = 0; b < 2; ++b)
+            *reinterpret_cast<uint4*>(q_sm + ((b * HP + i / C8) * KP + (i % C8) * 8) * 2) = make_uint4(0, 0, 0, 0);
     int32_t staged = -1;   // the session whose index rows are staged
     auto stage_keys = [&](int32_t sess) {
         // as many rows as the block's rows of this session see (rows past them: zeros)
@@ -1473,8 +1471,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     const uint32_t qoff = ((lane & 7) + 8 * ((lane >> 3) & 1)) * KP * 2 + (lane >> 4) * 16;
     const uint32_t koff = k_a + (32 * w + (lane & 7) + 8 * (lane >> 4)) * KP * 2 + ((lane >> 3) & 1) * 16;
     uint32_t i = __ffs(act) - 1, b = 0;
-    load_q(r0 + i);
-    store_q(0);
+    stage_q(r0 + i, 0);
     while (true) {
         const uint32_t r = r0 + i;
         const int32_t sess = rows[r].sess;
@@ -1483,10 +1480,11 @@ __global__ void __launch_bounds__(kTcThreads, 2)
             stage_keys(sess);
             staged = sess;
         }
-        __syncthreads();   // the row's queries, weights (and keys) staged
+        cp_async_wait_all();
+        __syncthreads();   // the row's queries, weights (and keys) staged; every warp done with the other buffer
         const uint32_t rest = act & ~((2u << i) - 1u);
         const uint32_t next = rest ? uint32_t(__ffs(rest) - 1) : 0u;
-        if (rest) load_q(r0 + next);   // in flight during this row's MMAs
+        if (rest) stage_q(r0 + next, b ^ 1);   // in flight during this row's MMAs
         const uint64_t nv = uint64_t(rows[r].pos + 1) / 4;
         const uint64_t kw = c0 + 32 * w;   // this warp's first key
         if (kw < nv) {
@@ -1497,7 +1495,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
                 for (uint32_t n = 0; n < 4; ++n)
 #pragma unroll
                     for (uint32_t e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
-            const uint32_t qb = q_a + b * HP * KP * 2 + qoff;
+            const uint32_t qs = q_a + b * HP * KP * 2 + qoff;
 #pragma unroll
             for (uint32_t kk = 0; kk < DI / 16; ++kk) {
                 uint32_t bk[2][4];
@@ -1506,7 +1504,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
 #pragma unroll
                 for (uint32_t m = 0; m < MT; ++m) {
                     uint32_t a[4];
-                    ldsm_x4_s(a, qb + m * 16 * KP * 2 + kk * 32);
+                    ldsm_x4_s(a, qs + m * 16 * KP * 2 + kk * 32);
 #pragma unroll
                     for (uint32_t n = 0; n < 4; ++n) mma_bf16(acc[m][n], a, bk[n >> 1][2 * (n & 1)], bk[n >> 1][2 * (n & 1) + 1]);
                 }
@@ -1517,29 +1515,28 @@ __global__ void __launch_bounds__(kTcThreads, 2)
             float* out = score + uint64_t(r) * ld;
 #pragma unroll
             for (uint32_t n = 0; n < 4; ++n) {
-                float s[2] = {0.0f, 0.0f};
+                float sc[2] = {0.0f, 0.0f};
 #pragma unroll
                 for (uint32_t m = 0; m < MT; ++m)
 #pragma unroll
                     for (uint32_t h = 0; h < 2; ++h) {
                         const float wh = ws[16 * m + gid + 8 * h];
 #pragma unroll
-                        for (uint32_t j = 0; j < 2; ++j) s[j] = fmaf(fmaxf(acc[m][n][2 * h + j], 0.0f), wh, s[j]);
+                        for (uint32_t j = 0; j < 2; ++j) sc[j] = fmaf(fmaxf(acc[m][n][2 * h + j], 0.0f), wh, sc[j]);
                     }
 #pragma unroll
                 for (uint32_t j = 0; j < 2; ++j)
 #pragma unroll
-                    for (uint32_t o = 4; o < 32; o <<= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], o);
+                    for (uint32_t o = 4; o < 32; o <<= 1) sc[j] += __shfl_xor_sync(0xffffffffu, sc[j], o);
                 if (gid == 0)
 #pragma unroll
                     for (uint32_t j = 0; j < 2; ++j) {
                         const uint64_t c = kw + 8 * n + 2 * tig + j;
-                        if (c < nv) out[c] = s[j];
+                        if (c < nv) out[c] = sc[j];
                     }
             }
         }
         if (!rest) break;
-        store_q(b ^ 1);   // that buffer's last readers were the previous row's, before the barrier above
         b ^= 1;
         i = next;
     }
@@ -1803,7 +1800,7 @@ __device__ __forceinline__ void iq_prep_lane(float (&x)[4], uint32_t lane, const
 // butterflies in shared memory) took 275 us for a 2,048-row round (run 116).
 __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, float* wi, uint32_t NH, uint32_t n_rot,
                                                                   const double* inv_freq, const DevRow* rows,
-                                                                  bool official, float wscale) {
+                                                                  bool official, float wscale, uint16_t* qb) {
     pdl_begin();
     constexpr uint32_t DI = 128;
     __shared__ float cs_s[DI / 2], sn_s[DI / 2];
@@ -1822,7 +1819,8 @@ __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, flo
         const float4 v = *p;
         float x[4] = {v.x, v.y, v.z, v.w};
         iq_prep_lane(x, lane, cs_s, sn_s, DI - n_rot, official);
-        *p = make_float4(x[0], x[1], x[2], x[3]);
+        if (qb) reinterpret_cast<uint2*>(qb + (uint64_t(r) * NH + h) * DI)[lane] = bf16x4(make_float4(x[0], x[1], x[2], x[3]));
+        else *p = make_float4(x[0], x[1], x[2], x[3]);
     }
 }
 
@@ -2785,15 +2783,18 @@ bool indexer_prep_warp_on(uint32_t DI, uint32_t n_rot) {
 void indexer_prep_warp_override(int on) { g_idx_prep_override = on; }
 
 void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
-                    const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s) {
+                    const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s,
+                    uint16_t* qb) {
     if (!R) return;
+    if (qb && !official)
+        throw std::invalid_argument("indexer_q_prep: BF16 queries need official numerics (plain queries are not BF16 values)");
     if (indexer_prep_warp_on(DI, n_rot)) {
-        indexer_q_prep_warp_kernel<<<R, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale);
+        indexer_q_prep_warp_kernel<<<R, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale, qb);
         check_launch("indexer_q_prep");
         return;
     }
     indexer_q_prep_kernel<<<R * NH, 64, DI * sizeof(float), s>>>(qi, wi, NH, DI, n_rot, inv_freq, rows, official,
-                                                                 wscale);
+                                                                 wscale, qb);
     check_launch("indexer_q_prep");
 }
 
@@ -2847,7 +2848,7 @@ namespace {
 int g_idx_tc_override = -1;
 
 template <uint32_t DI, uint32_t MT>
-void launch_scores_tc(const float* qi, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
+void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                       float* score, uint64_t ld, cudaStream_t s) {
     constexpr auto kernel = indexer_scores_tc_kernel<DI, MT>;
@@ -2859,7 +2860,7 @@ void launch_scores_tc(const float* qi, const float* wi, uint32_t R, uint32_t NH,
     }();
     (void)raised;
     const dim3 grid(uint32_t((max_vis + kTcKeys - 1) / kTcKeys), (R + kTcRows - 1) / kTcRows);
-    kernel<<<grid, kTcThreads, smem, s>>>(qi, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld);
+    kernel<<<grid, kTcThreads, smem, s>>>(qb, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld);
     check_launch("indexer scores (tensor cores)");
 }
 }  // namespace
@@ -2872,19 +2873,19 @@ bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
     return on && NH >= 1 && NH <= 64 && (DI == 64 || DI == 128);
 }
 
-void indexer_scores_tc(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
+void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                        const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                        float* score, uint64_t ld, cudaStream_t s) {
     if (!R || max_vis <= top_k) return;
     if (!indexer_tc_ok(NH, DI)) throw_mismatch("indexer_scores_tc: indexer heads (up to 64) of width 64 or 128", 0, NH, DI);
     const uint32_t MT = (NH + 15) / 16;
-    using Launch = void (*)(const float*, const float*, uint32_t, uint32_t, const DevRow*, const DevLayerKV*, uint32_t,
+    using Launch = void (*)(const uint16_t*, const float*, uint32_t, uint32_t, const DevRow*, const DevLayerKV*, uint32_t,
                             uint32_t, uint32_t, uint64_t, float*, uint64_t, cudaStream_t);
     static constexpr Launch l64[4] = {launch_scores_tc<64, 1>, launch_scores_tc<64, 2>, launch_scores_tc<64, 3>,
                                       launch_scores_tc<64, 4>};
     static constexpr Launch l128[4] = {launch_scores_tc<128, 1>, launch_scores_tc<128, 2>, launch_scores_tc<128, 3>,
                                        launch_scores_tc<128, 4>};
-    (DI == 64 ? l64 : l128)[MT - 1](qi, wi, R, NH, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
+    (DI == 64 ? l64 : l128)[MT - 1](qb, wi, R, NH, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
 }
 
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,

@@ -966,7 +966,8 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
 }
 
 // Prompt rounds' indexer scores on the BF16 tensor cores (official numerics) against a double
-// reference and the FP32 kernel: FP4-simulated queries (indexer_q_prep) and index rows (as
+// reference and the FP32 kernel: FP4-simulated queries (indexer_q_prep, as floats and as the
+// BF16 the tensor cores take: the same values) and index rows (as
 // compressor_emit makes them: Hadamard + FP4), flash's shape (64 heads of 128) and tiny's (8
 // of 64). The products are exact, so each score is within the FP32 sums' rounding of the
 // double one. A row's scores are the same bits alone and in a batch (rows of several sessions
@@ -1017,15 +1018,31 @@ TEST_F(CudaKernels, IndexerTensorCoreScoresMatchFp32) {
         DevVec<cuda::DevRow> drows(rows);
         const auto q = random_floats(uint64_t(R) * NH * DI, 31 + NH, -2.0f, 2.0f);
         const auto wv = random_floats(uint64_t(R) * NH, 37 + NH, -1.0f, 1.0f);
-        DevVec<float> dq(q), dw(wv);
+        DevVec<float> dq(q), dw(wv), dq2(q), dw2(wv);
+        DevVec<uint16_t> dqb(uint64_t(R) * NH * DI);
         cuda::indexer_q_prep(dq.get(), dw.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), true, wscale, nullptr);
+        // the same preparation with the queries as BF16 (the tensor cores' input): the floats' values
+        cuda::indexer_q_prep(dq2.get(), dw2.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), true, wscale, nullptr,
+                             dqb.get());
         const auto qp = dq.download(), wp = dw.download();
+        {
+            const auto qb = dqb.download();
+            const auto q2 = dq2.download();
+            for (size_t j = 0; j < qp.size(); ++j) {
+                const uint32_t bits = uint32_t(qb[j]) << 16;
+                float f;
+                std::memcpy(&f, &bits, 4);
+                ASSERT_EQ(f, qp[j]) << "BF16 query " << j;
+            }
+            ASSERT_EQ(0, std::memcmp(q2.data(), q.data(), q.size() * sizeof(float))) << "qi left alone";
+            ASSERT_EQ(0, std::memcmp(dw2.download().data(), wp.data(), wp.size() * sizeof(float)));
+        }
         uint64_t max_vis = 0;
         for (const auto& rw : rows) max_vis = std::max<uint64_t>(max_vis, uint64_t(rw.pos + 1) / 4);
         const uint64_t ld = max_vis + 5;
         const std::vector<float> init(R * ld, 12345.0f);
         DevVec<float> s_tc(init), s_f32(init);
-        cuda::indexer_scores_tc(dq.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, max_vis,
+        cuda::indexer_scores_tc(dqb.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, max_vis,
                                 s_tc.get(), ld, nullptr);
         cuda::indexer_scores(dq.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, max_vis,
                              s_f32.get(), ld, nullptr);
@@ -1066,7 +1083,8 @@ TEST_F(CudaKernels, IndexerTensorCoreScoresMatchFp32) {
         // each row alone: the same bits as in the batch
         for (uint32_t r : {0u, 17u, 20u, 26u, 39u}) {
             DevVec<cuda::DevRow> one(std::vector<cuda::DevRow>{rows[r]});
-            DevVec<float> q1(std::vector<float>(qp.begin() + uint64_t(r) * NH * DI, qp.begin() + uint64_t(r + 1) * NH * DI));
+            const auto qb = dqb.download();
+            DevVec<uint16_t> q1(std::vector<uint16_t>(qb.begin() + uint64_t(r) * NH * DI, qb.begin() + uint64_t(r + 1) * NH * DI));
             DevVec<float> w1(std::vector<float>(wp.begin() + uint64_t(r) * NH, wp.begin() + uint64_t(r + 1) * NH));
             DevVec<float> s1(std::vector<float>(ld, 12345.0f));
             const uint64_t nv = uint64_t(rows[r].pos + 1) / 4;
