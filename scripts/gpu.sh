@@ -54,7 +54,53 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) kernels (of the
 # decode steps, or of the prefill chunk) whose names match REGEX: why a kernel takes the time
 # it takes. NCU_ARGS replaces those sections (e.g. --metrics regex:...).
+# NCU_SOURCE=1 (with NCU_DETAIL): the first matching kernel's SASS instruction by instruction
+# instead (Nsight Compute's source counters: instructions executed and warp stall samples a
+# SASS line): the 40 lines with the most stall samples, and the executed instructions and
+# samples by opcode. The report stays in $LOG/ncu_src.ncu-rep, the table in ncu_source.csv.
 [[ $NCU == 1 ]] && NCU_BIN=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" && -n "${NCU_SOURCE:-}" ]]; then
+  DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} \
+    timeout ${BENCH_TIMEOUT:-300} "$NCU_BIN" --profile-from-start off --clock-control none \
+    --cache-control "${NCU_CACHE:-none}" -k "regex:$NCU_DETAIL" -c 1 --section SourceCounters \
+    --section WarpStateStats --import-source no -f -o "$LOG/ncu_src" \
+    "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.FlashDecodePrefillKv" > "$LOG/ncu_src_app.log" 2>&1
+  echo "ncu rc $?"
+  "$NCU_BIN" -i "$LOG/ncu_src.ncu-rep" --page source --csv --print-source sass > "$LOG/ncu_source.csv" 2>&1
+  echo "ncu source page rc $?"
+  python3 - "$LOG/ncu_source.csv" <<'PY'
+import csv, sys, re, collections
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+h = next((i for i, r in enumerate(rows) if any(c.strip() in ("Source", "Address") for c in r)), None)
+if h is None:
+    print("no source table; the file begins:"); [print(",".join(r)[:200]) for r in rows[:15]]; sys.exit(0)
+hdr = [c.strip() for c in rows[h]]
+print("columns:", " | ".join(hdr)[:600])
+def col(*pats):
+    for p in pats:
+        for i, c in enumerate(hdr):
+            if re.search(p, c, re.I): return i
+    return None
+src = col(r"^Source$")
+samp = col(r"Warp Stall Sampling \(All", r"Stall Sampling", r"Sampling")
+ex = col(r"^Instructions Executed", r"Warp.*Instructions Executed", r"Instructions Executed")
+num = lambda r, i: float(r[i].replace(",", "")) if i is not None and i < len(r) and re.match(r"^-?[\d.,]+$", r[i].strip() or "x") else 0.0
+body = [r for r in rows[h + 1:] if src is not None and len(r) > src and r[src].strip()]
+ts, te = sum(num(r, samp) for r in body), sum(num(r, ex) for r in body)
+print(f"{len(body)} SASS lines, {te:.0f} warp instructions executed, {ts:.0f} stall samples")
+print("-- the 40 lines with the most samples (samples, share, executed, SASS)")
+for r in sorted(body, key=lambda r: -num(r, samp))[:40]:
+    print(f"{num(r, samp):9.0f} {100 * num(r, samp) / max(ts, 1):5.1f}% {num(r, ex):12.0f}  {r[src].strip()[:90]}")
+ops = collections.defaultdict(lambda: [0.0, 0.0])
+for r in body:
+    op = re.sub(r"^@!?U?P\w+\s+", "", r[src].strip()).split(" ")[0]
+    ops[op][0] += num(r, ex); ops[op][1] += num(r, samp)
+print("-- by opcode (executed share, sample share)")
+for op, (e, s_) in sorted(ops.items(), key=lambda kv: -kv[1][0])[:30]:
+    print(f"{op:24s} {100 * e / max(te, 1):6.1f}% {100 * s_ / max(ts, 1):6.1f}%")
+PY
+  exit 0
+fi
 if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
   DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
