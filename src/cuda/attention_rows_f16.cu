@@ -109,10 +109,7 @@ __device__ __forceinline__ void ldsm_x4_h(uint32_t (&r)[4], uint32_t s) {
                      : "r"(s)
                      : "memory");
     else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(s)
-                     : "memory");
+        ldsm_x4(r, s);
 }
 
 // The lane-group bits of a ballot gathered: bit c of the result = OR of bits 4c .. 4c + 3.

@@ -276,15 +276,19 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 #endif
 }
 
-// Four 8×8 matrices of 32-bit words (8 rows × 16 bytes each; lanes 8i..8i+7 give matrix i's
-// row addresses): register i of lane l gets word l % 4 of row l / 4 of matrix i — a TF32
-// A fragment (matrices: rows 0-7 / 8-15 × columns 0-3 / 4-7) or two B fragments.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* p) {
-    const uint32_t s = uint32_t(__cvta_generic_to_shared(p));
+// Four 8×8 matrices of 16-byte rows (lanes 8i..8i+7 give matrix i's row addresses, here as
+// 32-bit shared-window byte addresses): register i of lane l gets bytes 4 (l % 4) .. + 3 of row
+// l / 4 of matrix i — a TF32 A fragment (matrices: rows 0-7 / 8-15 × columns 0-3 / 4-7), two
+// TF32 B fragments, or the FP16 / BF16 fragments of an m16n8k16 MMA.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t s) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(s)
                  : "memory");
+}
+// The same from a generic pointer into shared memory.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const float* p) {
+    ldsm_x4(r, uint32_t(__cvta_generic_to_shared(p)));
 }
 
 }  // namespace dsv4::cuda

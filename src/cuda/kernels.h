@@ -440,8 +440,7 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 // FP4-simulated queries and index rows are BF16 values exactly (products exact; the sums in
 // the tensor cores' order: not the FP32 kernels' bits, the same for a row in any batch or
 // chunk), from indexer_q_prep's BF16 queries qb. indexer_tc_ok: the shapes it takes (up to 64
-// heads of 64 or 128) and DSV4_IDX_TC (default 1; tests force 1 / 0, or -1 for the variable's).
-void indexer_tc_override(int on);
+// heads of 64 or 128) and DSV4_IDX_TC (default 1).
 bool indexer_tc_ok(uint32_t NH, uint32_t DI);
 void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                        const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,

@@ -1394,12 +1394,6 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ void ldsm_x4_s(uint32_t (&r)[4], uint32_t s) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s)
-                 : "memory");
-}
 // Four floats as BF16 (exact for the FP4-simulated values this kernel takes), low dims first.
 __device__ __forceinline__ uint2 bf16x4(float4 v) {
     const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
@@ -1488,23 +1482,17 @@ __global__ void __launch_bounds__(kTcThreads, 2)
         const uint64_t nv = uint64_t(rows[r].pos + 1) / 4;
         const uint64_t kw = c0 + 32 * w;   // this warp's first key
         if (kw < nv) {
-            float acc[MT][4][4];
-#pragma unroll
-            for (uint32_t m = 0; m < MT; ++m)
-#pragma unroll
-                for (uint32_t n = 0; n < 4; ++n)
-#pragma unroll
-                    for (uint32_t e = 0; e < 4; ++e) acc[m][n][e] = 0.0f;
+            float acc[MT][4][4] = {};
             const uint32_t qs = q_a + b * HP * KP * 2 + qoff;
 #pragma unroll
             for (uint32_t kk = 0; kk < DI / 16; ++kk) {
                 uint32_t bk[2][4];
 #pragma unroll
-                for (uint32_t p = 0; p < 2; ++p) ldsm_x4_s(bk[p], koff + p * 16 * KP * 2 + kk * 32);
+                for (uint32_t p = 0; p < 2; ++p) ldsm_x4(bk[p], koff + p * 16 * KP * 2 + kk * 32);
 #pragma unroll
                 for (uint32_t m = 0; m < MT; ++m) {
                     uint32_t a[4];
-                    ldsm_x4_s(a, qs + m * 16 * KP * 2 + kk * 32);
+                    ldsm_x4(a, qs + m * 16 * KP * 2 + kk * 32);
 #pragma unroll
                     for (uint32_t n = 0; n < 4; ++n) mma_bf16(acc[m][n], a, bk[n >> 1][2 * (n & 1)], bk[n >> 1][2 * (n & 1) + 1]);
                 }
@@ -2844,8 +2832,7 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 
 namespace {
 // DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
-// indexer_scores, decode's bits); indexer_tc_override (tests) wins.
-int g_idx_tc_override = -1;
+// indexer_scores, decode's bits).
 
 template <uint32_t DI, uint32_t MT>
 void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
@@ -2865,11 +2852,8 @@ void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t 
 }
 }  // namespace
 
-void indexer_tc_override(int on) { g_idx_tc_override = on; }
-
 bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
-    static const bool env = env_switch("DSV4_IDX_TC", true);
-    const bool on = g_idx_tc_override >= 0 ? g_idx_tc_override != 0 : env;
+    static const bool on = env_switch("DSV4_IDX_TC", true);
     return on && NH >= 1 && NH <= 64 && (DI == 64 || DI == 128);
 }
 
