@@ -37,6 +37,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/attention.cuh"
 #include "cuda/common.cuh"
@@ -110,16 +111,6 @@ __device__ __forceinline__ void ldsm_x4_h(uint32_t (&r)[4], uint32_t s) {
                      : "memory");
     else
         ldsm_x4(r, s);
-}
-
-// The lane-group bits of a ballot gathered: bit c of the result = OR of bits 4c .. 4c + 3.
-__device__ __forceinline__ uint32_t quad_bits(uint32_t b) {
-    b |= b >> 1;
-    b |= b >> 2;
-    b &= 0x11111111u;
-    b = (b | (b >> 3)) & 0x03030303u;
-    b = (b | (b >> 6)) & 0x000F000Fu;
-    return (b | (b >> 12)) & 0xFFu;
 }
 
 // Per tile of kF16KT = 16 keys (16 warps; NT = D / 64):
@@ -200,7 +191,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         const float4* src = reinterpret_cast<const float4*>(k32 + w * DP);
         uint2* hi = reinterpret_cast<uint2*>(kh_s + w * KH);
         uint2* lo = reinterpret_cast<uint2*>(kl_s + w * KH);
-        uint32_t cm = 0;
+        uint32_t mine = 0;   // this lane's chunks with a nonzero lo half
 #pragma unroll
         for (uint32_t j = 0; j < CPL; ++j) {
             const float4 x = src[lane + 32 * j];
@@ -210,8 +201,9 @@ __global__ void __launch_bounds__(kF16Threads, 1)
             hi[lane + 32 * j] = a;
             lo[lane + 32 * j] = b;
             // lane's values: chunk lane / 4 + 8 j
-            cm |= quad_bits(__ballot_sync(0xffffffffu, (b.x | b.y) != 0u)) << (8 * j);
+            mine |= uint32_t((b.x | b.y) != 0u) << (lane / 4 + 8 * j);
         }
+        const uint32_t cm = __reduce_or_sync(0xffffffffu, mine);   // one reduction for the row
         if (lane == 0 && cm) atomicOr(&mask_s[mb], cm);
     };
 
@@ -275,24 +267,35 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                     for (uint32_t i = 0; i < 4; ++i) sb[n][i] = 0.0f;
                 const uint32_t qa = q_a + (16 * mp + (li & 1) * 8 + lr) * DP * 4 + (li >> 1) * 32;
                 const uint32_t ko = 2 * (((li >> 1) * 8 + lr) * KH + (li & 1) * 8);
+                // Each half of the quarter's k16 steps with or without the hi·lo products, as its
+                // chunks need them (one test a half: a per-chunk test would predicate the MMAs, and
+                // ptxas then puts a WARPSYNC before every MMA and ldmatrix; run 121). A chunk of
+                // FP16-exact keys in a half that needs them adds exact zeros: the same sums.
+                auto khalf = [&](uint32_t k0, auto lo) {
+                    constexpr bool LO = decltype(lo)::value;
 #pragma unroll 2
-                for (uint32_t kk = 0; kk < NT; ++kk) {
-                    const uint32_t d0 = dq * (D / 4) + 16 * kk;
-                    const bool klo = (kmask >> (d0 / 16)) & 1u;
-                    uint32_t ah[4], al[4], b[4], bl[4];
-                    ldsm_x4_h(ah, qa + 4 * d0);
-                    ldsm_x4_h(al, qa + 4 * d0 + 16);
-                    ldsm_x4_h(b, kh_a + ko + 2 * d0);
-                    if (klo) ldsm_x4_h(bl, kl_a + ko + 2 * d0);
+                    for (uint32_t kk = k0; kk < k0 + NT / 2; ++kk) {
+                        const uint32_t d0 = dq * (D / 4) + 16 * kk;
+                        uint32_t ah[4], al[4], b[4], bl[4];
+                        ldsm_x4_h(ah, qa + 4 * d0);
+                        ldsm_x4_h(al, qa + 4 * d0 + 16);
+                        ldsm_x4_h(b, kh_a + ko + 2 * d0);
+                        if constexpr (LO) ldsm_x4_h(bl, kl_a + ko + 2 * d0);
 #pragma unroll
-                    for (uint32_t n = 0; n < 2; ++n) {
-                        float u[4];
-                        mma_f16_0(u, al, b[2 * n], b[2 * n + 1]);
-                        if (klo) mma_f16(u, ah, bl[2 * n], bl[2 * n + 1]);
-                        mma_f16(u, ah, b[2 * n], b[2 * n + 1]);
+                        for (uint32_t n = 0; n < 2; ++n) {
+                            float u[4];
+                            mma_f16_0(u, al, b[2 * n], b[2 * n + 1]);
+                            if constexpr (LO) mma_f16(u, ah, bl[2 * n], bl[2 * n + 1]);
+                            mma_f16(u, ah, b[2 * n], b[2 * n + 1]);
 #pragma unroll
-                        for (uint32_t i = 0; i < 4; ++i) sb[n][i] = __fadd_rn(sb[n][i], u[i]);
+                            for (uint32_t i = 0; i < 4; ++i) sb[n][i] = __fadd_rn(sb[n][i], u[i]);
+                        }
                     }
+                };
+#pragma unroll 1
+                for (uint32_t k0 = 0; k0 < NT; k0 += NT / 2) {
+                    if ((kmask >> (dq * NT + k0)) & ((1u << (NT / 2)) - 1u)) khalf(k0, std::true_type{});
+                    else khalf(k0, std::false_type{});
                 }
                 float* part = s_s + dq * (16 * kF16MaxMT) * kF16RS;
 #pragma unroll
@@ -377,12 +380,12 @@ __global__ void __launch_bounds__(kF16Threads, 1)
             }
             const uint32_t vo = 2 * (((li & 1) * 8 + lr) * KH + base + (li >> 1) * 8);
             const uint32_t po = 2 * (((li & 1) * 8 + lr) * kF16PS + (li >> 1) * 8);
-#pragma unroll
-            for (uint32_t c = 0; c < NTW / 2; ++c) {
-                const bool vlo = (kmask >> ((base + 16 * c) / 16)) & 1u;
+            // per 16 columns with or without the hi·lo products (as the scores' halves)
+            auto vchunk = [&](uint32_t c, auto lo) {
+                constexpr bool LO = decltype(lo)::value;
                 uint32_t vb[4], vl[4];
                 ldsm_x4_h<true>(vb, kh_a + vo + 32 * c);
-                if (vlo) ldsm_x4_h<true>(vl, kl_a + vo + 32 * c);
+                if constexpr (LO) ldsm_x4_h<true>(vl, kl_a + vo + 32 * c);
 #pragma unroll
                 for (uint32_t m = 0; m < kF16MaxMT; ++m) {
                     if (m >= MT) continue;
@@ -394,12 +397,17 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                         const uint32_t t = 2 * c + tt, j = 2 * tt;
                         float u[4];
                         mma_f16_0(u, al, vb[j], vb[j + 1]);
-                        if (vlo) mma_f16(u, ah, vl[j], vl[j + 1]);
+                        if constexpr (LO) mma_f16(u, ah, vl[j], vl[j + 1]);
                         mma_f16(u, ah, vb[j], vb[j + 1]);
 #pragma unroll
                         for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = __fadd_rn(ob[m][t][i], u[i]);
                     }
                 }
+            };
+#pragma unroll
+            for (uint32_t c = 0; c < NTW / 2; ++c) {
+                if ((kmask >> ((base + 16 * c) / 16)) & 1u) vchunk(c, std::true_type{});
+                else vchunk(c, std::false_type{});
             }
         }
 
