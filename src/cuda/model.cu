@@ -1576,56 +1576,6 @@ __device__ __forceinline__ void radix_pick_digit(uint32_t h, int shift, uint32_t
     }
 }
 
-// Top-k by radix select on order-preserving keys: the k-th largest key T, then every key
-// > T and the lowest-index keys == T, written in index order.
-__device__ void topk_block(const float* sc, uint32_t n, uint32_t k, uint32_t* out) {
-    __shared__ uint32_t hist[256];
-    __shared__ uint32_t s_prefix, s_remaining;
-    uint32_t prefix = 0, mask = 0;
-    if (threadIdx.x == 0) s_remaining = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const uint32_t u = order_key(sc[i]);
-            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1u);
-        }
-        __syncthreads();
-        radix_pick_digit(hist[threadIdx.x], shift, prefix, &s_prefix, &s_remaining);
-        __syncthreads();
-        prefix = s_prefix;
-        mask |= 255u << shift;
-    }
-    const uint32_t T = prefix, need_eq = s_remaining;
-    uint32_t base_out = 0, base_eq = 0;
-    for (uint32_t start = 0; start < n; start += blockDim.x) {
-        const uint32_t i = start + threadIdx.x;
-        const uint32_t u = i < n ? order_key(sc[i]) : 0;
-        const bool gt = i < n && u > T, eq = i < n && u == T;
-        uint32_t tot_eq, tot_take;
-        const uint32_t eq_rank = base_eq + block_excl_scan(eq ? 1u : 0u, &tot_eq);
-        const bool take = gt || (eq && eq_rank < need_eq);
-        const uint32_t pos = base_out + block_excl_scan(take ? 1u : 0u, &tot_take);
-        if (take) out[pos] = i;
-        base_eq += tot_eq;
-        base_out += tot_take;
-    }
-}
-
-__global__ void topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows, uint32_t ratio, uint32_t k,
-                                   uint32_t* sel) {
-    pdl_begin();
-    const uint32_t r = blockIdx.x;
-    const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
-    if (n <= k) return;
-    topk_block(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k);
-}
-
-__global__ void topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel) {
-    pdl_begin();
-    topk_block(score, n, k, sel);
-}
-
 // ---- fused indexer for small batches: q prep + scores + top-k in one launch ---------------
 // The three-kernel path above (indexer_q_prep → indexer_scores → topk_select) is four
 // dependent steps on the indexer's side stream after iq_b (three launches, each a full grid
@@ -1663,19 +1613,23 @@ __device__ uint2 block_excl_scan2(uint32_t lo, uint32_t hi, bool packed, uint2* 
     return make_uint2(e0, e1);
 }
 
-// topk_block's selection (every key > T, then the lowest-index keys == T, in index order)
-// on n <= kFusedMaxKeys order keys already in shared memory, by 256 threads. Histograms are
-// double-buffered (the next one is cleared during the current pass: one barrier fewer per
-// pass) and filled with one shared atomic per distinct digit of a warp (scores cluster in
-// a few binades, so plain atomics serialise); the output pass is one scan: thread t owns
-// the contiguous keys [t*seg, (t+1)*seg) and the output slot of key i is
-// (#gt before i) + min(#eq before i, need_eq).
-// early_exit (DSV4_ATTN_EARLY): the passes stop once every key of the chosen bin is needed
-// (the bin's count equals the keys still to pick): the selection is then every key whose
-// digits so far are above the prefix or equal to it, which is what the remaining passes would
-// select (T, the k-th largest key, is the bin's smallest, and all the bin's keys >= T are
-// taken), and the output lists the selected keys in index order either way: the same bytes.
-__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit) {
+// Top-k by radix select on order keys (order_key): the k-th largest key T, then every key > T
+// and the lowest-index keys == T, written to out in index order; by 256 threads, on n keys
+// that key_at(i) yields (staged in shared memory, or read from global memory: U keys a thread
+// loaded before their atomics, so that U loads are in flight). Histograms are double-buffered
+// (the next one is cleared during the current pass: one barrier fewer per pass) and filled
+// with one shared atomic per distinct digit of a warp (scores cluster in a few binades, so
+// plain atomics serialise); the output pass is one scan: thread t owns the contiguous keys
+// [t*seg, (t+1)*seg) and the output slot of key i is (#gt before i) + min(#eq before i,
+// need_eq).
+// early_exit: the passes stop once every key of the chosen bin is needed (the bin's count
+// equals the keys still to pick): the selection is then every key whose digits so far are
+// above the prefix or equal to it, which is what the remaining passes would select (T, the
+// k-th largest key, is the bin's smallest, and all the bin's keys >= T are taken), and the
+// output lists the selected keys in index order either way: the same bytes.
+template <uint32_t U, class KeyAt>
+__device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool early_exit) {
+    constexpr uint32_t NT = 256;
     __shared__ uint32_t hist[2][256];
     __shared__ uint32_t s_prefix, s_remaining, s_all;
     const uint32_t tid = threadIdx.x, lane = tid & 31;
@@ -1686,16 +1640,17 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
     uint32_t prefix = 0, mask = 0;
     int b = 0;
     for (int shift = 24; shift >= 0 && !s_all; shift -= 8, b ^= 1) {
-        const uint32_t n_it = (n + kFusedThreads - 1) / kFusedThreads;
-        for (uint32_t it = 0; it < n_it; ++it) {
-            const uint32_t i = it * kFusedThreads + tid;
-            uint32_t bin = 0xffffffffu;
-            if (i < n) {
-                const uint32_t u = keys[i];
-                if ((u & mask) == prefix) bin = (u >> shift) & 255;
+        for (uint32_t i0 = tid; i0 < n; i0 += U * NT) {
+            uint32_t u[U];
+#pragma unroll
+            for (uint32_t j = 0; j < U; ++j) u[j] = i0 + j * NT < n ? key_at(i0 + j * NT) : 0;
+#pragma unroll
+            for (uint32_t j = 0; j < U; ++j) {
+                const bool in = i0 + j * NT < n && (u[j] & mask) == prefix;
+                const uint32_t bin = in ? (u[j] >> shift) & 255 : 0xffffffffu;
+                const uint32_t peers = __match_any_sync(0xffffffffu, bin);
+                if (in && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&hist[b][bin], __popc(peers));
             }
-            const uint32_t peers = __match_any_sync(0xffffffffu, bin);
-            if (bin != 0xffffffffu && lane == uint32_t(__ffs(peers) - 1)) atomicAdd(&hist[b][bin], __popc(peers));
         }
         hist[b ^ 1][tid] = 0;   // read last in the previous pass, before its final barrier
         __syncthreads();
@@ -1705,11 +1660,11 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
         mask |= 255u << shift;
     }
     const uint32_t T = prefix, need_eq = s_remaining;
-    const uint32_t seg = (n + kFusedThreads - 1) / kFusedThreads;
+    const uint32_t seg = (n + NT - 1) / NT;
     const uint32_t lo = min(n, tid * seg), hi = min(n, lo + seg);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = lo; i < hi; ++i) {
-        const uint32_t u = keys[i] & mask;
+        const uint32_t u = key_at(i) & mask;
         gt += u > T;
         eq += u == T;
     }
@@ -1717,7 +1672,7 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
     const uint2 ex = block_excl_scan2(gt, eq, n < 65536u, &tot);
     uint32_t gt_b = ex.x, eq_b = ex.y;
     for (uint32_t i = lo; i < hi; ++i) {
-        const uint32_t u = keys[i] & mask;
+        const uint32_t u = key_at(i) & mask;
         if (u > T) {
             out[gt_b + min(eq_b, need_eq)] = i;
             ++gt_b;
@@ -1726,6 +1681,45 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
             ++eq_b;
         }
     }
+}
+
+// On n <= kFusedMaxKeys order keys already in shared memory (the fused indexer's last block).
+__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit) {
+    topk_radix<1>([keys](uint32_t i) { return keys[i]; }, n, k, out, early_exit);
+}
+
+// The top-k of a row's n scores: staged in shared memory as order keys when they fit
+// (stage_max keys, the dynamic shared memory's size: 16 loads a thread in flight, then the
+// passes at shared memory's latency), else every pass reads them from global memory (L2).
+// topk_block before it (a plain shared atomic a key, so a warp's keys of one binade
+// serialised; one key a thread between atomics; a block scan per 256 keys in the output
+// pass) took of the order of 100 us for a decode row of 16K keys.
+__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max) {
+    if (n <= stage_max) {
+        extern __shared__ uint32_t keys[];
+#pragma unroll 16
+        for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
+        __syncthreads();
+        topk_staged(keys, n, k, out, true);
+    } else {
+        topk_radix<4>([sc](uint32_t i) { return order_key(__ldcg(sc + i)); }, n, k, out, true);
+    }
+}
+
+__global__ void __launch_bounds__(256) topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows,
+                                                          uint32_t ratio, uint32_t k, uint32_t* sel,
+                                                          uint32_t stage_max) {
+    pdl_begin();
+    const uint32_t r = blockIdx.x;
+    const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
+    if (n <= k) return;
+    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max);
+}
+
+__global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel,
+                                                         uint32_t stage_max) {
+    pdl_begin();
+    topk_row(score, n, k, sel, stage_max);
 }
 
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
@@ -2872,15 +2866,40 @@ void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t
     (DI == 64 ? l64 : l128)[MT - 1](qb, wi, R, NH, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
 }
 
+namespace {
+// topk_row's staging: up to kTopkStageMax keys (192 KB) in shared memory; DSV4_TOPK_STAGE=0 reads
+// every pass from global memory (measurements), topk_stage_override (tests) wins.
+constexpr uint32_t kTopkStageMax = 48 * 1024;
+int g_topk_stage_override = -1;
+uint32_t topk_stage_keys(uint64_t n) {
+    static const bool on = env_switch("DSV4_TOPK_STAGE", true);
+    const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : on;
+    return stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u;
+}
+template <class Kernel>
+void raise_topk_smem(Kernel kernel) {
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTopkStageMax * 4)),
+          "top-k shared memory");
+}
+}  // namespace
+
+void topk_stage_override(int on) { g_topk_stage_override = on; }
+
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
                  uint32_t* sel, cudaStream_t s) {
     if (!R) return;
-    topk_select_kernel<<<R, 256, 0, s>>>(score, ld, rows, ratio, top_k, sel);
+    static const bool raised = (raise_topk_smem(topk_select_kernel), true);
+    (void)raised;
+    const uint32_t stage = topk_stage_keys(ld);   // a row's keys: at most ld
+    topk_select_kernel<<<R, 256, size_t(stage) * 4, s>>>(score, ld, rows, ratio, top_k, sel, stage);
     check_launch("topk_select");
 }
 
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
-    topk_plain_kernel<<<1, 256, 0, s>>>(score, n, k, sel);
+    static const bool raised = (raise_topk_smem(topk_plain_kernel), true);
+    (void)raised;
+    const uint32_t stage = topk_stage_keys(n);
+    topk_plain_kernel<<<1, 256, size_t(stage) * 4, s>>>(score, n, k, sel, stage);
     check_launch("topk_plain");
 }
 

@@ -827,26 +827,58 @@ TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
     }
 }
 
+// The top-k (every key above the k-th largest, then its ties by the lower index, listed in
+// index order) against a sort, with the keys staged in shared memory and read from global
+// memory in every radix pass: short rows, decode rows of a long conversation (20,000 keys:
+// past the fused indexer's 16,384), and rows past the staging's 48K keys (70,000). Values
+// rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
+// no digit early).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
-    for (uint32_t n : {600u, 1000u, 5000u}) {
-        for (uint32_t k : {8u, 64u, 512u}) {
-            if (k >= n) continue;
-            auto s = random_floats(n, n + k, -1.0f, 1.0f);
-            for (auto& v : s) v = std::round(v * 8.0f) / 8.0f;   // many ties
-            s[5] = -0.0f;
-            DevVec<float> ds(s);
-            DevVec<uint32_t> sel(k);
-            cuda::topk_plain(ds.get(), n, k, sel.get(), nullptr);
-            auto got = sel.download();
-            std::vector<uint32_t> idx(n);
-            std::iota(idx.begin(), idx.end(), 0u);
-            std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                              [&](uint32_t a, uint32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-            idx.resize(k);
-            std::sort(idx.begin(), idx.end());
-            ASSERT_EQ(got, idx) << "n " << n << " k " << k;
+    auto reference = [](const float* s, uint32_t n, uint32_t k) {
+        std::vector<uint32_t> idx(n);
+        std::iota(idx.begin(), idx.end(), 0u);
+        auto key = [](float f) { return f == 0.0f ? 0.0f : f; };
+        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
+            return key(s[a]) > key(s[b]) || (key(s[a]) == key(s[b]) && a < b);
+        });
+        idx.resize(k);
+        std::sort(idx.begin(), idx.end());
+        return idx;
+    };
+    for (int stage : {1, 0}) {
+        cuda::topk_stage_override(stage);
+        for (uint32_t n : {600u, 1000u, 5000u, 20000u, 70000u}) {
+            for (uint32_t k : {8u, 64u, 512u}) {
+                if (k >= n || (n > 5000 && k != 512)) continue;
+                auto s = random_floats(n, n + k, -1.0f, 1.0f);
+                for (auto& v : s) v = std::round(v * 8.0f) / 8.0f;   // many ties
+                s[5] = -0.0f;
+                if (n == 1000) std::fill(s.begin() + 100, s.end(), 0.25f);   // one value nearly everywhere
+                DevVec<float> ds(s);
+                DevVec<uint32_t> sel(k);
+                cuda::topk_plain(ds.get(), n, k, sel.get(), nullptr);
+                ASSERT_EQ(sel.download(), reference(s.data(), n, k)) << "n " << n << " k " << k << " stage " << stage;
+            }
+        }
+        // topk_select: rows of one score matrix (ld 32,768) seeing 20,000, 513 and 30,001 keys
+        const uint32_t ld = 32768, k = 512, R = 3, ratio = 4;
+        const uint32_t nv[R] = {20000, 513, 30001};
+        auto s = random_floats(uint64_t(R) * ld, 4242, -3.0f, 3.0f);
+        for (auto& v : s) v = std::round(v * 16.0f) / 16.0f;
+        std::vector<cuda::DevRow> rows(R);
+        for (uint32_t r = 0; r < R; ++r) rows[r] = {int64_t(ratio * nv[r] - 1 + r % ratio), 0, int32_t(r)};
+        DevVec<float> ds(s);
+        DevVec<cuda::DevRow> drows(rows);
+        DevVec<uint32_t> sel(std::vector<uint32_t>(R * k, 0xdeadbeefu));
+        cuda::topk_select(ds.get(), ld, R, drows.get(), ratio, k, sel.get(), nullptr);
+        const auto got = sel.download();
+        for (uint32_t r = 0; r < R; ++r) {
+            const auto want = reference(s.data() + uint64_t(r) * ld, nv[r], k);
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
+                << "row " << r << " stage " << stage;
         }
     }
+    cuda::topk_stage_override(-1);
 }
 
 // The fused indexer (queries prepared, scored and selected in one launch) against the
