@@ -1640,7 +1640,9 @@ __device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, 
     uint32_t prefix = 0, mask = 0;
     int b = 0;
     for (int shift = 24; shift >= 0 && !s_all; shift -= 8, b ^= 1) {
-        for (uint32_t i0 = tid; i0 < n; i0 += U * NT) {
+        // (the loop test on the warp's first key: every lane makes the same trips, as
+        // __match_any_sync needs)
+        for (uint32_t i0 = tid; i0 - lane < n; i0 += U * NT) {
             uint32_t u[U];
 #pragma unroll
             for (uint32_t j = 0; j < U; ++j) u[j] = i0 + j * NT < n ? key_at(i0 + j * NT) : 0;
