@@ -454,6 +454,9 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
 // Tests: 1 stages the keys in shared memory where they fit (the default), 0 reads every
 // radix pass from global memory (DSV4_TOPK_STAGE=0), -1 back to the default. The same bytes.
 void topk_stage_override(int on);
+// Tests: 1 writes the top-k's selection by warps (DSV4_TOPK_WARP=1), 0 by per-thread segments,
+// -1 back to the default (0). The same bytes.
+void topk_warp_override(int on);
 // The three calls above (indexer_q_prep, indexer_scores, topk_select with ratio 4) in one
 // launch, bit-identical: each score block prepares its row's queries itself and the row's
 // last block selects. qi and wi are only read (not prepared in place). count: R counters,

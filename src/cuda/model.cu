@@ -1613,6 +1613,48 @@ __device__ uint2 block_excl_scan2(uint32_t lo, uint32_t hi, bool packed, uint2* 
     return make_uint2(e0, e1);
 }
 
+// topk_radix's output pass by warps (DSV4_TOPK_WARP): warp w owns keys [w·seg, (w+1)·seg), seg a
+// multiple of 32, and walks them 32 at a time, a key a lane (consecutive: no bank conflicts
+// when staged; the per-thread segments of the other form put a warp's 32 reads 16K keys apart
+// in one bank), counting the keys > T and == T by ballots; the warps' counts are scanned; a
+// second walk writes key i at (#gt before i) + min(#eq before i, need_eq) (the other form's
+// slots, so the same bytes).
+template <class KeyAt>
+__device__ void topk_write_by_warps(KeyAt key_at, uint32_t n, uint32_t mask, uint32_t T, uint32_t need_eq,
+                                    uint32_t* out) {
+    constexpr uint32_t NW = 8;
+    __shared__ uint32_t w_gt[NW], w_eq[NW];
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, below = (1u << lane) - 1;
+    const uint32_t seg = (n + 32 * NW - 1) / (32 * NW) * 32;
+    const uint32_t lo = min(n, w * seg), hi = min(n, lo + seg);
+    auto ballots = [&](uint32_t i, uint32_t& bg, uint32_t& be) {   // i: the lane's key (< hi: valid)
+        const bool v = i < hi;
+        const uint32_t u = v ? key_at(i) & mask : 0u;
+        bg = __ballot_sync(0xffffffffu, v && u > T);
+        be = __ballot_sync(0xffffffffu, v && u == T);
+    };
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
+        uint32_t bg, be;
+        ballots(i0 + lane, bg, be);
+        gt += __popc(bg);
+        eq += __popc(be);
+    }
+    if (lane == 0) w_gt[w] = gt, w_eq[w] = eq;
+    __syncthreads();
+    uint32_t gt_b = 0, eq_b = 0;
+    for (uint32_t j = 0; j < w; ++j) gt_b += w_gt[j], eq_b += w_eq[j];
+    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
+        uint32_t bg, be;
+        ballots(i0 + lane, bg, be);
+        const uint32_t g = gt_b + __popc(bg & below), e = eq_b + __popc(be & below);
+        if (bg >> lane & 1) out[g + min(e, need_eq)] = i0 + lane;
+        else if ((be >> lane & 1) && e < need_eq) out[g + e] = i0 + lane;
+        gt_b += __popc(bg);
+        eq_b += __popc(be);
+    }
+}
+
 // Top-k by radix select on order keys (order_key): the k-th largest key T, then every key > T
 // and the lowest-index keys == T, written to out in index order; by 256 threads, on n keys
 // that key_at(i) yields (staged in shared memory, or read from global memory: U keys a thread
@@ -1628,7 +1670,7 @@ __device__ uint2 block_excl_scan2(uint32_t lo, uint32_t hi, bool packed, uint2* 
 // k-th largest key, is the bin's smallest, and all the bin's keys >= T are taken), and the
 // output lists the selected keys in index order either way: the same bytes.
 template <uint32_t U, class KeyAt>
-__device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool early_exit) {
+__device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool early_exit, bool warp_out) {
     constexpr uint32_t NT = 256;
     __shared__ uint32_t hist[2][256];
     __shared__ uint32_t s_prefix, s_remaining, s_all;
@@ -1662,6 +1704,10 @@ __device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, 
         mask |= 255u << shift;
     }
     const uint32_t T = prefix, need_eq = s_remaining;
+    if (warp_out) {
+        topk_write_by_warps(key_at, n, mask, T, need_eq, out);
+        return;
+    }
     const uint32_t seg = (n + NT - 1) / NT;
     const uint32_t lo = min(n, tid * seg), hi = min(n, lo + seg);
     uint32_t gt = 0, eq = 0;
@@ -1686,8 +1732,9 @@ __device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, 
 }
 
 // On n <= kFusedMaxKeys order keys already in shared memory (the fused indexer's last block).
-__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit) {
-    topk_radix<1>([keys](uint32_t i) { return keys[i]; }, n, k, out, early_exit);
+__device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit,
+                            bool warp_out) {
+    topk_radix<1>([keys](uint32_t i) { return keys[i]; }, n, k, out, early_exit, warp_out);
 }
 
 // The top-k of a row's n scores: staged in shared memory as order keys when they fit
@@ -1696,32 +1743,32 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
 // topk_block before it (a plain shared atomic a key, so a warp's keys of one binade
 // serialised; one key a thread between atomics; a block scan per 256 keys in the output
 // pass) took of the order of 100 us for a decode row of 16K keys.
-__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max) {
+__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, bool warp_out) {
     if (n <= stage_max) {
         extern __shared__ uint32_t keys[];
 #pragma unroll 16
         for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
         __syncthreads();
-        topk_staged(keys, n, k, out, true);
+        topk_staged(keys, n, k, out, true, warp_out);
     } else {
-        topk_radix<4>([sc](uint32_t i) { return order_key(__ldcg(sc + i)); }, n, k, out, true);
+        topk_radix<4>([sc](uint32_t i) { return order_key(__ldcg(sc + i)); }, n, k, out, true, warp_out);
     }
 }
 
 __global__ void __launch_bounds__(256) topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows,
                                                           uint32_t ratio, uint32_t k, uint32_t* sel,
-                                                          uint32_t stage_max) {
+                                                          uint32_t stage_max, bool warp_out) {
     pdl_begin();
     const uint32_t r = blockIdx.x;
     const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
     if (n <= k) return;
-    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max);
+    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, warp_out);
 }
 
 __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel,
-                                                         uint32_t stage_max) {
+                                                         uint32_t stage_max, bool warp_out) {
     pdl_begin();
-    topk_row(score, n, k, sel, stage_max);
+    topk_row(score, n, k, sel, stage_max, warp_out);
 }
 
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
@@ -1812,7 +1859,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
                          uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel,
-                         bool early) {
+                         bool early, bool warp_out) {
     // early (DSV4_ATTN_EARLY): before the programmatic-launch wait, the row's position and KV
     // descriptor (uploaded before the step's kernels), the RoPE angles and L2 prefetches of
     // the block's compressed index rows (a hint: a row this step's compressor emits is read
@@ -1919,7 +1966,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     const float* sr = score + uint64_t(r) * ld;
     for (uint32_t i = tid; i < n; i += kFusedThreads) keys[i] = order_key(__ldcg(sr + i));
     __syncthreads();
-    topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k, early);
+    topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k, early, warp_out);
 }
 
 // ---- sink attention (§5.12), split over keys (flash-decoding) -----------------------------
@@ -2873,10 +2920,17 @@ namespace {
 // every pass from global memory (measurements), topk_stage_override (tests) wins.
 constexpr uint32_t kTopkStageMax = 48 * 1024;
 int g_topk_stage_override = -1;
+// DSV4_TOPK_WARP=1: topk_radix's output pass by warps (topk_write_by_warps; the same bytes).
+// Off by default until measured on the device; topk_warp_override (tests) wins.
+int g_topk_warp_override = -1;
 uint32_t topk_stage_keys(uint64_t n) {
     static const bool on = env_switch("DSV4_TOPK_STAGE", true);
     const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : on;
     return stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u;
+}
+bool topk_by_warps() {
+    static const bool on = env_switch("DSV4_TOPK_WARP", false);
+    return g_topk_warp_override >= 0 ? g_topk_warp_override != 0 : on;
 }
 template <class Kernel>
 void raise_topk_smem(Kernel kernel) {
@@ -2886,6 +2940,7 @@ void raise_topk_smem(Kernel kernel) {
 }  // namespace
 
 void topk_stage_override(int on) { g_topk_stage_override = on; }
+void topk_warp_override(int on) { g_topk_warp_override = on; }
 
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
                  uint32_t* sel, cudaStream_t s) {
@@ -2893,7 +2948,8 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
     static const bool raised = (raise_topk_smem(topk_select_kernel), true);
     (void)raised;
     const uint32_t stage = topk_stage_keys(ld);   // a row's keys: at most ld
-    topk_select_kernel<<<R, 256, size_t(stage) * 4, s>>>(score, ld, rows, ratio, top_k, sel, stage);
+    topk_select_kernel<<<R, 256, size_t(stage) * 4, s>>>(score, ld, rows, ratio, top_k, sel, stage,
+                                                                  topk_by_warps());
     check_launch("topk_select");
 }
 
@@ -2901,7 +2957,7 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
     static const bool raised = (raise_topk_smem(topk_plain_kernel), true);
     (void)raised;
     const uint32_t stage = topk_stage_keys(n);
-    topk_plain_kernel<<<1, 256, size_t(stage) * 4, s>>>(score, n, k, sel, stage);
+    topk_plain_kernel<<<1, 256, size_t(stage) * 4, s>>>(score, n, k, sel, stage, topk_by_warps());
     check_launch("topk_plain");
 }
 
@@ -2927,7 +2983,8 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     (void)raised;
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
-                                                           n_layer, il, top_k, score, ld, count, sel, attn_early(2));
+                                                           n_layer, il, top_k, score, ld, count, sel, attn_early(2),
+                                                           topk_by_warps());
     check_launch("indexer_fused");
 }
 

@@ -829,7 +829,8 @@ TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
 
 // The top-k (every key above the k-th largest, then its ties by the lower index, listed in
 // index order) against a sort, with the keys staged in shared memory and read from global
-// memory in every radix pass: short rows, decode rows of a long conversation (20,000 keys:
+// memory in every radix pass, the selection written by per-thread segments and by warps
+// (DSV4_TOPK_WARP): short rows, decode rows of a long conversation (20,000 keys:
 // past the fused indexer's 16,384), and rows past the staging's 48K keys (70,000). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
 // no digit early).
@@ -845,8 +846,10 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         std::sort(idx.begin(), idx.end());
         return idx;
     };
-    for (int stage : {1, 0}) {
+    for (int form : {0, 1, 2, 3}) {
+        const int stage = form & 1 ? 0 : 1, warp = form >> 1;
         cuda::topk_stage_override(stage);
+        cuda::topk_warp_override(warp);
         for (uint32_t n : {600u, 1000u, 5000u, 20000u, 70000u}) {
             for (uint32_t k : {8u, 64u, 512u}) {
                 if (k >= n || (n > 5000 && k != 512)) continue;
@@ -857,7 +860,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
                 DevVec<float> ds(s);
                 DevVec<uint32_t> sel(k);
                 cuda::topk_plain(ds.get(), n, k, sel.get(), nullptr);
-                ASSERT_EQ(sel.download(), reference(s.data(), n, k)) << "n " << n << " k " << k << " stage " << stage;
+                ASSERT_EQ(sel.download(), reference(s.data(), n, k)) << "n " << n << " k " << k << " stage " << stage << " warp " << warp;
             }
         }
         // topk_select: rows of one score matrix (ld 32,768) seeing 20,000, 513 and 30,001 keys
@@ -875,10 +878,11 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         for (uint32_t r = 0; r < R; ++r) {
             const auto want = reference(s.data() + uint64_t(r) * ld, nv[r], k);
             ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
-                << "row " << r << " stage " << stage;
+                << "row " << r << " stage " << stage << " warp " << warp;
         }
     }
     cuda::topk_stage_override(-1);
+    cuda::topk_warp_override(-1);
 }
 
 // The fused indexer (queries prepared, scored and selected in one launch) against the
@@ -962,12 +966,14 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             cuda::topk_select(s_old.get(), ld, R, drows.get(), 4, top_k, sel_old.get(), nullptr);
             const auto so = s_old.download();
             const auto lo = sel_old.download();
-            for (int rep = 0; rep < 3; ++rep) {   // (rep 2: DSV4_ATTN_EARLY's early work and top-k passes)
-                cuda::attn_early_override(rep == 2 ? 1 : 0);
+            for (int rep = 0; rep < 4; ++rep) {   // (rep 2: DSV4_ATTN_EARLY's early work and top-k passes;
+                cuda::attn_early_override(rep >= 2 ? 1 : 0);   // rep 3: the selection written by warps)
+                cuda::topk_warp_override(rep == 3 ? 1 : 0);
                 cuda::indexer_fused(q_new.get(), w_new.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official,
                                     wscale, dlkv.get(), n_layer, il, top_k, ld, s_new.get(), ld, count.get(),
                                     sel_new.get(), nullptr);
                 cuda::attn_early_override(-1);
+                cuda::topk_warp_override(-1);
                 const auto sn = s_new.download();
                 const auto ln = sel_new.download();
                 const auto cn = count.download();
