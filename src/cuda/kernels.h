@@ -457,6 +457,9 @@ void topk_stage_override(int on);
 // Tests: 1 writes the top-k's selection by warps (DSV4_TOPK_WARP=1), 0 by per-thread segments,
 // -1 back to the default (0). The same bytes.
 void topk_warp_override(int on);
+// Tests: 1 selects rows of 4,096 keys or more through a sample (DSV4_TOPK_FILTER=1), 0 not,
+// -1 back to the default (0). The same bytes.
+void topk_filter_override(int on);
 // The three calls above (indexer_q_prep, indexer_scores, topk_select with ratio 4) in one
 // launch, bit-identical: each score block prepares its row's queries itself and the row's
 // last block selects. qi and wi are only read (not prepared in place). count: R counters,

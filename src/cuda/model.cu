@@ -1613,64 +1613,26 @@ __device__ uint2 block_excl_scan2(uint32_t lo, uint32_t hi, bool packed, uint2* 
     return make_uint2(e0, e1);
 }
 
-// topk_radix's output pass by warps (DSV4_TOPK_WARP): warp w owns keys [w·seg, (w+1)·seg), seg a
-// multiple of 32, and walks them 32 at a time, a key a lane (consecutive: no bank conflicts
-// when staged; the per-thread segments of the other form put a warp's 32 reads 16K keys apart
-// in one bank), counting the keys > T and == T by ballots; the warps' counts are scanned; a
-// second walk writes key i at (#gt before i) + min(#eq before i, need_eq) (the other form's
-// slots, so the same bytes).
-template <class KeyAt>
-__device__ void topk_write_by_warps(KeyAt key_at, uint32_t n, uint32_t mask, uint32_t T, uint32_t need_eq,
-                                    uint32_t* out) {
-    constexpr uint32_t NW = 8;
-    __shared__ uint32_t w_gt[NW], w_eq[NW];
-    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, below = (1u << lane) - 1;
-    const uint32_t seg = (n + 32 * NW - 1) / (32 * NW) * 32;
-    const uint32_t lo = min(n, w * seg), hi = min(n, lo + seg);
-    auto ballots = [&](uint32_t i, uint32_t& bg, uint32_t& be) {   // i: the lane's key (< hi: valid)
-        const bool v = i < hi;
-        const uint32_t u = v ? key_at(i) & mask : 0u;
-        bg = __ballot_sync(0xffffffffu, v && u > T);
-        be = __ballot_sync(0xffffffffu, v && u == T);
-    };
-    uint32_t gt = 0, eq = 0;
-    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
-        uint32_t bg, be;
-        ballots(i0 + lane, bg, be);
-        gt += __popc(bg);
-        eq += __popc(be);
-    }
-    if (lane == 0) w_gt[w] = gt, w_eq[w] = eq;
-    __syncthreads();
-    uint32_t gt_b = 0, eq_b = 0;
-    for (uint32_t j = 0; j < w; ++j) gt_b += w_gt[j], eq_b += w_eq[j];
-    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
-        uint32_t bg, be;
-        ballots(i0 + lane, bg, be);
-        const uint32_t g = gt_b + __popc(bg & below), e = eq_b + __popc(be & below);
-        if (bg >> lane & 1) out[g + min(e, need_eq)] = i0 + lane;
-        else if ((be >> lane & 1) && e < need_eq) out[g + e] = i0 + lane;
-        gt_b += __popc(bg);
-        eq_b += __popc(be);
-    }
-}
+// The top-k's selection rule: every key > T (the k-th largest key), then the lowest-index
+// keys == T, listed in index order. TopkCut: T and how many keys == T are taken (need_eq),
+// on the key bits in mask (the radix passes may stop before the last digit: topk_threshold).
+struct TopkCut {
+    uint32_t T, need_eq, mask;
+};
 
-// Top-k by radix select on order keys (order_key): the k-th largest key T, then every key > T
-// and the lowest-index keys == T, written to out in index order; by 256 threads, on n keys
-// that key_at(i) yields (staged in shared memory, or read from global memory: U keys a thread
-// loaded before their atomics, so that U loads are in flight). Histograms are double-buffered
-// (the next one is cleared during the current pass: one barrier fewer per pass) and filled
-// with one shared atomic per distinct digit of a warp (scores cluster in a few binades, so
-// plain atomics serialise); the output pass is one scan: thread t owns the contiguous keys
-// [t*seg, (t+1)*seg) and the output slot of key i is (#gt before i) + min(#eq before i,
-// need_eq).
+// The radix passes of a top-k by radix select on order keys (order_key), by 256 threads, on n
+// keys that key_at(i) yields (staged in shared memory, or read from global memory: U keys a
+// thread loaded before their atomics, so that U loads are in flight). Histograms are
+// double-buffered (the next one is cleared during the current pass: one barrier fewer per
+// pass) and filled with one shared atomic per distinct digit of a warp (scores cluster in a
+// few binades, so plain atomics serialise).
 // early_exit: the passes stop once every key of the chosen bin is needed (the bin's count
 // equals the keys still to pick): the selection is then every key whose digits so far are
 // above the prefix or equal to it, which is what the remaining passes would select (T, the
 // k-th largest key, is the bin's smallest, and all the bin's keys >= T are taken), and the
 // output lists the selected keys in index order either way: the same bytes.
 template <uint32_t U, class KeyAt>
-__device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool early_exit, bool warp_out) {
+__device__ TopkCut topk_threshold(KeyAt key_at, uint32_t n, uint32_t k, bool early_exit) {
     constexpr uint32_t NT = 256;
     __shared__ uint32_t hist[2][256];
     __shared__ uint32_t s_prefix, s_remaining, s_all;
@@ -1703,72 +1665,182 @@ __device__ void topk_radix(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, 
         prefix = s_prefix;
         mask |= 255u << shift;
     }
-    const uint32_t T = prefix, need_eq = s_remaining;
-    if (warp_out) {
-        topk_write_by_warps(key_at, n, mask, T, need_eq, out);
-        return;
-    }
+    return {prefix, s_remaining, mask};
+}
+
+// The selection written by thread segments: thread t owns the contiguous keys [t*seg,
+// (t+1)*seg) and the output slot of key i is (#gt before i) + min(#eq before i, need_eq); out
+// gets idx_of(i).
+template <class KeyAt, class IdxOf>
+__device__ void topk_write_by_threads(KeyAt key_at, IdxOf idx_of, uint32_t n, TopkCut c, uint32_t* out) {
+    constexpr uint32_t NT = 256;
     const uint32_t seg = (n + NT - 1) / NT;
-    const uint32_t lo = min(n, tid * seg), hi = min(n, lo + seg);
+    const uint32_t lo = min(n, threadIdx.x * seg), hi = min(n, lo + seg);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = lo; i < hi; ++i) {
-        const uint32_t u = key_at(i) & mask;
-        gt += u > T;
-        eq += u == T;
+        const uint32_t u = key_at(i) & c.mask;
+        gt += u > c.T;
+        eq += u == c.T;
     }
     uint2 tot;
     const uint2 ex = block_excl_scan2(gt, eq, n < 65536u, &tot);
     uint32_t gt_b = ex.x, eq_b = ex.y;
     for (uint32_t i = lo; i < hi; ++i) {
-        const uint32_t u = key_at(i) & mask;
-        if (u > T) {
-            out[gt_b + min(eq_b, need_eq)] = i;
+        const uint32_t u = key_at(i) & c.mask;
+        if (u > c.T) {
+            out[gt_b + min(eq_b, c.need_eq)] = idx_of(i);
             ++gt_b;
-        } else if (u == T) {
-            if (eq_b < need_eq) out[gt_b + eq_b] = i;
+        } else if (u == c.T) {
+            if (eq_b < c.need_eq) out[gt_b + eq_b] = idx_of(i);
             ++eq_b;
         }
     }
 }
 
+// Block (8 warps) walk of n keys by warps for two passes over the same keys: warp w owns keys
+// [w·seg, (w+1)·seg), seg a multiple of 32, 32 at a time, a key a lane (consecutive: no bank
+// conflicts when staged, coalesced when not). count(i, valid) returns the lane's two flags
+// (bits 0, 1); the warps' counts of each are scanned, and then write(i, before0, before1,
+// flags) sees for each flagged key how many keys of each flag lie before it.
+template <class Flags, class Write>
+__device__ void block_walk2(uint32_t n, Flags flags, Write write, uint32_t* total0 = nullptr) {
+    constexpr uint32_t NW = 8;
+    __shared__ uint32_t w_c0[NW], w_c1[NW];
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, below = (1u << lane) - 1;
+    const uint32_t seg = (n + 32 * NW - 1) / (32 * NW) * 32;
+    const uint32_t lo = min(n, w * seg), hi = min(n, lo + seg);
+    uint32_t c0 = 0, c1 = 0;
+#pragma unroll 4
+    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
+        const uint32_t f = flags(i0 + lane, i0 + lane < hi);
+        c0 += __popc(__ballot_sync(0xffffffffu, f & 1));
+        c1 += __popc(__ballot_sync(0xffffffffu, f & 2));
+    }
+    if (lane == 0) w_c0[w] = c0, w_c1[w] = c1;
+    __syncthreads();
+    uint32_t b0 = 0, b1 = 0, t0 = 0;
+    for (uint32_t j = 0; j < NW; ++j) {
+        if (j < w) b0 += w_c0[j], b1 += w_c1[j];
+        t0 += w_c0[j];
+    }
+    if (total0) *total0 = t0;
+    if constexpr (!std::is_same_v<Write, std::nullptr_t>) {
+#pragma unroll 4
+    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
+        const uint32_t f = flags(i0 + lane, i0 + lane < hi);
+        const uint32_t m0 = __ballot_sync(0xffffffffu, f & 1), m1 = __ballot_sync(0xffffffffu, f & 2);
+        if (f) write(i0 + lane, b0 + __popc(m0 & below), b1 + __popc(m1 & below), f);
+        b0 += __popc(m0);
+        b1 += __popc(m1);
+    }
+    }
+}
+
+// The selection written by warps (DSV4_TOPK_WARP): block_walk2 with flags gt (bit 0) and eq
+// (bit 1): the same slots as topk_write_by_threads, so the same bytes, without its 32-way bank
+// conflicts (its per-thread segments put a warp's 32 reads of staged keys seg words apart).
+template <class KeyAt, class IdxOf>
+__device__ void topk_write_by_warps(KeyAt key_at, IdxOf idx_of, uint32_t n, TopkCut c, uint32_t* out) {
+    block_walk2(
+        n,
+        [&](uint32_t i, bool v) {
+            if (!v) return 0u;
+            const uint32_t u = key_at(i) & c.mask;
+            return (u > c.T ? 1u : 0u) | (u == c.T ? 2u : 0u);
+        },
+        [&](uint32_t i, uint32_t g, uint32_t e, uint32_t f) {
+            if (f & 1) out[g + min(e, c.need_eq)] = idx_of(i);
+            else if (e < c.need_eq) out[g + e] = idx_of(i);
+        });
+}
+
+// Top-k by radix select (topk_threshold, then the selection written by threads or warps).
+template <uint32_t U, class KeyAt, class IdxOf>
+__device__ void topk_radix(KeyAt key_at, IdxOf idx_of, uint32_t n, uint32_t k, uint32_t* out, bool early_exit,
+                           bool warp_out) {
+    const TopkCut c = topk_threshold<U>(key_at, n, k, early_exit);
+    if (warp_out) topk_write_by_warps(key_at, idx_of, n, c, out);
+    else topk_write_by_threads(key_at, idx_of, n, c, out);
+}
+struct TopkSameIndex {
+    __device__ uint32_t operator()(uint32_t i) const { return i; }
+};
+
 // On n <= kFusedMaxKeys order keys already in shared memory (the fused indexer's last block).
 __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit,
                             bool warp_out) {
-    topk_radix<1>([keys](uint32_t i) { return keys[i]; }, n, k, out, early_exit, warp_out);
+    topk_radix<1>([keys](uint32_t i) { return keys[i]; }, TopkSameIndex{}, n, k, out, early_exit, warp_out);
 }
 
-// The top-k of a row's n scores: staged in shared memory as order keys when they fit
-// (stage_max keys, the dynamic shared memory's size: 16 loads a thread in flight, then the
-// passes at shared memory's latency), else every pass reads them from global memory (L2).
-// topk_block before it (a plain shared atomic a key, so a warp's keys of one binade
-// serialised; one key a thread between atomics; a block scan per 256 keys in the output
-// pass) took of the order of 100 us for a decode row of 16K keys.
-__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, bool warp_out) {
+// A long row's top-k through a sample (DSV4_TOPK_FILTER): the k_s-th largest of 1,024 evenly
+// spaced keys (k_s: the k-th largest's expected rank in the sample plus 4 standard deviations
+// and 8) is a cut t that, at the usual spread of scores, about 2k keys pass; one walk counts
+// them, a second copies them with their indices in index order to cand (cap keys and indices),
+// and the radix select runs on those only. Exact whenever at least k keys pass: every key >=
+// the k-th largest then passes, the ties at it included, and candidates keep index order, so
+// the selection and its order are the full select's. Returns false (nothing written) when
+// fewer than k or more than cap pass (heavy ties at the cut): the caller then selects from
+// all n keys. Each key is read twice (once a walk) and never through an atomic.
+constexpr uint32_t kTopkSample = 1024, kTopkFilterMin = 4096, kTopkFilterCap = 4096;
+template <class KeyAt>
+__device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool warp_out, uint32_t* cand) {
+    __shared__ uint32_t samp[kTopkSample];
+    for (uint32_t j = threadIdx.x; j < kTopkSample; j += 256) samp[j] = key_at(uint32_t(uint64_t(j) * n / kTopkSample));
+    __syncthreads();
+    const uint32_t mf = uint32_t((uint64_t(k) * kTopkSample + n - 1) / n);
+    const uint32_t ks = min(kTopkSample, mf + 4 * uint32_t(sqrtf(float(mf)) + 1.0f) + 8);
+    const TopkCut t = topk_threshold<1>([](uint32_t j) { return samp[j]; }, kTopkSample, ks, true);
+    auto pass = [&](uint32_t i, bool v) { return v && (key_at(i) & t.mask) >= t.T ? 1u : 0u; };
+    uint32_t c = 0;
+    block_walk2(n, pass, nullptr, &c);
+    if (c < k || c > kTopkFilterCap) return false;   // (c: the same in every thread)
+    uint32_t* cand_idx = cand + kTopkFilterCap;
+    block_walk2(n, pass, [&](uint32_t i, uint32_t before, uint32_t, uint32_t) {
+        cand[before] = key_at(i);
+        cand_idx[before] = i;
+    });
+    __syncthreads();
+    topk_radix<1>([cand](uint32_t j) { return cand[j]; }, [cand_idx](uint32_t j) { return cand_idx[j]; }, c, k, out,
+                  true, warp_out);
+    return true;
+}
+
+// The top-k of a row's n scores: through a sample (filter; n >= kTopkFilterMin, falling back
+// to the rest), else staged in shared memory as order keys when they fit (stage_max keys, the
+// dynamic shared memory's size: 16 loads a thread in flight, then the passes at shared
+// memory's latency), else every pass reads them from global memory (L2). topk_block before
+// these (a plain shared atomic a key, so a warp's keys of one binade serialised; one key a
+// thread between atomics; a block scan per 256 keys in the output pass) took of the order of
+// 100 us for a decode row of 16K keys; staged, 60.8 us (run 127).
+__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, bool warp_out,
+                         bool filter) {
+    extern __shared__ uint32_t keys[];
+    auto global_key = [sc](uint32_t i) { return order_key(__ldcg(sc + i)); };
+    if (filter && n >= kTopkFilterMin && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
     if (n <= stage_max) {
-        extern __shared__ uint32_t keys[];
 #pragma unroll 16
         for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
         __syncthreads();
         topk_staged(keys, n, k, out, true, warp_out);
     } else {
-        topk_radix<4>([sc](uint32_t i) { return order_key(__ldcg(sc + i)); }, n, k, out, true, warp_out);
+        topk_radix<4>(global_key, TopkSameIndex{}, n, k, out, true, warp_out);
     }
 }
 
 __global__ void __launch_bounds__(256) topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows,
                                                           uint32_t ratio, uint32_t k, uint32_t* sel,
-                                                          uint32_t stage_max, bool warp_out) {
+                                                          uint32_t stage_max, bool warp_out, bool filter) {
     pdl_begin();
     const uint32_t r = blockIdx.x;
     const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
     if (n <= k) return;
-    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, warp_out);
+    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, warp_out, filter);
 }
 
 __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel,
-                                                         uint32_t stage_max, bool warp_out) {
+                                                         uint32_t stage_max, bool warp_out, bool filter) {
     pdl_begin();
-    topk_row(score, n, k, sel, stage_max, warp_out);
+    topk_row(score, n, k, sel, stage_max, warp_out, filter);
 }
 
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
@@ -2920,17 +2992,32 @@ namespace {
 // every pass from global memory (measurements), topk_stage_override (tests) wins.
 constexpr uint32_t kTopkStageMax = 48 * 1024;
 int g_topk_stage_override = -1;
+static_assert(2 * kTopkFilterCap <= kTopkStageMax, "the sample's candidates fit the raised shared memory");
 // DSV4_TOPK_WARP=1: topk_radix's output pass by warps (topk_write_by_warps; the same bytes).
 // Off by default until measured on the device; topk_warp_override (tests) wins.
 int g_topk_warp_override = -1;
-uint32_t topk_stage_keys(uint64_t n) {
-    static const bool on = env_switch("DSV4_TOPK_STAGE", true);
-    const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : on;
-    return stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u;
-}
+// DSV4_TOPK_FILTER=1: rows of kTopkFilterMin keys or more select through a sample
+// (topk_filtered; the same bytes). Off by default until measured; topk_filter_override wins.
+int g_topk_filter_override = -1;
 bool topk_by_warps() {
     static const bool on = env_switch("DSV4_TOPK_WARP", false);
     return g_topk_warp_override >= 0 ? g_topk_warp_override != 0 : on;
+}
+// How topk_row runs for rows of up to n keys: the keys it stages, its forms, its dynamic
+// shared memory (the staged keys, or the sample's candidates and their indices).
+struct TopkLaunch {
+    uint32_t stage;
+    bool warp, filter;
+    size_t smem;
+};
+TopkLaunch topk_launch(uint64_t n) {
+    static const bool stage_on = env_switch("DSV4_TOPK_STAGE", true);
+    static const bool filter_on = env_switch("DSV4_TOPK_FILTER", false);
+    const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : stage_on;
+    const bool filter = (g_topk_filter_override >= 0 ? g_topk_filter_override != 0 : filter_on) && n >= kTopkFilterMin;
+    TopkLaunch l{stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u, topk_by_warps(), filter, 0};
+    l.smem = std::max<size_t>(size_t(l.stage) * 4, filter ? 2 * kTopkFilterCap * 4 : 0);
+    return l;
 }
 template <class Kernel>
 void raise_topk_smem(Kernel kernel) {
@@ -2941,29 +3028,35 @@ void raise_topk_smem(Kernel kernel) {
 
 void topk_stage_override(int on) { g_topk_stage_override = on; }
 void topk_warp_override(int on) { g_topk_warp_override = on; }
+void topk_filter_override(int on) { g_topk_filter_override = on; }
 
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
                  uint32_t* sel, cudaStream_t s) {
     if (!R) return;
     static const bool raised = (raise_topk_smem(topk_select_kernel), true);
     (void)raised;
-    const uint32_t stage = topk_stage_keys(ld);   // a row's keys: at most ld
-    topk_select_kernel<<<R, 256, size_t(stage) * 4, s>>>(score, ld, rows, ratio, top_k, sel, stage,
-                                                                  topk_by_warps());
+    const TopkLaunch l = topk_launch(ld);   // a row's keys: at most ld
+    topk_select_kernel<<<R, 256, l.smem, s>>>(score, ld, rows, ratio, top_k, sel, l.stage, l.warp, l.filter);
     check_launch("topk_select");
 }
 
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
     static const bool raised = (raise_topk_smem(topk_plain_kernel), true);
     (void)raised;
-    const uint32_t stage = topk_stage_keys(n);
-    topk_plain_kernel<<<1, 256, size_t(stage) * 4, s>>>(score, n, k, sel, stage, topk_by_warps());
+    const TopkLaunch l = topk_launch(n);
+    topk_plain_kernel<<<1, 256, l.smem, s>>>(score, n, k, sel, l.stage, l.warp, l.filter);
     check_launch("topk_plain");
 }
 
+// DSV4_IDX_FUSED_MAX: the most keys (a row's visible compressed rows, rounded up to the score
+// matrix's width) the fused indexer takes (default and at most kFusedMaxKeys). Its grid is a
+// block a 32-key tile and every block prepares the row's 64 query heads again, so at 16K keys
+// it took 91.9 us a decode row against the three kernels' 86.4 (runs 126, 127): lower limits
+// send long conversations' decode to the three kernels (measurements).
 bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint64_t max_vis) {
+    static const uint64_t max_keys = std::min<uint64_t>(kFusedMaxKeys, env_int("DSV4_IDX_FUSED_MAX", kFusedMaxKeys));
     return R >= 1 && R <= kFusedMaxRows && NH == kFusedNH && DI == kFusedDI && n_rot % 2 == 0 && n_rot <= DI &&
-           max_vis <= kFusedMaxKeys;
+           max_vis <= max_keys;
 }
 
 void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,

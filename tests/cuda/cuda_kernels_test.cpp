@@ -830,7 +830,8 @@ TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
 // The top-k (every key above the k-th largest, then its ties by the lower index, listed in
 // index order) against a sort, with the keys staged in shared memory and read from global
 // memory in every radix pass, the selection written by per-thread segments and by warps
-// (DSV4_TOPK_WARP): short rows, decode rows of a long conversation (20,000 keys:
+// (DSV4_TOPK_WARP), rows of 4,096 keys or more selected from all keys and through a sample
+// (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows, decode rows of a long conversation (20,000 keys:
 // past the fused indexer's 16,384), and rows past the staging's 48K keys (70,000). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
 // no digit early).
@@ -846,21 +847,25 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         std::sort(idx.begin(), idx.end());
         return idx;
     };
-    for (int form : {0, 1, 2, 3}) {
-        const int stage = form & 1 ? 0 : 1, warp = form >> 1;
+    for (int form = 0; form < 8; ++form) {
+        const int stage = form & 1 ? 0 : 1, warp = (form >> 1) & 1, filter = form >> 2;
         cuda::topk_stage_override(stage);
         cuda::topk_warp_override(warp);
-        for (uint32_t n : {600u, 1000u, 5000u, 20000u, 70000u}) {
+        cuda::topk_filter_override(filter);
+        for (uint32_t n : {600u, 1000u, 5000u, 6000u, 20000u, 70000u}) {
             for (uint32_t k : {8u, 64u, 512u}) {
-                if (k >= n || (n > 5000 && k != 512)) continue;
+                if (k >= n || (n > 6000 && k != 512)) continue;
                 auto s = random_floats(n, n + k, -1.0f, 1.0f);
-                for (auto& v : s) v = std::round(v * 8.0f) / 8.0f;   // many ties
+                const float q = n == 20000 ? 4096.0f : 8.0f;   // eighths: many ties; 20,000: few
+                for (auto& v : s) v = std::round(v * q) / q;
                 s[5] = -0.0f;
-                if (n == 1000) std::fill(s.begin() + 100, s.end(), 0.25f);   // one value nearly everywhere
+                if (n == 1000 || n == 6000)   // one value nearly everywhere (the sample's cut passes too many)
+                    std::fill(s.begin() + 100, s.end(), 0.25f);
                 DevVec<float> ds(s);
                 DevVec<uint32_t> sel(k);
                 cuda::topk_plain(ds.get(), n, k, sel.get(), nullptr);
-                ASSERT_EQ(sel.download(), reference(s.data(), n, k)) << "n " << n << " k " << k << " stage " << stage << " warp " << warp;
+                ASSERT_EQ(sel.download(), reference(s.data(), n, k))
+                    << "n " << n << " k " << k << " stage " << stage << " warp " << warp << " filter " << filter;
             }
         }
         // topk_select: rows of one score matrix (ld 32,768) seeing 20,000, 513 and 30,001 keys
@@ -878,11 +883,12 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         for (uint32_t r = 0; r < R; ++r) {
             const auto want = reference(s.data() + uint64_t(r) * ld, nv[r], k);
             ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
-                << "row " << r << " stage " << stage << " warp " << warp;
+                << "row " << r << " stage " << stage << " warp " << warp << " filter " << filter;
         }
     }
     cuda::topk_stage_override(-1);
     cuda::topk_warp_override(-1);
+    cuda::topk_filter_override(-1);
 }
 
 // The fused indexer (queries prepared, scored and selected in one launch) against the
