@@ -1897,8 +1897,9 @@ __device__ __forceinline__ void iq_prep_lane(float (&x)[4], uint32_t lane, const
     }
 }
 
-// indexer_q_prep for heads of 128: a block (8 warps) a row, a warp a head at a time, in
-// registers (iq_prep_lane), the row's RoPE angles made once. indexer_q_prep_kernel (a block a
+// indexer_q_prep for heads of 128: a block (8 warps) a row (decode rows: gridDim.y blocks a
+// row, a head a warp), a warp a head at a time, in registers (iq_prep_lane), the row's RoPE
+// angles made once a block. indexer_q_prep_kernel (a block a
 // head: its RoPE angles again for every head, and nine block barriers for the Hadamard
 // butterflies in shared memory) took 275 us for a 2,048-row round (run 116).
 __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, float* wi, uint32_t NH, uint32_t n_rot,
@@ -1908,6 +1909,8 @@ __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, flo
     constexpr uint32_t DI = 128;
     __shared__ float cs_s[DI / 2], sn_s[DI / 2];
     const uint32_t r = blockIdx.x, t = threadIdx.x, lane = t & 31, w = t >> 5;
+    // the row's heads h0 .. h1 - 1 (a decode row's heads over gridDim.y blocks: one a warp)
+    const uint32_t hpb = (NH + gridDim.y - 1) / gridDim.y, h0 = blockIdx.y * hpb, h1 = min(NH, h0 + hpb);
     const uint32_t half = n_rot / 2;
     if (t < 2 * half) {   // (as rope_block's rope_angle: cos on the first half of the threads, sin on the second)
         const uint32_t i = t < half ? t : t - half;
@@ -1915,9 +1918,9 @@ __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, flo
         if (t < half) cs_s[i] = float(cos(th));
         else sn_s[i] = float(sin(th));
     }
-    for (uint32_t h = t; h < NH; h += blockDim.x) wi[uint64_t(r) * NH + h] *= wscale;
+    for (uint32_t h = h0 + t; h < h1; h += blockDim.x) wi[uint64_t(r) * NH + h] *= wscale;
     __syncthreads();
-    for (uint32_t h = w; h < NH; h += blockDim.x / 32) {
+    for (uint32_t h = h0 + w; h < h1; h += blockDim.x / 32) {
         float4* p = reinterpret_cast<float4*>(qi + (uint64_t(r) * NH + h) * DI) + lane;
         const float4 v = *p;
         float x[4] = {v.x, v.y, v.z, v.w};
@@ -2892,7 +2895,10 @@ void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, 
     if (qb && !official)
         throw std::invalid_argument("indexer_q_prep: BF16 queries need official numerics (plain queries are not BF16 values)");
     if (indexer_prep_warp_on(DI, n_rot)) {
-        indexer_q_prep_warp_kernel<<<R, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale, qb);
+        // decode-sized rounds: a row's heads over blocks of 8 (a warp a head, the angles made in
+        // each block), not 8 a warp one after another on one SM (10.1 us a decode row, run 127)
+        const dim3 grid(R, R <= kFusedMaxRows ? (NH + 7) / 8 : 1);
+        indexer_q_prep_warp_kernel<<<grid, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale, qb);
         check_launch("indexer_q_prep");
         return;
     }
