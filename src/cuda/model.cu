@@ -1782,6 +1782,8 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
 // fewer than k or more than cap pass (heavy ties at the cut): the caller then selects from
 // all n keys. Each key is read twice (once a walk) and never through an atomic.
 constexpr uint32_t kTopkSample = 1024, kTopkFilterMin = 4096, kTopkFilterCap = 4096;
+constexpr uint32_t kTopkWarp = 1, kTopkFilter = 2;   // the forms' bits (topk_row, indexer_fused_kernel)
+static_assert(2 * kTopkFilterCap <= kFusedBase, "the fused indexer's candidates fit its base shared memory");
 template <class KeyAt>
 __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool warp_out, uint32_t* cand) {
     __shared__ uint32_t samp[kTopkSample];
@@ -1812,11 +1814,11 @@ __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* ou
 // these (a plain shared atomic a key, so a warp's keys of one binade serialised; one key a
 // thread between atomics; a block scan per 256 keys in the output pass) took of the order of
 // 100 us for a decode row of 16K keys; staged, 60.8 us (run 127).
-__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, bool warp_out,
-                         bool filter) {
+__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, uint32_t form) {
     extern __shared__ uint32_t keys[];
     auto global_key = [sc](uint32_t i) { return order_key(__ldcg(sc + i)); };
-    if (filter && n >= kTopkFilterMin && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
+    const bool warp_out = form & kTopkWarp;
+    if ((form & kTopkFilter) && n >= kTopkFilterMin && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
     if (n <= stage_max) {
 #pragma unroll 16
         for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
@@ -1829,18 +1831,18 @@ __device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out,
 
 __global__ void __launch_bounds__(256) topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows,
                                                           uint32_t ratio, uint32_t k, uint32_t* sel,
-                                                          uint32_t stage_max, bool warp_out, bool filter) {
+                                                          uint32_t stage_max, uint32_t form) {
     pdl_begin();
     const uint32_t r = blockIdx.x;
     const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
     if (n <= k) return;
-    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, warp_out, filter);
+    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, form);
 }
 
 __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel,
-                                                         uint32_t stage_max, bool warp_out, bool filter) {
+                                                         uint32_t stage_max, uint32_t form) {
     pdl_begin();
-    topk_row(score, n, k, sel, stage_max, warp_out, filter);
+    topk_row(score, n, k, sel, stage_max, form);
 }
 
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
@@ -1934,7 +1936,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
                          uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel,
-                         bool early, bool warp_out) {
+                         bool early, uint32_t topk_form) {
     // early (DSV4_ATTN_EARLY): before the programmatic-launch wait, the row's position and KV
     // descriptor (uploaded before the step's kernels), the RoPE angles and L2 prefetches of
     // the block's compressed index rows (a hint: a row this step's compressor emits is read
@@ -2039,6 +2041,12 @@ __global__ void __launch_bounds__(kFusedThreads)
     const uint32_t n = uint32_t(n_vis);
     uint32_t* keys = reinterpret_cast<uint32_t*>(sm);   // q_s and k_s are done with
     const float* sr = score + uint64_t(r) * ld;
+    const bool warp_out = topk_form & kTopkWarp;
+    // (the sample's candidates fit the base shared memory: 2 · kTopkFilterCap <= kFusedBase)
+    if ((topk_form & kTopkFilter) && n >= kTopkFilterMin &&
+        topk_filtered([sr](uint32_t i) { return order_key(__ldcg(sr + i)); }, n, top_k, sel + uint64_t(r) * top_k,
+                      warp_out, keys))
+        return;
     for (uint32_t i = tid; i < n; i += kFusedThreads) keys[i] = order_key(__ldcg(sr + i));
     __syncthreads();
     topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k, early, warp_out);
@@ -3012,8 +3020,7 @@ bool topk_by_warps() {
 // How topk_row runs for rows of up to n keys: the keys it stages, its forms, its dynamic
 // shared memory (the staged keys, or the sample's candidates and their indices).
 struct TopkLaunch {
-    uint32_t stage;
-    bool warp, filter;
+    uint32_t stage, form;   // (form: kTopkWarp | kTopkFilter bits)
     size_t smem;
 };
 TopkLaunch topk_launch(uint64_t n) {
@@ -3021,7 +3028,8 @@ TopkLaunch topk_launch(uint64_t n) {
     static const bool filter_on = env_switch("DSV4_TOPK_FILTER", false);
     const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : stage_on;
     const bool filter = (g_topk_filter_override >= 0 ? g_topk_filter_override != 0 : filter_on) && n >= kTopkFilterMin;
-    TopkLaunch l{stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u, topk_by_warps(), filter, 0};
+    TopkLaunch l{stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u,
+                 (topk_by_warps() ? kTopkWarp : 0u) | (filter ? kTopkFilter : 0u), 0};
     l.smem = std::max<size_t>(size_t(l.stage) * 4, filter ? 2 * kTopkFilterCap * 4 : 0);
     return l;
 }
@@ -3042,7 +3050,7 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
     static const bool raised = (raise_topk_smem(topk_select_kernel), true);
     (void)raised;
     const TopkLaunch l = topk_launch(ld);   // a row's keys: at most ld
-    topk_select_kernel<<<R, 256, l.smem, s>>>(score, ld, rows, ratio, top_k, sel, l.stage, l.warp, l.filter);
+    topk_select_kernel<<<R, 256, l.smem, s>>>(score, ld, rows, ratio, top_k, sel, l.stage, l.form);
     check_launch("topk_select");
 }
 
@@ -3050,7 +3058,7 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
     static const bool raised = (raise_topk_smem(topk_plain_kernel), true);
     (void)raised;
     const TopkLaunch l = topk_launch(n);
-    topk_plain_kernel<<<1, 256, l.smem, s>>>(score, n, k, sel, l.stage, l.warp, l.filter);
+    topk_plain_kernel<<<1, 256, l.smem, s>>>(score, n, k, sel, l.stage, l.form);
     check_launch("topk_plain");
 }
 
@@ -3083,7 +3091,7 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
                                                            n_layer, il, top_k, score, ld, count, sel, attn_early(2),
-                                                           topk_by_warps());
+                                                           topk_launch(max_vis).form);
     check_launch("indexer_fused");
 }
 

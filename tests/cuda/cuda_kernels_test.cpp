@@ -972,14 +972,18 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             cuda::topk_select(s_old.get(), ld, R, drows.get(), 4, top_k, sel_old.get(), nullptr);
             const auto so = s_old.download();
             const auto lo = sel_old.download();
-            for (int rep = 0; rep < 4; ++rep) {   // (rep 2: DSV4_ATTN_EARLY's early work and top-k passes;
-                cuda::attn_early_override(rep >= 2 ? 1 : 0);   // rep 3: the selection written by warps)
-                cuda::topk_warp_override(rep == 3 ? 1 : 0);
+            // (rep 2: DSV4_ATTN_EARLY's early work and top-k passes; rep 3: the selection written by
+            // warps; rep 4: rows of 4,096 keys or more through a sample, DSV4_TOPK_FILTER)
+            for (int rep = 0; rep < 5; ++rep) {
+                cuda::attn_early_override(rep >= 2 ? 1 : 0);
+                cuda::topk_warp_override(rep >= 3 ? 1 : 0);
+                cuda::topk_filter_override(rep == 4 ? 1 : 0);
                 cuda::indexer_fused(q_new.get(), w_new.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official,
                                     wscale, dlkv.get(), n_layer, il, top_k, ld, s_new.get(), ld, count.get(),
                                     sel_new.get(), nullptr);
                 cuda::attn_early_override(-1);
                 cuda::topk_warp_override(-1);
+                cuda::topk_filter_override(-1);
                 const auto sn = s_new.download();
                 const auto ln = sel_new.download();
                 const auto cn = count.download();
