@@ -1699,9 +1699,10 @@ __device__ void topk_write_by_threads(KeyAt key_at, IdxOf idx_of, uint32_t n, To
 
 // Block (8 warps) walk of n keys by warps for two passes over the same keys: warp w owns keys
 // [w·seg, (w+1)·seg), seg a multiple of 32, 32 at a time, a key a lane (consecutive: no bank
-// conflicts when staged, coalesced when not). count(i, valid) returns the lane's two flags
-// (bits 0, 1); the warps' counts of each are scanned, and then write(i, before0, before1,
-// flags) sees for each flagged key how many keys of each flag lie before it.
+// conflicts when staged, coalesced when not). flags(i, valid) returns the lane's two flags
+// (bits 0, 1); the warps' counts of each are scanned (total0: all keys of flag 0), and then
+// write(i, before0, before1, flags) sees for each flagged key how many keys of each flag lie
+// before it. One call an instantiation at a time: its warp counts are static shared memory.
 template <class Flags, class Write>
 __device__ void block_walk2(uint32_t n, Flags flags, Write write, uint32_t* total0 = nullptr) {
     constexpr uint32_t NW = 8;
@@ -1724,15 +1725,15 @@ __device__ void block_walk2(uint32_t n, Flags flags, Write write, uint32_t* tota
         t0 += w_c0[j];
     }
     if (total0) *total0 = t0;
-    if constexpr (!std::is_same_v<Write, std::nullptr_t>) {
+    if constexpr (!std::is_same_v<Write, std::nullptr_t>) {   // (nullptr: the counts only)
 #pragma unroll 4
-    for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
-        const uint32_t f = flags(i0 + lane, i0 + lane < hi);
-        const uint32_t m0 = __ballot_sync(0xffffffffu, f & 1), m1 = __ballot_sync(0xffffffffu, f & 2);
-        if (f) write(i0 + lane, b0 + __popc(m0 & below), b1 + __popc(m1 & below), f);
-        b0 += __popc(m0);
-        b1 += __popc(m1);
-    }
+        for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
+            const uint32_t f = flags(i0 + lane, i0 + lane < hi);
+            const uint32_t m0 = __ballot_sync(0xffffffffu, f & 1), m1 = __ballot_sync(0xffffffffu, f & 2);
+            if (f) write(i0 + lane, b0 + __popc(m0 & below), b1 + __popc(m1 & below), f);
+            b0 += __popc(m0);
+            b1 += __popc(m1);
+        }
     }
 }
 
