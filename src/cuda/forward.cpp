@@ -45,6 +45,12 @@ const bool g_graphs_on = env_switch("DSV4_CUDA_GRAPHS", true);
 // skipped while no row has more visible compressed rows than the top-k (nothing reads them
 // then; the three-kernel path made them anyway before run 118).
 const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
+// DSV4_IDX_TC_DECODE=N (official numerics): decode-sized rounds whose score matrix is at least N
+// keys wide score on the BF16 tensor cores as prompt rounds do (indexer_scores_tc, then
+// topk_select) instead of the FP32 kernels: a long conversation's decode (16K keys a row at a
+// 64K context: indexer_scores_tiled 15.5 us a row, run 127). Their scores then take prompt
+// rounds' bits. 0 (the default until measured): never.
+const uint64_t g_idx_tc_decode = uint64_t(std::max(0, env_int("DSV4_IDX_TC_DECODE", 0)));
 // The attention sublayer's branches (attention_layer). DSV4_CUDA_SPLIT: 0 the indexer's
 // compressor, head weights and queries on one side stream (its queries after everything
 // else there); 1 its queries (iq_b, then the scores and top-k once the compressor has
@@ -869,8 +875,10 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         // Fused: iq_b → indexer_fused (queries prepared, scored and selected in one launch),
         // and nothing at all while every row sees at most top_k compressed rows. Prompt rounds
         // with official numerics score on the tensor cores instead, whatever their size (one
-        // order for every chunking of a prompt).
-        const bool tc = official && gemm_prefill_order() && indexer_tc_ok(NIH, DI);
+        // order for every chunking of a prompt), and so do long decode rows under
+        // DSV4_IDX_TC_DECODE.
+        const bool tc = official && indexer_tc_ok(NIH, DI) &&
+                        (gemm_prefill_order() || (g_idx_tc_decode && vis_ld_ >= g_idx_tc_decode));
         const bool fused = !tc && g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
         if (vis_ld_) {
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
