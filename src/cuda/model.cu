@@ -1631,12 +1631,19 @@ struct TopkCut {
 // above the prefix or equal to it, which is what the remaining passes would select (T, the
 // k-th largest key, is the bin's smallest, and all the bin's keys >= T are taken), and the
 // output lists the selected keys in index order either way: the same bytes.
+// (The top-k's block-wide scratch, one copy a kernel whatever the instantiations: a function's
+// own __shared__ arrays would be one a template instantiation. Each user starts with a barrier,
+// so the previous user's last reads are done.)
+__shared__ uint32_t topk_hist_s[2][256], topk_prefix_s, topk_remaining_s, topk_all_s;
+__shared__ uint32_t walk_c0_s[8], walk_c1_s[8];
+
 template <uint32_t U, class KeyAt>
 __device__ TopkCut topk_threshold(KeyAt key_at, uint32_t n, uint32_t k, bool early_exit) {
     constexpr uint32_t NT = 256;
-    __shared__ uint32_t hist[2][256];
-    __shared__ uint32_t s_prefix, s_remaining, s_all;
+    auto& hist = topk_hist_s;
+    uint32_t &s_prefix = topk_prefix_s, &s_remaining = topk_remaining_s, &s_all = topk_all_s;
     const uint32_t tid = threadIdx.x, lane = tid & 31;
+    __syncthreads();
     hist[0][tid] = 0;
     hist[1][tid] = 0;
     if (tid == 0) s_remaining = k, s_all = 0;
@@ -1702,11 +1709,11 @@ __device__ void topk_write_by_threads(KeyAt key_at, IdxOf idx_of, uint32_t n, To
 // conflicts when staged, coalesced when not). flags(i, valid) returns the lane's two flags
 // (bits 0, 1); the warps' counts of each are scanned (total0: all keys of flag 0), and then
 // write(i, before0, before1, flags) sees for each flagged key how many keys of each flag lie
-// before it. One call an instantiation at a time: its warp counts are static shared memory.
+// before it.
 template <class Flags, class Write>
 __device__ void block_walk2(uint32_t n, Flags flags, Write write, uint32_t* total0 = nullptr) {
     constexpr uint32_t NW = 8;
-    __shared__ uint32_t w_c0[NW], w_c1[NW];
+    auto &w_c0 = walk_c0_s, &w_c1 = walk_c1_s;
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, below = (1u << lane) - 1;
     const uint32_t seg = (n + 32 * NW - 1) / (32 * NW) * 32;
     const uint32_t lo = min(n, w * seg), hi = min(n, lo + seg);
@@ -1717,6 +1724,7 @@ __device__ void block_walk2(uint32_t n, Flags flags, Write write, uint32_t* tota
         c0 += __popc(__ballot_sync(0xffffffffu, f & 1));
         c1 += __popc(__ballot_sync(0xffffffffu, f & 2));
     }
+    __syncthreads();   // (the previous walk's reads of the counts are done)
     if (lane == 0) w_c0[w] = c0, w_c1[w] = c1;
     __syncthreads();
     uint32_t b0 = 0, b1 = 0, t0 = 0;
@@ -1783,16 +1791,19 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
 // fewer than k or more than cap pass (heavy ties at the cut): the caller then selects from
 // all n keys. Each key is read twice (once a walk) and never through an atomic.
 constexpr uint32_t kTopkSample = 1024, kTopkFilterMin = 4096, kTopkFilterCap = 4096;
+__host__ __device__ constexpr uint32_t round_up4(uint32_t n) { return (n + 3) & ~3u; }   // (16-byte aligned)
 constexpr uint32_t kTopkWarp = 1, kTopkFilter = 2;   // the forms' bits (topk_row, indexer_fused_kernel)
 static_assert(2 * kTopkFilterCap <= kFusedBase, "the fused indexer's candidates fit its base shared memory");
+static_assert(kTopkSample <= kTopkFilterCap, "the sample lies in the candidates' space");
 template <class KeyAt>
 __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool warp_out, uint32_t* cand) {
-    __shared__ uint32_t samp[kTopkSample];
+    uint32_t* samp = cand;   // (the candidates are written after the sample's last use)
+    __syncthreads();         // (cand may be the space of keys read just before)
     for (uint32_t j = threadIdx.x; j < kTopkSample; j += 256) samp[j] = key_at(uint32_t(uint64_t(j) * n / kTopkSample));
     __syncthreads();
     const uint32_t mf = uint32_t((uint64_t(k) * kTopkSample + n - 1) / n);
     const uint32_t ks = min(kTopkSample, mf + 4 * uint32_t(sqrtf(float(mf)) + 1.0f) + 8);
-    const TopkCut t = topk_threshold<1>([](uint32_t j) { return samp[j]; }, kTopkSample, ks, true);
+    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true);
     auto pass = [&](uint32_t i, bool v) { return v && (key_at(i) & t.mask) >= t.T ? 1u : 0u; };
     uint32_t c = 0;
     block_walk2(n, pass, nullptr, &c);
@@ -1818,14 +1829,17 @@ __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* ou
 __device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, uint32_t form) {
     extern __shared__ uint32_t keys[];
     auto global_key = [sc](uint32_t i) { return order_key(__ldcg(sc + i)); };
-    const bool warp_out = form & kTopkWarp;
-    if ((form & kTopkFilter) && n >= kTopkFilterMin && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
+    const bool warp_out = form & kTopkWarp, filter = (form & kTopkFilter) && n >= kTopkFilterMin;
     if (n <= stage_max) {
 #pragma unroll 16
         for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
         __syncthreads();
+        // (the filter's walks on the staged keys; its candidates after them: topk_launch)
+        if (filter && topk_filtered([](uint32_t i) { return keys[i]; }, n, k, out, warp_out, keys + round_up4(n)))
+            return;
         topk_staged(keys, n, k, out, true, warp_out);
     } else {
+        if (filter && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
         topk_radix<4>(global_key, TopkSameIndex{}, n, k, out, true, warp_out);
     }
 }
@@ -1937,7 +1951,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
                          uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel,
-                         bool early, uint32_t topk_form) {
+                         bool early, uint32_t topk_form, uint32_t smem_floats) {
     // early (DSV4_ATTN_EARLY): before the programmatic-launch wait, the row's position and KV
     // descriptor (uploaded before the step's kernels), the RoPE angles and L2 prefetches of
     // the block's compressed index rows (a hint: a row this step's compressor emits is read
@@ -2042,15 +2056,21 @@ __global__ void __launch_bounds__(kFusedThreads)
     const uint32_t n = uint32_t(n_vis);
     uint32_t* keys = reinterpret_cast<uint32_t*>(sm);   // q_s and k_s are done with
     const float* sr = score + uint64_t(r) * ld;
-    const bool warp_out = topk_form & kTopkWarp;
-    // (the sample's candidates fit the base shared memory: 2 · kTopkFilterCap <= kFusedBase)
-    if ((topk_form & kTopkFilter) && n >= kTopkFilterMin &&
-        topk_filtered([sr](uint32_t i) { return order_key(__ldcg(sr + i)); }, n, top_k, sel + uint64_t(r) * top_k,
-                      warp_out, keys))
+    uint32_t* out = sel + uint64_t(r) * top_k;
+    const bool warp_out = topk_form & kTopkWarp, filter = (topk_form & kTopkFilter) && n >= kTopkFilterMin;
+    // The filter's walks on the staged keys where its candidates fit after them in the dynamic
+    // shared memory (smem_floats), else on the scores in L2 before the keys are staged (the
+    // candidates then at its start: 2 · kTopkFilterCap <= kFusedBase).
+    const bool after = round_up4(n) + 2 * kTopkFilterCap <= smem_floats;
+    if (filter && !after &&
+        topk_filtered([sr](uint32_t i) { return order_key(__ldcg(sr + i)); }, n, top_k, out, warp_out, keys))
         return;
     for (uint32_t i = tid; i < n; i += kFusedThreads) keys[i] = order_key(__ldcg(sr + i));
     __syncthreads();
-    topk_staged(keys, n, top_k, sel + uint64_t(r) * top_k, early, warp_out);
+    if (filter && after && topk_filtered([keys](uint32_t i) { return keys[i]; }, n, top_k, out, warp_out,
+                                         keys + round_up4(n)))
+        return;
+    topk_staged(keys, n, top_k, out, early, warp_out);
 }
 
 // ---- sink attention (§5.12), split over keys (flash-decoding) -----------------------------
@@ -3003,11 +3023,12 @@ void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t
 }
 
 namespace {
-// topk_row's staging: up to kTopkStageMax keys (192 KB) in shared memory; DSV4_TOPK_STAGE=0 reads
+// topk_row's staging: up to kTopkStageMax keys (160 KB) in shared memory (and the filter's
+// candidates after them: 32 KB); DSV4_TOPK_STAGE=0 reads
 // every pass from global memory (measurements), topk_stage_override (tests) wins.
-constexpr uint32_t kTopkStageMax = 48 * 1024;
+constexpr uint32_t kTopkStageMax = 40 * 1024;
+constexpr size_t kTopkSmemMax = (kTopkStageMax + 2 * kTopkFilterCap) * 4;
 int g_topk_stage_override = -1;
-static_assert(2 * kTopkFilterCap <= kTopkStageMax, "the sample's candidates fit the raised shared memory");
 // DSV4_TOPK_WARP=1: topk_radix's output pass by warps (topk_write_by_warps; the same bytes).
 // Off by default until measured on the device; topk_warp_override (tests) wins.
 int g_topk_warp_override = -1;
@@ -3031,12 +3052,12 @@ TopkLaunch topk_launch(uint64_t n) {
     const bool filter = (g_topk_filter_override >= 0 ? g_topk_filter_override != 0 : filter_on) && n >= kTopkFilterMin;
     TopkLaunch l{stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u,
                  (topk_by_warps() ? kTopkWarp : 0u) | (filter ? kTopkFilter : 0u), 0};
-    l.smem = std::max<size_t>(size_t(l.stage) * 4, filter ? 2 * kTopkFilterCap * 4 : 0);
+    l.smem = (size_t(round_up4(l.stage)) + (filter ? 2 * kTopkFilterCap : 0)) * 4;
     return l;
 }
 template <class Kernel>
 void raise_topk_smem(Kernel kernel) {
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTopkStageMax * 4)),
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTopkSmemMax)),
           "top-k shared memory");
 }
 }  // namespace
@@ -3092,7 +3113,7 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
                                                            n_layer, il, top_k, score, ld, count, sel, attn_early(2),
-                                                           topk_launch(max_vis).form);
+                                                           topk_launch(max_vis).form, uint32_t(smem / 4));
     check_launch("indexer_fused");
 }
 
