@@ -832,7 +832,7 @@ TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
 // memory in every radix pass, the selection written by per-thread segments and by warps
 // (DSV4_TOPK_WARP), rows of 4,096 keys or more selected from all keys and through a sample
 // (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows, decode rows of a long conversation (20,000 keys:
-// past the fused indexer's 16,384), and rows past the staging's 48K keys (70,000). Values
+// past the fused indexer's 16,384), and rows past the staging's 40K keys (70,000). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
 // no digit early).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
@@ -902,7 +902,10 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
     std::vector<double> invf(n_rot / 2);
     for (uint32_t i = 0; i < n_rot / 2; ++i) invf[i] = 1.0 / std::pow(10000.0, 2.0 * i / n_rot);
     DevVec<double> dinv(invf);
-    const std::vector<std::vector<uint64_t>> cases = {{1500}, {12001}, {1025, 512, 2250}, {513, 700, 1024, 4001, 600}};
+    // (5,000 keys: the fused kernel's filter on its staged keys, the candidates after them;
+    // 12,001: on the scores in L2, the candidates where the keys go)
+    const std::vector<std::vector<uint64_t>> cases = {{1500}, {5000}, {12001}, {1025, 512, 2250},
+                                                      {513, 700, 1024, 4001, 600}};
     for (bool official : {true, false}) {
         for (size_t ci = 0; ci < cases.size(); ++ci) {
             const auto& vis = cases[ci];
