@@ -460,6 +460,9 @@ void topk_warp_override(int on);
 // Tests: 1 selects rows of 4,096 keys or more through a sample (DSV4_TOPK_FILTER=1), 0 not,
 // -1 back to the default (0). The same bytes.
 void topk_filter_override(int on);
+// Tests: the fused indexer's tiles of 16 keys a block (DSV4_IDX_FUSED_TILES: N > 0, or 0 for
+// about 128 blocks a row), -1 back to the default (1). The same bits.
+void indexer_fused_tiles_override(int tiles);
 // The three calls above (indexer_q_prep, indexer_scores, topk_select with ratio 4) in one
 // launch, bit-identical: each score block prepares its row's queries itself and the row's
 // last block selects. qi and wi are only read (not prepared in place). count: R counters,

@@ -1951,12 +1951,16 @@ __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
                          uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel,
-                         bool early, uint32_t topk_form, uint32_t smem_floats) {
+                         bool early, uint32_t topk_form, uint32_t smem_floats, uint32_t tiles) {
     // early (DSV4_ATTN_EARLY): before the programmatic-launch wait, the row's position and KV
     // descriptor (uploaded before the step's kernels), the RoPE angles and L2 prefetches of
     // the block's compressed index rows (a hint: a row this step's compressor emits is read
     // after the wait like all of them); the top-k's passes stop early (topk_staged). The same
     // bits.
+    // tiles (DSV4_IDX_FUSED_TILES): a block scores `tiles` consecutive tiles of kScoreTile keys
+    // one after another with the queries it prepared once (every block prepares all 64 heads:
+    // at 16K keys a tile a block is 1,024 blocks preparing them, run 126: 91.9 us a row). Each
+    // tile's steps are the one-tile block's, so the same bits.
     pdl_launch();
     if (!early) pdl_wait();
     extern __shared__ __align__(16) float sm[];
@@ -1965,8 +1969,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     const uint32_t r = blockIdx.y;
     const int64_t pos = rows[r].pos;
     const uint64_t n_vis = uint64_t(pos + 1) / 4;
-    const uint64_t c0 = uint64_t(blockIdx.x) * kScoreTile;
-    if (n_vis <= top_k || c0 >= n_vis) {
+    const uint64_t cb = uint64_t(blockIdx.x) * tiles * kScoreTile;   // the block's first key
+    if (n_vis <= top_k || cb >= n_vis) {
         if (early) pdl_wait();   // (its end still follows the kernels before it)
         return;
     }
@@ -1976,7 +1980,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     float* dot_s = w_s + NH;              // [kScoreTile][NH]
     const uint32_t tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = kFusedThreads / 32;
     const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-    const uint32_t nt = uint32_t(n_vis - c0 < kScoreTile ? n_vis - c0 : kScoreTile);
+    const uint32_t nb = uint32_t(min(n_vis - cb, uint64_t(tiles) * kScoreTile));   // the block's keys
     const uint32_t half = n_rot / 2;
     auto angles = [&] {   // rope_block's angles: cos on the first half of the threads, sin on the second
         if (tid < 2 * half) {
@@ -1986,11 +1990,11 @@ __global__ void __launch_bounds__(kFusedThreads)
             else sn_s[i] = float(sin(th));
         }
     };
+    constexpr uint32_t lines = DI * sizeof(float) / 128;   // 128-byte lines a row
     if (early) {
-        const uint32_t lines = DI * sizeof(float) / 128;   // 128-byte lines a row
-        if (tid < nt * lines)
+        for (uint32_t i = tid; i < nb * lines; i += kFusedThreads)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(
-                L.index + (c0 + tid / lines) * L.index_stride) + 128 * (tid % lines)));
+                L.index + (cb + i / lines) * L.index_stride) + 128 * (i % lines)));
         angles();
         pdl_wait();
     }
@@ -2000,10 +2004,13 @@ __global__ void __launch_bounds__(kFusedThreads)
     const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
 #pragma unroll
     for (uint32_t j = 0; j < HPW; ++j) qv[j] = q4[(w * HPW + j) * D4 + lane];
-    for (uint32_t i = tid; i < nt * D4; i += kFusedThreads) {
-        const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
-        *reinterpret_cast<float4*>(k_s + (i / D4) * P + (i % D4) * 4) = v;
-    }
+    auto stage_tile = [&](uint64_t c0, uint32_t nt) {
+        for (uint32_t i = tid; i < nt * D4; i += kFusedThreads) {
+            const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
+            *reinterpret_cast<float4*>(k_s + (i / D4) * P + (i % D4) * 4) = v;
+        }
+    };
+    stage_tile(cb, min(nb, kScoreTile));
     if (tid < NH) w_s[tid] = wi[uint64_t(r) * NH + tid] * wscale;   // indexer_q_prep's wi *= wscale
     if (!early) angles();
     __syncthreads();
@@ -2016,43 +2023,52 @@ __global__ void __launch_bounds__(kFusedThreads)
         *reinterpret_cast<float4*>(q_s + (w * HPW + j) * P + 4 * lane) = make_float4(x[0], x[1], x[2], x[3]);
     }
     __syncthreads();
-    // indexer_scores' dots (each in dimension order, one fmaf per dimension): thread
-    // (head h = tid % 64, rows 4g .. 4g+3 with g = tid / 64) keeps four chains; a warp reads
-    // 32 heads' q (float4, conflict-free at the row pitch of 132) and four broadcast k rows
-    // per four dimensions, a quarter of a warp-per-row loop's shared-memory traffic.
-    {
-        const uint32_t h = tid % NH, j0 = (tid / NH) * (kScoreTile / (kFusedThreads / NH));
-        constexpr uint32_t RPT = kScoreTile / (kFusedThreads / NH);   // rows per thread: 4
-        const float4* qh = reinterpret_cast<const float4*>(q_s + h * P);
-        float acc[RPT];
-#pragma unroll
-        for (uint32_t t = 0; t < RPT; ++t) acc[t] = 0.0f;
-#pragma unroll 4
-        for (uint32_t d4 = 0; d4 < D4; ++d4) {
-            const float4 qv = qh[d4];
-#pragma unroll
-            for (uint32_t t = 0; t < RPT; ++t) {
-                const float4 kv = reinterpret_cast<const float4*>(k_s + (j0 + t) * P)[d4];
-                acc[t] = fmaf(qv.x, kv.x, acc[t]);
-                acc[t] = fmaf(qv.y, kv.y, acc[t]);
-                acc[t] = fmaf(qv.z, kv.z, acc[t]);
-                acc[t] = fmaf(qv.w, kv.w, acc[t]);
-            }
+    for (uint32_t t0 = 0; t0 < nb; t0 += kScoreTile) {
+        const uint64_t c0 = cb + t0;
+        const uint32_t nt = min(nb - t0, kScoreTile);
+        if (t0 > 0) {   // the next tile's keys (every warp is done with the last one's)
+            stage_tile(c0, nt);
+            __syncthreads();
         }
+        // indexer_scores' dots (each in dimension order, one fmaf per dimension): thread
+        // (head h = tid % 64, rows 4g .. 4g+3 with g = tid / 64) keeps four chains; a warp reads
+        // 32 heads' q (float4, conflict-free at the row pitch of 132) and four broadcast k rows
+        // per four dimensions, a quarter of a warp-per-row loop's shared-memory traffic.
+        {
+            const uint32_t h = tid % NH, j0 = (tid / NH) * (kScoreTile / (kFusedThreads / NH));
+            constexpr uint32_t RPT = kScoreTile / (kFusedThreads / NH);   // rows per thread: 4
+            const float4* qh = reinterpret_cast<const float4*>(q_s + h * P);
+            float acc[RPT];
 #pragma unroll
-        for (uint32_t t = 0; t < RPT; ++t) dot_s[(j0 + t) * NH + h] = acc[t];   // rows >= nt: unused
-    }
-    __syncthreads();
-    // indexer_scores' sums: lane adds heads lane and lane + 32 (in that order), then the warp sum.
-    for (uint32_t j = w; j < nt; j += nw) {
-        float sc = 0;
-        sc += fmaxf(0.0f, dot_s[j * NH + lane]) * w_s[lane];
-        sc += fmaxf(0.0f, dot_s[j * NH + lane + 32]) * w_s[lane + 32];
-        sc = warp_sum(sc);
-        if (lane == 0) score[uint64_t(r) * ld + c0 + j] = sc;
+            for (uint32_t t = 0; t < RPT; ++t) acc[t] = 0.0f;
+#pragma unroll 4
+            for (uint32_t d4 = 0; d4 < D4; ++d4) {
+                const float4 qv = qh[d4];
+#pragma unroll
+                for (uint32_t t = 0; t < RPT; ++t) {
+                    const float4 kv = reinterpret_cast<const float4*>(k_s + (j0 + t) * P)[d4];
+                    acc[t] = fmaf(qv.x, kv.x, acc[t]);
+                    acc[t] = fmaf(qv.y, kv.y, acc[t]);
+                    acc[t] = fmaf(qv.z, kv.z, acc[t]);
+                    acc[t] = fmaf(qv.w, kv.w, acc[t]);
+                }
+            }
+#pragma unroll
+            for (uint32_t t = 0; t < RPT; ++t) dot_s[(j0 + t) * NH + h] = acc[t];   // rows >= nt: unused
+        }
+        __syncthreads();
+        // indexer_scores' sums: lane adds heads lane and lane + 32 (in that order), then the warp sum.
+        for (uint32_t j = w; j < nt; j += nw) {
+            float sc = 0;
+            sc += fmaxf(0.0f, dot_s[j * NH + lane]) * w_s[lane];
+            sc += fmaxf(0.0f, dot_s[j * NH + lane + 32]) * w_s[lane + 32];
+            sc = warp_sum(sc);
+            if (lane == 0) score[uint64_t(r) * ld + c0 + j] = sc;
+        }
+        if (t0 + kScoreTile < nb) __syncthreads();   // (the sums read dot_s; the next tile's dots write it)
     }
     // The row's last block to finish selects.
-    if (!last_block_done(&count[r], uint32_t((n_vis + kScoreTile - 1) / kScoreTile))) return;
+    if (!last_block_done(&count[r], uint32_t((n_vis + tiles * kScoreTile - 1) / (tiles * kScoreTile)))) return;
     const uint32_t n = uint32_t(n_vis);
     uint32_t* keys = reinterpret_cast<uint32_t*>(sm);   // q_s and k_s are done with
     const float* sr = score + uint64_t(r) * ld;
@@ -3095,6 +3111,21 @@ bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint
            max_vis <= max_keys;
 }
 
+namespace {
+// The fused indexer's tiles of kScoreTile keys a block: DSV4_IDX_FUSED_TILES=N (1, a tile a block:
+// the default until measured), 0 for as many as keep about 128 blocks a row (1 up to 2,048 keys,
+// 8 at 16,384), at most 16; indexer_fused_tiles_override (tests) wins. The same bits.
+int g_fused_tiles_override = -1;
+uint32_t fused_tiles(uint64_t max_vis) {
+    static const int env = std::max(0, env_int("DSV4_IDX_FUSED_TILES", 1));
+    const int v = g_fused_tiles_override >= 0 ? g_fused_tiles_override : env;
+    if (v > 0) return uint32_t(std::min(v, 16));
+    return uint32_t(std::clamp<uint64_t>((max_vis + 128 * kScoreTile - 1) / (128 * kScoreTile), 1, 16));
+}
+}  // namespace
+
+void indexer_fused_tiles_override(int tiles) { g_fused_tiles_override = tiles; }
+
 void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
                    const double* inv_freq, const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis, float* score, uint64_t ld,
@@ -3110,10 +3141,11 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
         return true;
     }();
     (void)raised;
-    const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
+    const uint32_t tiles = fused_tiles(max_vis), keys = tiles * kScoreTile;
+    const dim3 grid(uint32_t((max_vis + keys - 1) / keys), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
                                                            n_layer, il, top_k, score, ld, count, sel, attn_early(2),
-                                                           topk_launch(max_vis).form, uint32_t(smem / 4));
+                                                           topk_launch(max_vis).form, uint32_t(smem / 4), tiles);
     check_launch("indexer_fused");
 }
 

@@ -976,17 +976,21 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             const auto so = s_old.download();
             const auto lo = sel_old.download();
             // (rep 2: DSV4_ATTN_EARLY's early work and top-k passes; rep 3: the selection written by
-            // warps; rep 4: rows of 4,096 keys or more through a sample, DSV4_TOPK_FILTER)
-            for (int rep = 0; rep < 5; ++rep) {
+            // warps; rep 4: rows of 4,096 keys or more through a sample, DSV4_TOPK_FILTER; rep 5: 3
+            // tiles of keys a block, DSV4_IDX_FUSED_TILES; rep 6: as many as keep ~128 blocks a row,
+            // with the filter)
+            for (int rep = 0; rep < 7; ++rep) {
                 cuda::attn_early_override(rep >= 2 ? 1 : 0);
-                cuda::topk_warp_override(rep >= 3 ? 1 : 0);
-                cuda::topk_filter_override(rep == 4 ? 1 : 0);
+                cuda::topk_warp_override(rep >= 3 && rep != 5 ? 1 : 0);
+                cuda::topk_filter_override(rep == 4 || rep == 6 ? 1 : 0);
+                cuda::indexer_fused_tiles_override(rep == 5 ? 3 : rep == 6 ? 0 : -1);
                 cuda::indexer_fused(q_new.get(), w_new.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), official,
                                     wscale, dlkv.get(), n_layer, il, top_k, ld, s_new.get(), ld, count.get(),
                                     sel_new.get(), nullptr);
                 cuda::attn_early_override(-1);
                 cuda::topk_warp_override(-1);
                 cuda::topk_filter_override(-1);
+                cuda::indexer_fused_tiles_override(-1);
                 const auto sn = s_new.download();
                 const auto ln = sel_new.download();
                 const auto cn = count.download();
