@@ -1775,7 +1775,7 @@ struct TopkSameIndex {
     __device__ uint32_t operator()(uint32_t i) const { return i; }
 };
 
-// On n <= kFusedMaxKeys order keys already in shared memory (the fused indexer's last block).
+// On n order keys already staged in shared memory (topk_row).
 __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32_t* out, bool early_exit,
                             bool warp_out) {
     topk_radix<1>([keys](uint32_t i) { return keys[i]; }, TopkSameIndex{}, n, k, out, early_exit, warp_out);
@@ -1819,28 +1819,39 @@ __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* ou
     return true;
 }
 
-// The top-k of a row's n scores: through a sample (filter; n >= kTopkFilterMin, falling back
-// to the rest), else staged in shared memory as order keys when they fit (stage_max keys, the
-// dynamic shared memory's size: 16 loads a thread in flight, then the passes at shared
-// memory's latency), else every pass reads them from global memory (L2). topk_block before
-// these (a plain shared atomic a key, so a warp's keys of one binade serialised; one key a
-// thread between atomics; a block scan per 256 keys in the output pass) took of the order of
-// 100 us for a decode row of 16K keys; staged, 60.8 us (run 127).
-__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, uint32_t form) {
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+    uint32_t b;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(b));
+    return b;
+}
+
+// The top-k of a row's n scores (topk_select, topk_plain, the fused indexer's last block), by
+// 256 threads in the dynamic shared memory. n <= stage_max: the order keys staged there first
+// (16 loads a thread in flight, then the passes at shared memory's latency), else every pass
+// reads them from global memory (L2). With kTopkFilter (rows of kTopkFilterMin keys or more,
+// falling back when the sample's cut fails) the filter walks the staged keys, its candidates
+// after them, where those fit the dynamic shared memory, else the scores in L2 (its candidates
+// at the start, before any staging). topk_block before these (a plain shared atomic a key, so
+// a warp's keys of one binade serialised; one key a thread between atomics; a block scan per
+// 256 keys in the output pass) took of the order of 100 us for a decode row of 16K keys;
+// staged, 60.8 us (run 127).
+__device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, uint32_t form,
+                         bool early_exit) {
     extern __shared__ uint32_t keys[];
     auto global_key = [sc](uint32_t i) { return order_key(__ldcg(sc + i)); };
     const bool warp_out = form & kTopkWarp, filter = (form & kTopkFilter) && n >= kTopkFilterMin;
     if (n <= stage_max) {
+        const bool after = (round_up4(n) + 2 * kTopkFilterCap) * 4 <= dynamic_smem_bytes();
+        if (filter && !after && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
 #pragma unroll 16
         for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
         __syncthreads();
-        // (the filter's walks on the staged keys; its candidates after them: topk_launch)
-        if (filter && topk_filtered([](uint32_t i) { return keys[i]; }, n, k, out, warp_out, keys + round_up4(n)))
+        if (filter && after && topk_filtered([](uint32_t i) { return keys[i]; }, n, k, out, warp_out, keys + round_up4(n)))
             return;
-        topk_staged(keys, n, k, out, true, warp_out);
+        topk_staged(keys, n, k, out, early_exit, warp_out);
     } else {
         if (filter && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
-        topk_radix<4>(global_key, TopkSameIndex{}, n, k, out, true, warp_out);
+        topk_radix<4>(global_key, TopkSameIndex{}, n, k, out, early_exit, warp_out);
     }
 }
 
@@ -1851,13 +1862,13 @@ __global__ void __launch_bounds__(256) topk_select_kernel(const float* score, ui
     const uint32_t r = blockIdx.x;
     const uint64_t n = uint64_t(rows[r].pos + 1) / ratio;
     if (n <= k) return;
-    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, form);
+    topk_row(score + uint64_t(r) * ld, uint32_t(n), k, sel + uint64_t(r) * k, stage_max, form, true);
 }
 
 __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uint32_t n, uint32_t k, uint32_t* sel,
                                                          uint32_t stage_max, uint32_t form) {
     pdl_begin();
-    topk_row(score, n, k, sel, stage_max, form);
+    topk_row(score, n, k, sel, stage_max, form, true);
 }
 
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
@@ -1951,7 +1962,7 @@ __global__ void __launch_bounds__(kFusedThreads)
     indexer_fused_kernel(const float* qi, const float* wi, uint32_t n_rot, const double* inv_freq,
                          const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv, uint32_t n_layer,
                          uint32_t il, uint32_t top_k, float* score, uint64_t ld, uint32_t* count, uint32_t* sel,
-                         bool early, uint32_t topk_form, uint32_t smem_floats, uint32_t tiles) {
+                         bool early, uint32_t topk_form, uint32_t tiles) {
     // early (DSV4_ATTN_EARLY): before the programmatic-launch wait, the row's position and KV
     // descriptor (uploaded before the step's kernels), the RoPE angles and L2 prefetches of
     // the block's compressed index rows (a hint: a row this step's compressor emits is read
@@ -2069,24 +2080,9 @@ __global__ void __launch_bounds__(kFusedThreads)
     }
     // The row's last block to finish selects.
     if (!last_block_done(&count[r], uint32_t((n_vis + tiles * kScoreTile - 1) / (tiles * kScoreTile)))) return;
-    const uint32_t n = uint32_t(n_vis);
-    uint32_t* keys = reinterpret_cast<uint32_t*>(sm);   // q_s and k_s are done with
-    const float* sr = score + uint64_t(r) * ld;
-    uint32_t* out = sel + uint64_t(r) * top_k;
-    const bool warp_out = topk_form & kTopkWarp, filter = (topk_form & kTopkFilter) && n >= kTopkFilterMin;
-    // The filter's walks on the staged keys where its candidates fit after them in the dynamic
-    // shared memory (smem_floats), else on the scores in L2 before the keys are staged (the
-    // candidates then at its start: 2 · kTopkFilterCap <= kFusedBase).
-    const bool after = round_up4(n) + 2 * kTopkFilterCap <= smem_floats;
-    if (filter && !after &&
-        topk_filtered([sr](uint32_t i) { return order_key(__ldcg(sr + i)); }, n, top_k, out, warp_out, keys))
-        return;
-    for (uint32_t i = tid; i < n; i += kFusedThreads) keys[i] = order_key(__ldcg(sr + i));
-    __syncthreads();
-    if (filter && after && topk_filtered([keys](uint32_t i) { return keys[i]; }, n, top_k, out, warp_out,
-                                         keys + round_up4(n)))
-        return;
-    topk_staged(keys, n, top_k, out, early, warp_out);
+    // (its keys staged where q_s and k_s were: every key fits, max_vis floats at least)
+    topk_row(score + uint64_t(r) * ld, uint32_t(n_vis), top_k, sel + uint64_t(r) * top_k, uint32_t(n_vis), topk_form,
+             early);
 }
 
 // ---- sink attention (§5.12), split over keys (flash-decoding) -----------------------------
@@ -2997,9 +2993,6 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 }
 
 namespace {
-// DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
-// indexer_scores, decode's bits).
-
 template <uint32_t DI, uint32_t MT>
 void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
@@ -3018,6 +3011,8 @@ void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t 
 }
 }  // namespace
 
+// DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
+// indexer_scores, decode's bits).
 bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
     static const bool on = env_switch("DSV4_IDX_TC", true);
     return on && NH >= 1 && NH <= 64 && (DI == 64 || DI == 128);
@@ -3040,8 +3035,8 @@ void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t
 
 namespace {
 // topk_row's staging: up to kTopkStageMax keys (160 KB) in shared memory (and the filter's
-// candidates after them: 32 KB); DSV4_TOPK_STAGE=0 reads
-// every pass from global memory (measurements), topk_stage_override (tests) wins.
+// candidates after them: 32 KB); DSV4_TOPK_STAGE=0 reads every pass from global memory
+// (measurements), topk_stage_override (tests) wins.
 constexpr uint32_t kTopkStageMax = 40 * 1024;
 constexpr size_t kTopkSmemMax = (kTopkStageMax + 2 * kTopkFilterCap) * 4;
 int g_topk_stage_override = -1;
@@ -3051,10 +3046,6 @@ int g_topk_warp_override = -1;
 // DSV4_TOPK_FILTER=1: rows of kTopkFilterMin keys or more select through a sample
 // (topk_filtered; the same bytes). Off by default until measured; topk_filter_override wins.
 int g_topk_filter_override = -1;
-bool topk_by_warps() {
-    static const bool on = env_switch("DSV4_TOPK_WARP", false);
-    return g_topk_warp_override >= 0 ? g_topk_warp_override != 0 : on;
-}
 // How topk_row runs for rows of up to n keys: the keys it stages, its forms, its dynamic
 // shared memory (the staged keys, or the sample's candidates and their indices).
 struct TopkLaunch {
@@ -3063,11 +3054,13 @@ struct TopkLaunch {
 };
 TopkLaunch topk_launch(uint64_t n) {
     static const bool stage_on = env_switch("DSV4_TOPK_STAGE", true);
+    static const bool warp_on = env_switch("DSV4_TOPK_WARP", false);
     static const bool filter_on = env_switch("DSV4_TOPK_FILTER", false);
     const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : stage_on;
+    const bool warp = g_topk_warp_override >= 0 ? g_topk_warp_override != 0 : warp_on;
     const bool filter = (g_topk_filter_override >= 0 ? g_topk_filter_override != 0 : filter_on) && n >= kTopkFilterMin;
     TopkLaunch l{stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u,
-                 (topk_by_warps() ? kTopkWarp : 0u) | (filter ? kTopkFilter : 0u), 0};
+                 (warp ? kTopkWarp : 0u) | (filter ? kTopkFilter : 0u), 0};
     l.smem = (size_t(round_up4(l.stage)) + (filter ? 2 * kTopkFilterCap : 0)) * 4;
     return l;
 }
@@ -3101,9 +3094,9 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
 }
 
 // DSV4_IDX_FUSED_MAX: the most keys (a row's visible compressed rows, rounded up to the score
-// matrix's width) the fused indexer takes (default and at most kFusedMaxKeys). Its grid is a
-// block a 32-key tile and every block prepares the row's 64 query heads again, so at 16K keys
-// it took 91.9 us a decode row against the three kernels' 86.4 (runs 126, 127): lower limits
+// matrix's width) the fused indexer takes (default and at most kFusedMaxKeys). With a 16-key
+// tile a block every block prepares the row's 64 query heads again, so at 16K keys (1,024
+// blocks) it took 91.9 us a decode row against the three kernels' 86.4 (runs 126, 127): lower limits
 // send long conversations' decode to the three kernels (measurements).
 bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint64_t max_vis) {
     static const uint64_t max_keys = std::min<uint64_t>(kFusedMaxKeys, env_int("DSV4_IDX_FUSED_MAX", kFusedMaxKeys));
@@ -3145,7 +3138,7 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
     const dim3 grid(uint32_t((max_vis + keys - 1) / keys), R);
     indexer_fused_kernel<<<grid, kFusedThreads, smem, s>>>(qi, wi, n_rot, inv_freq, rows, official, wscale, lkv,
                                                            n_layer, il, top_k, score, ld, count, sel, attn_early(2),
-                                                           topk_launch(max_vis).form, uint32_t(smem / 4), tiles);
+                                                           topk_launch(max_vis).form, tiles);
     check_launch("indexer_fused");
 }
 

@@ -827,26 +827,32 @@ TEST_F(CudaKernels, HeadNormRopeRegistersEqualMemoryWalk) {
     }
 }
 
+// The top-k's selection by a sort: the k largest of s[0, n) (-0 equal to +0, ties to the lower
+// index), their indices ascending.
+namespace {
+std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
+    std::vector<uint32_t> idx(n);
+    std::iota(idx.begin(), idx.end(), 0u);
+    auto key = [](float f) { return f == 0.0f ? 0.0f : f; };
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
+        return key(s[a]) > key(s[b]) || (key(s[a]) == key(s[b]) && a < b);
+    });
+    idx.resize(k);
+    std::sort(idx.begin(), idx.end());
+    return idx;
+}
+}  // namespace
+
 // The top-k (every key above the k-th largest, then its ties by the lower index, listed in
 // index order) against a sort, with the keys staged in shared memory and read from global
 // memory in every radix pass, the selection written by per-thread segments and by warps
 // (DSV4_TOPK_WARP), rows of 4,096 keys or more selected from all keys and through a sample
-// (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows, decode rows of a long conversation (20,000 keys:
-// past the fused indexer's 16,384), and rows past the staging's 40K keys (70,000). Values
+// (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows, decode rows
+// of a long conversation (20,000 keys: past the fused indexer's 16,384), and rows past the
+// staging's 40K keys (70,000). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
 // no digit early).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
-    auto reference = [](const float* s, uint32_t n, uint32_t k) {
-        std::vector<uint32_t> idx(n);
-        std::iota(idx.begin(), idx.end(), 0u);
-        auto key = [](float f) { return f == 0.0f ? 0.0f : f; };
-        std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](uint32_t a, uint32_t b) {
-            return key(s[a]) > key(s[b]) || (key(s[a]) == key(s[b]) && a < b);
-        });
-        idx.resize(k);
-        std::sort(idx.begin(), idx.end());
-        return idx;
-    };
     for (int form = 0; form < 8; ++form) {
         const int stage = form & 1 ? 0 : 1, warp = (form >> 1) & 1, filter = form >> 2;
         cuda::topk_stage_override(stage);
@@ -864,7 +870,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
                 DevVec<float> ds(s);
                 DevVec<uint32_t> sel(k);
                 cuda::topk_plain(ds.get(), n, k, sel.get(), nullptr);
-                ASSERT_EQ(sel.download(), reference(s.data(), n, k))
+                ASSERT_EQ(sel.download(), topk_reference(s.data(), n, k))
                     << "n " << n << " k " << k << " stage " << stage << " warp " << warp << " filter " << filter;
             }
         }
@@ -881,7 +887,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         cuda::topk_select(ds.get(), ld, R, drows.get(), ratio, k, sel.get(), nullptr);
         const auto got = sel.download();
         for (uint32_t r = 0; r < R; ++r) {
-            const auto want = reference(s.data() + uint64_t(r) * ld, nv[r], k);
+            const auto want = topk_reference(s.data() + uint64_t(r) * ld, nv[r], k);
             ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
                 << "row " << r << " stage " << stage << " warp " << warp << " filter " << filter;
         }
@@ -1007,13 +1013,7 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             for (uint32_t r = 0; r < R; ++r) {
                 const uint64_t n = uint64_t(rows[r].pos + 1) / 4;
                 if (n <= top_k) continue;
-                std::vector<uint32_t> idx(n);
-                std::iota(idx.begin(), idx.end(), 0u);
-                const float* s = so.data() + r * ld;
-                auto key = [](float f) { return f == 0.0f ? 0.0f : f; };
-                std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return key(s[a]) > key(s[b]); });
-                idx.resize(top_k);
-                std::sort(idx.begin(), idx.end());
+                const auto idx = topk_reference(so.data() + r * ld, uint32_t(n), top_k);
                 ASSERT_EQ(0, std::memcmp(idx.data(), lo.data() + r * top_k, top_k * sizeof(uint32_t))) << "row " << r;
             }
         }
