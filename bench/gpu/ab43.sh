@@ -23,7 +23,7 @@ grep -E '^\[  FAILED|Failure' "$OUT/quick.log" | head -20
 # (the test binary links the carried libraries; scripts/gpu.sh sets this for itself)
 [[ -d .deps/usr ]] && export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 if [[ -n "${TEST_ENV:-}" ]]; then
-  env $TEST_ENV build-gpu/dsv4_cuda_tests --gtest_filter='*CudaVsCpu*:*CudaConsistency*:*CudaKv*:*CudaGreedy*' > "$OUT/test_env.log" 2>&1
+  env $TEST_ENV timeout 240 build-gpu/dsv4_cuda_tests --gtest_filter='*CudaVsCpu*:*CudaConsistency*:*CudaKv*:*CudaGreedy*' > "$OUT/test_env.log" 2>&1
   echo "== whole-model tests with $TEST_ENV ($(( $(date +%s) - T0 )) s): $(grep -c '^\[       OK' "$OUT/test_env.log") passed, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUT/test_env.log") failed lines"
   grep -E '^\[  FAILED|Failure' "$OUT/test_env.log" | head -10
 fi
