@@ -872,14 +872,15 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         wait_main(iq);
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
-        // Fused: iq_b → indexer_fused (queries prepared, scored and selected in one launch),
-        // and nothing at all while every row sees at most top_k compressed rows. Prompt rounds
+        // Fused (decode rounds of short conversations): iq_b → indexer_fused (queries
+        // prepared, scored and selected in one launch), and nothing at all while every row sees at most top_k compressed rows. Prompt rounds
         // with official numerics score on the tensor cores instead, whatever their size (one
         // order for every chunking of a prompt), and so do long decode rows under
         // DSV4_IDX_TC_DECODE.
         const bool tc = official && indexer_tc_ok(NIH, DI) &&
                         (gemm_prefill_order() || (g_idx_tc_decode && vis_ld_ >= g_idx_tc_decode));
-        const bool fused = !tc && g_idx_fused && indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
+        const bool fused = !tc && g_idx_fused && indexer_fused_preferred(vis_ld_) &&
+                           indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
         if (vis_ld_) {
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
                                     ? qa

@@ -468,6 +468,9 @@ void indexer_fused_tiles_override(int tiles);
 // last block selects. qi and wi are only read (not prepared in place). count: R counters,
 // zero before the first call and left at zero. Supported shapes: indexer_fused_ok.
 bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint64_t max_vis);
+// Whether a decode round whose rows see up to max_vis keys should take it (DSV4_IDX_FUSED_MAX,
+// measured: short conversations), given that indexer_fused_ok.
+bool indexer_fused_preferred(uint64_t max_vis);
 void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
                    const double* inv_freq, const DevRow* rows, bool official, float wscale, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis, float* score, uint64_t ld,

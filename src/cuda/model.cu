@@ -3041,10 +3041,12 @@ constexpr uint32_t kTopkStageMax = 40 * 1024;
 constexpr size_t kTopkSmemMax = (kTopkStageMax + 2 * kTopkFilterCap) * 4;
 int g_topk_stage_override = -1;
 // DSV4_TOPK_WARP=1: topk_radix's output pass by warps (topk_write_by_warps; the same bytes).
-// Off by default until measured on the device; topk_warp_override (tests) wins.
+// Off by default: 4 ratio-4 layers at 64K, 920.9 tok/s against 953.0 by threads (run 128), and
+// level with the filter (1,070.0 / 1,063.4 at 60K, run 129); topk_warp_override (tests) wins.
 int g_topk_warp_override = -1;
-// DSV4_TOPK_FILTER=1: rows of kTopkFilterMin keys or more select through a sample
-// (topk_filtered; the same bytes). Off by default until measured; topk_filter_override wins.
+// DSV4_TOPK_FILTER (on): rows of kTopkFilterMin keys or more select through a sample
+// (topk_filtered; the same bytes). 4 ratio-4 layers at 64K: 1,018.4 tok/s against 953.0 with
+// every key through the radix passes (runs 128, 129); 0 turns it off, topk_filter_override wins.
 int g_topk_filter_override = -1;
 // How topk_row runs for rows of up to n keys: the keys it stages, its forms, its dynamic
 // shared memory (the staged keys, or the sample's candidates and their indices).
@@ -3055,7 +3057,7 @@ struct TopkLaunch {
 TopkLaunch topk_launch(uint64_t n) {
     static const bool stage_on = env_switch("DSV4_TOPK_STAGE", true);
     static const bool warp_on = env_switch("DSV4_TOPK_WARP", false);
-    static const bool filter_on = env_switch("DSV4_TOPK_FILTER", false);
+    static const bool filter_on = env_switch("DSV4_TOPK_FILTER", true);
     const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : stage_on;
     const bool warp = g_topk_warp_override >= 0 ? g_topk_warp_override != 0 : warp_on;
     const bool filter = (g_topk_filter_override >= 0 ? g_topk_filter_override != 0 : filter_on) && n >= kTopkFilterMin;
@@ -3093,20 +3095,26 @@ void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaS
     check_launch("topk_plain");
 }
 
-// DSV4_IDX_FUSED_MAX: the most keys (a row's visible compressed rows, rounded up to the score
-// matrix's width) the fused indexer takes (default and at most kFusedMaxKeys). With a 16-key
-// tile a block every block prepares the row's 64 query heads again, so at 16K keys (1,024
-// blocks) it took 91.9 us a decode row against the three kernels' 86.4 (runs 126, 127): lower limits
-// send long conversations' decode to the three kernels (measurements).
 bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint64_t max_vis) {
-    static const uint64_t max_keys = std::min<uint64_t>(kFusedMaxKeys, env_int("DSV4_IDX_FUSED_MAX", kFusedMaxKeys));
     return R >= 1 && R <= kFusedMaxRows && NH == kFusedNH && DI == kFusedDI && n_rot % 2 == 0 && n_rot <= DI &&
-           max_vis <= max_keys;
+           max_vis <= kFusedMaxKeys;
+}
+
+// DSV4_IDX_FUSED_MAX: the most keys (a row's visible compressed rows, rounded up to the score
+// matrix's width) for which the fused indexer is preferred. With a 16-key tile a block every
+// block prepares the row's 64 query heads again and the last block selects alone, so past a few
+// thousand keys the three kernels (the query prep over 8 blocks, the filtered top-k) win: 4
+// ratio-4 layers, 1,161.1 against 1,146.5 tok/s at 4,096 keys (16K tokens), 1,118.1 / 1,045.4 at
+// 8K keys, 1,063.4 / 906.2 at 15,008 (runs 128, 129); level at 1,024 (4K tokens: 1,234.6 /
+// 1,235.7). Default 2,048 keys (an 8K conversation).
+bool indexer_fused_preferred(uint64_t max_vis) {
+    static const uint64_t max_keys = uint64_t(std::max(0, env_int("DSV4_IDX_FUSED_MAX", 2048)));
+    return max_vis <= max_keys;
 }
 
 namespace {
 // The fused indexer's tiles of kScoreTile keys a block: DSV4_IDX_FUSED_TILES=N (1, a tile a block:
-// the default until measured), 0 for as many as keep about 128 blocks a row (1 up to 2,048 keys,
+// at 1,024 keys 1,206.6 / 1,217.8 tok/s against 1,226.2 with 2 and 1,167.3 with 4, run 128), 0 for as many as keep about 128 blocks a row (1 up to 2,048 keys,
 // 8 at 16,384), at most 16; indexer_fused_tiles_override (tests) wins. The same bits.
 int g_fused_tiles_override = -1;
 uint32_t fused_tiles(uint64_t max_vis) {
