@@ -1717,13 +1717,17 @@ __device__ void block_walk2(uint32_t n, Flags flags, Write write, uint32_t* tota
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, below = (1u << lane) - 1;
     const uint32_t seg = (n + 32 * NW - 1) / (32 * NW) * 32;
     const uint32_t lo = min(n, w * seg), hi = min(n, lo + seg);
+    // the warp's counts: a lane's own, summed once at the end (no ballot a step: run 132 had
+    // this loop at 16 instructions a step with them)
     uint32_t c0 = 0, c1 = 0;
 #pragma unroll 4
     for (uint32_t i0 = lo; i0 < hi; i0 += 32) {
         const uint32_t f = flags(i0 + lane, i0 + lane < hi);
-        c0 += __popc(__ballot_sync(0xffffffffu, f & 1));
-        c1 += __popc(__ballot_sync(0xffffffffu, f & 2));
+        c0 += f & 1;
+        c1 += (f >> 1) & 1;
     }
+    c0 = __reduce_add_sync(0xffffffffu, c0);
+    c1 = __reduce_add_sync(0xffffffffu, c1);
     __syncthreads();   // (the previous walk's reads of the counts are done)
     if (lane == 0) w_c0[w] = c0, w_c1[w] = c1;
     __syncthreads();
@@ -1792,7 +1796,9 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
 // all n keys. Each key is read twice (once a walk) and never through an atomic.
 constexpr uint32_t kTopkSample = 1024, kTopkFilterMin = 4096, kTopkFilterCap = 4096;
 __host__ __device__ constexpr uint32_t round_up4(uint32_t n) { return (n + 3) & ~3u; }   // (16-byte aligned)
-constexpr uint32_t kTopkWarp = 1, kTopkFilter = 2;   // the forms' bits (topk_row, indexer_fused_kernel)
+// the forms' bits (topk_row, indexer_fused_kernel); kTopkKeyByKey: the staging before
+// stage_order_keys (DSV4_TOPK_ASYNC=0, measurements)
+constexpr uint32_t kTopkWarp = 1, kTopkFilter = 2, kTopkKeyByKey = 4;
 static_assert(2 * kTopkFilterCap <= kFusedBase, "the fused indexer's candidates fit its base shared memory");
 static_assert(kTopkSample <= kTopkFilterCap, "the sample lies in the candidates' space");
 template <class KeyAt>
@@ -1825,6 +1831,28 @@ __device__ __forceinline__ uint32_t dynamic_smem_bytes() {
     return b;
 }
 
+// The order keys of sc[0, n) into keys (16-byte aligned). The scores come by cp.async, 16 bytes
+// a copy, all of a thread's copies in flight at once, through L2 (.cg: in the fused indexer
+// other blocks wrote them), and each thread then converts the keys it copied, in place. The loop
+// this replaces (load by __ldcg, convert, store, a key at a time) waited a whole L2 round trip
+// per key: ptxas keeps such strong loads in order with the shared stores between them (run 132,
+// Nsight Compute's SASS table of a 16K-key decode row: every load's result used by the next
+// instruction, 64 round trips a thread in a 35 us call; loads gathered in registers first still
+// came out one or two in flight). A row not 16-byte aligned goes a key at a time as before.
+__device__ void stage_order_keys(const float* sc, uint32_t n, uint32_t* keys) {
+    constexpr uint32_t NT = 256;
+    const uint32_t n4 = (reinterpret_cast<uintptr_t>(sc) & 15) == 0 ? n / 4 : 0;
+    for (uint32_t c = threadIdx.x; c < n4; c += NT) cp_async16(keys + 4 * c, sc + 4 * c);
+    for (uint32_t i = 4 * n4 + threadIdx.x; i < n; i += NT) keys[i] = order_key(__ldcg(sc + i));
+    cp_async_wait_all();   // (a thread's own copies: visible to it now)
+    for (uint32_t c = threadIdx.x; c < n4; c += NT) {
+        uint4* p = reinterpret_cast<uint4*>(keys + 4 * c);
+        const uint4 v = *p;
+        *p = make_uint4(order_key(__uint_as_float(v.x)), order_key(__uint_as_float(v.y)),
+                        order_key(__uint_as_float(v.z)), order_key(__uint_as_float(v.w)));
+    }
+}
+
 // The top-k of a row's n scores (topk_select, topk_plain, the fused indexer's last block), by
 // 256 threads in the dynamic shared memory. n <= stage_max: the order keys staged there first
 // (16 loads a thread in flight, then the passes at shared memory's latency), else every pass
@@ -1837,14 +1865,18 @@ __device__ __forceinline__ uint32_t dynamic_smem_bytes() {
 // staged, 60.8 us (run 127).
 __device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, uint32_t form,
                          bool early_exit) {
-    extern __shared__ uint32_t keys[];
+    extern __shared__ __align__(16) uint32_t keys[];
     auto global_key = [sc](uint32_t i) { return order_key(__ldcg(sc + i)); };
     const bool warp_out = form & kTopkWarp, filter = (form & kTopkFilter) && n >= kTopkFilterMin;
     if (n <= stage_max) {
         const bool after = (round_up4(n) + 2 * kTopkFilterCap) * 4 <= dynamic_smem_bytes();
         if (filter && !after && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
+        if (form & kTopkKeyByKey) {
 #pragma unroll 16
-        for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
+            for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
+        } else {
+            stage_order_keys(sc, n, keys);
+        }
         __syncthreads();
         if (filter && after && topk_filtered([](uint32_t i) { return keys[i]; }, n, k, out, warp_out, keys + round_up4(n)))
             return;
@@ -3048,6 +3080,8 @@ int g_topk_warp_override = -1;
 // (topk_filtered; the same bytes). 4 ratio-4 layers at 64K: 1,018.4 tok/s against 953.0 with
 // every key through the radix passes (runs 128, 129); 0 turns it off, topk_filter_override wins.
 int g_topk_filter_override = -1;
+// DSV4_TOPK_ASYNC (on): topk_row stages its keys by stage_order_keys (cp.async, all of a
+// thread's copies in flight); 0: a key at a time by __ldcg as before (measurements; the same bytes).
 // How topk_row runs for rows of up to n keys: the keys it stages, its forms, its dynamic
 // shared memory (the staged keys, or the sample's candidates and their indices).
 struct TopkLaunch {
@@ -3058,11 +3092,12 @@ TopkLaunch topk_launch(uint64_t n) {
     static const bool stage_on = env_switch("DSV4_TOPK_STAGE", true);
     static const bool warp_on = env_switch("DSV4_TOPK_WARP", false);
     static const bool filter_on = env_switch("DSV4_TOPK_FILTER", true);
+    static const bool async_on = env_switch("DSV4_TOPK_ASYNC", true);
     const bool stage = g_topk_stage_override >= 0 ? g_topk_stage_override != 0 : stage_on;
     const bool warp = g_topk_warp_override >= 0 ? g_topk_warp_override != 0 : warp_on;
     const bool filter = (g_topk_filter_override >= 0 ? g_topk_filter_override != 0 : filter_on) && n >= kTopkFilterMin;
     TopkLaunch l{stage ? uint32_t(std::min<uint64_t>(n, kTopkStageMax)) : 0u,
-                 (warp ? kTopkWarp : 0u) | (filter ? kTopkFilter : 0u), 0};
+                 (warp ? kTopkWarp : 0u) | (filter ? kTopkFilter : 0u) | (async_on ? 0u : kTopkKeyByKey), 0};
     l.smem = (size_t(round_up4(l.stage)) + (filter ? 2 * kTopkFilterCap : 0)) * 4;
     return l;
 }

@@ -847,7 +847,8 @@ std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
 // index order) against a sort, with the keys staged in shared memory and read from global
 // memory in every radix pass, the selection written by per-thread segments and by warps
 // (DSV4_TOPK_WARP), rows of 4,096 keys or more selected from all keys and through a sample
-// (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows, decode rows
+// (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows (with tails
+// past the 16-byte staging copies, one row not 16-byte aligned), decode rows
 // of a long conversation (20,000 keys: past the fused indexer's 16,384), and rows past the
 // staging's 40K keys (70,000). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
@@ -858,7 +859,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         cuda::topk_stage_override(stage);
         cuda::topk_warp_override(warp);
         cuda::topk_filter_override(filter);
-        for (uint32_t n : {600u, 1000u, 5000u, 6000u, 20000u, 70000u}) {
+        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 20000u, 70000u}) {
             for (uint32_t k : {8u, 64u, 512u}) {
                 if (k >= n || (n > 6000 && k != 512)) continue;
                 auto s = random_floats(n, n + k, -1.0f, 1.0f);
@@ -867,9 +868,14 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
                 s[5] = -0.0f;
                 if (n == 1000 || n == 6000)   // one value nearly everywhere (the sample's cut passes too many)
                     std::fill(s.begin() + 100, s.end(), 0.25f);
-                DevVec<float> ds(s);
+                // (5,003: the row one float past a 16-byte boundary, staged a key at a time;
+                // 601 and 5,003: a tail of keys past the 16-byte copies)
+                const uint32_t off = n == 5003 ? 1 : 0;
+                std::vector<float> row(off, 9.0f);
+                row.insert(row.end(), s.begin(), s.end());
+                DevVec<float> ds(row);
                 DevVec<uint32_t> sel(k);
-                cuda::topk_plain(ds.get(), n, k, sel.get(), nullptr);
+                cuda::topk_plain(ds.get() + off, n, k, sel.get(), nullptr);
                 ASSERT_EQ(sel.download(), topk_reference(s.data(), n, k))
                     << "n " << n << " k " << k << " stage " << stage << " warp " << warp << " filter " << filter;
             }
