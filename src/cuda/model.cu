@@ -1785,52 +1785,6 @@ __device__ void topk_staged(const uint32_t* keys, uint32_t n, uint32_t k, uint32
     topk_radix<1>([keys](uint32_t i) { return keys[i]; }, TopkSameIndex{}, n, k, out, early_exit, warp_out);
 }
 
-// A long row's top-k through a sample (DSV4_TOPK_FILTER): the k_s-th largest of 1,024 evenly
-// spaced keys (k_s: the k-th largest's expected rank in the sample plus 4 standard deviations
-// and 8) is a cut t that, at the usual spread of scores, about 2k keys pass; one walk counts
-// them, a second copies them with their indices in index order to cand (cap keys and indices),
-// and the radix select runs on those only. Exact whenever at least k keys pass: every key >=
-// the k-th largest then passes, the ties at it included, and candidates keep index order, so
-// the selection and its order are the full select's. Returns false (nothing written) when
-// fewer than k or more than cap pass (heavy ties at the cut): the caller then selects from
-// all n keys. Each key is read twice (once a walk) and never through an atomic.
-constexpr uint32_t kTopkSample = 1024, kTopkFilterMin = 4096, kTopkFilterCap = 4096;
-__host__ __device__ constexpr uint32_t round_up4(uint32_t n) { return (n + 3) & ~3u; }   // (16-byte aligned)
-// the forms' bits (topk_row, indexer_fused_kernel); kTopkKeyByKey: the staging before
-// stage_order_keys (DSV4_TOPK_ASYNC=0, measurements)
-constexpr uint32_t kTopkWarp = 1, kTopkFilter = 2, kTopkKeyByKey = 4;
-static_assert(2 * kTopkFilterCap <= kFusedBase, "the fused indexer's candidates fit its base shared memory");
-static_assert(kTopkSample <= kTopkFilterCap, "the sample lies in the candidates' space");
-template <class KeyAt>
-__device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool warp_out, uint32_t* cand) {
-    uint32_t* samp = cand;   // (the candidates are written after the sample's last use)
-    __syncthreads();         // (cand may be the space of keys read just before)
-    for (uint32_t j = threadIdx.x; j < kTopkSample; j += 256) samp[j] = key_at(uint32_t(uint64_t(j) * n / kTopkSample));
-    __syncthreads();
-    const uint32_t mf = uint32_t((uint64_t(k) * kTopkSample + n - 1) / n);
-    const uint32_t ks = min(kTopkSample, mf + 4 * uint32_t(sqrtf(float(mf)) + 1.0f) + 8);
-    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true);
-    auto pass = [&](uint32_t i, bool v) { return v && (key_at(i) & t.mask) >= t.T ? 1u : 0u; };
-    uint32_t c = 0;
-    block_walk2(n, pass, nullptr, &c);
-    if (c < k || c > kTopkFilterCap) return false;   // (c: the same in every thread)
-    uint32_t* cand_idx = cand + kTopkFilterCap;
-    block_walk2(n, pass, [&](uint32_t i, uint32_t before, uint32_t, uint32_t) {
-        cand[before] = key_at(i);
-        cand_idx[before] = i;
-    });
-    __syncthreads();
-    topk_radix<1>([cand](uint32_t j) { return cand[j]; }, [cand_idx](uint32_t j) { return cand_idx[j]; }, c, k, out,
-                  true, warp_out);
-    return true;
-}
-
-__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
-    uint32_t b;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(b));
-    return b;
-}
-
 // The order keys of sc[0, n) into keys (16-byte aligned). The scores come by cp.async, 16 bytes
 // a copy, all of a thread's copies in flight at once, through L2 (.cg: in the fused indexer
 // other blocks wrote them), and each thread then converts the keys it copied, in place. The loop
@@ -1853,24 +1807,87 @@ __device__ void stage_order_keys(const float* sc, uint32_t n, uint32_t* keys) {
     }
 }
 
+// A long row's top-k through a sample (DSV4_TOPK_FILTER): the k_s-th largest of 1,024 evenly
+// spaced keys (k_s: the k-th largest's expected rank in the sample plus 4 standard deviations
+// and 8) is a cut t that, at the usual spread of scores, about 2k keys pass; a walk by warps
+// (filter_walk) copies them with their indices in index order to cand (the first cap keys and
+// indices; the walk counts before it writes), and the radix select runs on those only. Exact
+// whenever at least k keys pass: every key >= the k-th largest then passes, the ties at it
+// included, and candidates keep index order, so the selection and its order are the full
+// select's. Returns false (nothing written to out) when fewer than k or more than cap pass
+// (heavy ties at the cut): the caller then selects from all n keys. No key goes through an
+// atomic. walk(t) walks every key and returns how many passed (the same in every thread).
+constexpr uint32_t kTopkSample = 1024, kTopkFilterMin = 4096, kTopkFilterCap = 4096;
+__host__ __device__ constexpr uint32_t round_up4(uint32_t n) { return (n + 3) & ~3u; }   // (16-byte aligned)
+// the forms' bits (topk_row, indexer_fused_kernel); kTopkKeyByKey: the staging before
+// stage_order_keys (DSV4_TOPK_ASYNC=0, measurements)
+constexpr uint32_t kTopkWarp = 1, kTopkFilter = 2, kTopkKeyByKey = 4;
+static_assert(2 * kTopkFilterCap <= kFusedBase, "the fused indexer's candidates fit its base shared memory");
+static_assert(kTopkSample <= kTopkFilterCap, "the sample lies in the candidates' space");
+template <class KeyAt, class Walk>
+__device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* out, bool warp_out, uint32_t* cand,
+                              Walk walk) {
+    uint32_t* samp = cand;   // (the candidates are written after the sample's last use)
+    __syncthreads();         // (cand may be the space of keys read just before)
+    for (uint32_t j = threadIdx.x; j < kTopkSample; j += 256) samp[j] = key_at(uint32_t(uint64_t(j) * n / kTopkSample));
+    __syncthreads();
+    const uint32_t mf = uint32_t((uint64_t(k) * kTopkSample + n - 1) / n);
+    const uint32_t ks = min(kTopkSample, mf + 4 * uint32_t(sqrtf(float(mf)) + 1.0f) + 8);
+    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true);
+    const uint32_t c = walk(t);
+    if (c < k || c > kTopkFilterCap) return false;
+    const uint32_t* cand_idx = cand + kTopkFilterCap;
+    __syncthreads();
+    topk_radix<1>([cand](uint32_t j) { return cand[j]; }, [cand_idx](uint32_t j) { return cand_idx[j]; }, c, k, out,
+                  true, warp_out);
+    return true;
+}
+// The filter's walk over m keys that key_at yields, the row's keys i0 .. i0 + m - 1: those
+// that pass the cut go to cand[base + (how many passed before them)] (and their row indices to
+// cand + kTopkFilterCap), as long as that is below kTopkFilterCap. Returns how many passed.
+template <class KeyAt>
+__device__ uint32_t filter_walk(KeyAt key_at, uint32_t m, uint32_t i0, TopkCut t, uint32_t* cand, uint32_t base) {
+    uint32_t* cand_idx = cand + kTopkFilterCap;
+    uint32_t c = 0;
+    block_walk2(
+        m, [&](uint32_t i, bool v) { return v && (key_at(i) & t.mask) >= t.T ? 1u : 0u; },
+        [&](uint32_t i, uint32_t before, uint32_t, uint32_t) {
+            if (base + before < kTopkFilterCap) cand[base + before] = key_at(i), cand_idx[base + before] = i0 + i;
+        },
+        &c);
+    return c;
+}
+
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+    uint32_t b;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(b));
+    return b;
+}
+
 // The top-k of a row's n scores (topk_select, topk_plain, the fused indexer's last block), by
 // 256 threads in the dynamic shared memory. n <= stage_max: the order keys staged there first
-// (16 loads a thread in flight, then the passes at shared memory's latency), else every pass
-// reads them from global memory (L2). With kTopkFilter (rows of kTopkFilterMin keys or more,
-// falling back when the sample's cut fails) the filter walks the staged keys, its candidates
-// after them, where those fit the dynamic shared memory, else the scores in L2 (its candidates
-// at the start, before any staging). topk_block before these (a plain shared atomic a key, so
-// a warp's keys of one binade serialised; one key a thread between atomics; a block scan per
-// 256 keys in the output pass) took of the order of 100 us for a decode row of 16K keys;
-// staged, 60.8 us (run 127).
+// (stage_order_keys), then the passes at shared memory's latency; else every radix pass reads
+// them from L2 (4 loads a thread in flight). With kTopkFilter (rows of kTopkFilterMin keys or
+// more, falling back to those when the sample's cut fails) the filter walks the staged keys,
+// its candidates after them, where those fit the dynamic shared memory, else the scores in L2
+// (its candidates at the start, before any staging); rows longer than the staging walk their
+// chunks of stage_max keys staged in turn. topk_block before these (a plain shared atomic a
+// key, so a warp's keys of one binade serialised; one key a thread between atomics; a block scan
+// per 256 keys in the output pass) took of the order of 100 us for a decode row of 16K keys;
+// staged, 60.8 us (run 127); filtered, 36.6 (run 131).
 __device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out, uint32_t stage_max, uint32_t form,
                          bool early_exit) {
     extern __shared__ __align__(16) uint32_t keys[];
     auto global_key = [sc](uint32_t i) { return order_key(__ldcg(sc + i)); };
+    auto staged_key = [](uint32_t i) { return keys[i]; };
     const bool warp_out = form & kTopkWarp, filter = (form & kTopkFilter) && n >= kTopkFilterMin;
+    // the filter's walk over the whole row in one go, keys from key_at, candidates to cand
+    auto whole = [n](auto key_at, uint32_t* cand) {
+        return [=](TopkCut t) { return filter_walk(key_at, n, 0, t, cand, 0); };
+    };
     if (n <= stage_max) {
         const bool after = (round_up4(n) + 2 * kTopkFilterCap) * 4 <= dynamic_smem_bytes();
-        if (filter && !after && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
+        if (filter && !after && topk_filtered(global_key, n, k, out, warp_out, keys, whole(global_key, keys))) return;
         if (form & kTopkKeyByKey) {
 #pragma unroll 16
             for (uint32_t i = threadIdx.x; i < n; i += 256) keys[i] = order_key(__ldcg(sc + i));
@@ -1878,13 +1895,31 @@ __device__ void topk_row(const float* sc, uint32_t n, uint32_t k, uint32_t* out,
             stage_order_keys(sc, n, keys);
         }
         __syncthreads();
-        if (filter && after && topk_filtered([](uint32_t i) { return keys[i]; }, n, k, out, warp_out, keys + round_up4(n)))
-            return;
+        uint32_t* cand = keys + round_up4(n);
+        if (filter && after && topk_filtered(staged_key, n, k, out, warp_out, cand, whole(staged_key, cand))) return;
         topk_staged(keys, n, k, out, early_exit, warp_out);
-    } else {
-        if (filter && topk_filtered(global_key, n, k, out, warp_out, keys)) return;
-        topk_radix<4>(global_key, TopkSameIndex{}, n, k, out, early_exit, warp_out);
+        return;
     }
+    if (filter && stage_max) {
+        // a row longer than the staging: its chunks of stage_max keys staged in turn, each
+        // walked there (every key read from L2 once, 16 bytes a copy), the candidates after them
+        uint32_t* cand = keys + round_up4(stage_max);
+        auto chunks = [&](TopkCut t) {
+            uint32_t c = 0;
+            for (uint32_t c0 = 0; c0 < n && c <= kTopkFilterCap; c0 += stage_max) {
+                const uint32_t m = min(stage_max, n - c0);
+                __syncthreads();   // the last chunk's walk is done with its keys
+                stage_order_keys(sc + c0, m, keys);
+                __syncthreads();
+                c += filter_walk(staged_key, m, c0, t, cand, c);
+            }
+            return c;
+        };
+        if (topk_filtered(global_key, n, k, out, warp_out, cand, chunks)) return;
+    } else if (filter && topk_filtered(global_key, n, k, out, warp_out, keys, whole(global_key, keys))) {
+        return;
+    }
+    topk_radix<4>(global_key, TopkSameIndex{}, n, k, out, early_exit, warp_out);
 }
 
 __global__ void __launch_bounds__(256) topk_select_kernel(const float* score, uint64_t ld, const DevRow* rows,

@@ -850,7 +850,7 @@ std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
 // (DSV4_TOPK_FILTER; a row whose cut passes too many keys falls back): short rows (with tails
 // past the 16-byte staging copies, one row not 16-byte aligned), decode rows
 // of a long conversation (20,000 keys: past the fused indexer's 16,384), and rows past the
-// staging's 40K keys (70,000). Values
+// staging's 40K keys (70,000; 90,001, filtered in chunks of staged keys). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
 // no digit early).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
@@ -859,11 +859,13 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         cuda::topk_stage_override(stage);
         cuda::topk_warp_override(warp);
         cuda::topk_filter_override(filter);
-        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 20000u, 70000u}) {
+        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 20000u, 70000u, 90001u}) {
             for (uint32_t k : {8u, 64u, 512u}) {
                 if (k >= n || (n > 6000 && k != 512)) continue;
                 auto s = random_floats(n, n + k, -1.0f, 1.0f);
-                const float q = n == 20000 ? 4096.0f : 8.0f;   // eighths: many ties; 20,000: few
+                // eighths: many ties (the filter's cut passes too many at 70,000); 20,000 and
+                // 90,001: few (90,001: the filter walks 3 chunks of staged keys)
+                const float q = n == 20000 || n == 90001 ? 4096.0f : 8.0f;
                 for (auto& v : s) v = std::round(v * q) / q;
                 s[5] = -0.0f;
                 if (n == 1000 || n == 6000)   // one value nearly everywhere (the sample's cut passes too many)
