@@ -2,15 +2,17 @@
 # One device call for the long conversation's decode (NOTES, twenty-sixth round): the top-k,
 # indexer and whole-model tests, then decode on a 4-layer model whose layers are all ratio 4,
 # holding a 64K, a 16K and a 4K conversation, with topk_row's keys staged by cp.async (the
-# default since the twenty-sixth round) and a key at a time (DSV4_TOPK_ASYNC=0), then Nsight
-# Compute's sections of topk_select at 64K. Prints ab43.sh's table (prefill / decode tok/s,
+# default since the twenty-sixth round) and a key at a time (DSV4_TOPK_ASYNC=0), and a 256K one
+# (65,536 keys a row: past the staging, the filter over staged chunks) against the filter
+# walking L2 key by key (DSV4_TOPK_STAGE=0), then Nsight Compute's sections of topk_select at 64K. Prints ab43.sh's table (prefill / decode tok/s,
 # layers ms a token).
 #   run(command="bench/gpu/long-decode.sh", carry=[".deps"])
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R='DSV4_BENCH_RATIO=4'
 C16="$R DSV4_BENCH_CONTEXT=16384" C64="$R DSV4_BENCH_CONTEXT=65536" OLD='DSV4_TOPK_ASYNC=0'
-SETTINGS="$C64;$C64 $OLD;$C16;$C16 $OLD;$R;$R $OLD;$C64;$C64 $OLD"
+C256="$R DSV4_BENCH_CONTEXT=262144"
+SETTINGS="$C64;$C64 $OLD;$C16;$C16 $OLD;$R;$R $OLD;$C256;$C256 DSV4_TOPK_STAGE=0;$C64;$C64 $OLD"
 touch src/cuda/*.cu src/cuda/*.cpp tests/cuda/*.cpp
 GTEST_FILTER=${GTEST_FILTER:-'*TopK*:*Indexer*:*CudaConsistency*:*CudaVsCpu*:*CudaGreedy*'} \
 TEST_ENV=${TEST_ENV:-"$OLD"} DSV4_AB_LAYERS=${DSV4_AB_LAYERS:-4} \

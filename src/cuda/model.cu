@@ -1637,8 +1637,10 @@ struct TopkCut {
 __shared__ uint32_t topk_hist_s[2][256], topk_prefix_s, topk_remaining_s, topk_all_s;
 __shared__ uint32_t walk_c0_s[8], walk_c1_s[8];
 
+// last_shift > 0: the passes stop after the digit at that shift (a cut on the key's top bits:
+// at least k keys lie at or above prefix there).
 template <uint32_t U, class KeyAt>
-__device__ TopkCut topk_threshold(KeyAt key_at, uint32_t n, uint32_t k, bool early_exit) {
+__device__ TopkCut topk_threshold(KeyAt key_at, uint32_t n, uint32_t k, bool early_exit, int last_shift = 0) {
     constexpr uint32_t NT = 256;
     auto& hist = topk_hist_s;
     uint32_t &s_prefix = topk_prefix_s, &s_remaining = topk_remaining_s, &s_all = topk_all_s;
@@ -1650,7 +1652,7 @@ __device__ TopkCut topk_threshold(KeyAt key_at, uint32_t n, uint32_t k, bool ear
     __syncthreads();
     uint32_t prefix = 0, mask = 0;
     int b = 0;
-    for (int shift = 24; shift >= 0 && !s_all; shift -= 8, b ^= 1) {
+    for (int shift = 24; shift >= last_shift && !s_all; shift -= 8, b ^= 1) {
         // (the loop test on the warp's first key: every lane makes the same trips, as
         // __match_any_sync needs)
         for (uint32_t i0 = tid; i0 - lane < n; i0 += U * NT) {
@@ -1833,7 +1835,9 @@ __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* ou
     __syncthreads();
     const uint32_t mf = uint32_t((uint64_t(k) * kTopkSample + n - 1) / n);
     const uint32_t ks = min(kTopkSample, mf + 4 * uint32_t(sqrtf(float(mf)) + 1.0f) + 8);
-    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true);
+    // (the cut on the keys' top 16 bits: two radix passes over the sample, not four; a few
+    // more keys pass, the bin's width at most 1/128 of the cut's value)
+    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true, 16);
     const uint32_t c = walk(t);
     if (c < k || c > kTopkFilterCap) return false;
     const uint32_t* cand_idx = cand + kTopkFilterCap;
