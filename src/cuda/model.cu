@@ -1835,9 +1835,10 @@ __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* ou
     __syncthreads();
     const uint32_t mf = uint32_t((uint64_t(k) * kTopkSample + n - 1) / n);
     const uint32_t ks = min(kTopkSample, mf + 4 * uint32_t(sqrtf(float(mf)) + 1.0f) + 8);
-    // (the cut on the keys' top 16 bits: two radix passes over the sample, not four; a few
-    // more keys pass, the bin's width at most 1/128 of the cut's value)
-    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true, 16);
+    // (the cut on the keys' top 24 bits: three radix passes over the sample, not four; its bin
+    // at most 2^-15 of the cut's value wide, so scores bunched around a large value still pass
+    // few more keys; a 16-bit cut's bin, 1/128 of the value, could pass thousands there)
+    const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true, 8);
     const uint32_t c = walk(t);
     if (c < k || c > kTopkFilterCap) return false;
     const uint32_t* cand_idx = cand + kTopkFilterCap;
