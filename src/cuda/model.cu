@@ -1840,9 +1840,11 @@ __device__ bool topk_filtered(KeyAt key_at, uint32_t n, uint32_t k, uint32_t* ou
     // few more keys; a 16-bit cut's bin, 1/128 of the value, could pass thousands there)
     const TopkCut t = topk_threshold<1>([samp](uint32_t j) { return samp[j]; }, kTopkSample, ks, true, 8);
     const uint32_t c = walk(t);
+    // (every thread's candidate writes done: they are read below, or, when the filter fails,
+    // the caller's next use of this space (staging) must not race a slow thread's last write)
+    __syncthreads();
     if (c < k || c > kTopkFilterCap) return false;
     const uint32_t* cand_idx = cand + kTopkFilterCap;
-    __syncthreads();
     topk_radix<1>([cand](uint32_t j) { return cand[j]; }, [cand_idx](uint32_t j) { return cand_idx[j]; }, c, k, out,
                   true, warp_out);
     return true;
