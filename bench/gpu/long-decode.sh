@@ -4,7 +4,8 @@
 # holding a 64K, a 16K and a 4K conversation, with topk_row's keys staged by cp.async (the
 # default since the twenty-sixth round) and a key at a time (DSV4_TOPK_ASYNC=0), and a 256K one
 # (65,536 keys a row: past the staging, the filter over staged chunks) against the filter
-# walking L2 key by key (DSV4_TOPK_STAGE=0), then Nsight Compute's sections of topk_select at 64K. Prints ab43.sh's table (prefill / decode tok/s,
+# walking L2 key by key (DSV4_TOPK_STAGE=0), then Nsight Compute's sections of topk_select and
+# indexer_scores_tiled at 64K. Prints ab43.sh's table (prefill / decode tok/s,
 # layers ms a token).
 #   run(command="bench/gpu/long-decode.sh", carry=[".deps"])
 set -uo pipefail
@@ -18,6 +19,7 @@ GTEST_FILTER=${GTEST_FILTER:-'*TopK*:*Indexer*:*CudaConsistency*:*CudaVsCpu*:*Cu
 TEST_ENV=${TEST_ENV:-"$OLD"} DSV4_AB_LAYERS=${DSV4_AB_LAYERS:-4} \
   bench/gpu/ab43.sh "${1:-$SETTINGS}"
 [[ -n "${NO_NCU:-}" ]] && exit 0
-NCU_DETAIL=topk_select NCU_COUNT=2 NCU_CACHE=none DSV4_BENCH_CONTEXT=65536 DSV4_BENCH_LAYERS=4 \
-  DSV4_BENCH_RATIO=4 OUT=${OUT:-build-gpu/logs}/ncu scripts/gpu.sh --ncu 2>&1 |
-  grep -E "Duration|Elapsed Cycles|Registers Per|Warp Cycles Per Issued|Issued Warp" | head -12
+# (the first scores call and the first top-k call of a decode step; the whole report in ncu/)
+NCU_DETAIL='topk_select|indexer_scores_tiled' NCU_COUNT=2 NCU_CACHE=none DSV4_BENCH_CONTEXT=65536 \
+  DSV4_BENCH_LAYERS=4 DSV4_BENCH_RATIO=4 OUT=${OUT:-build-gpu/logs}/ncu scripts/gpu.sh --ncu 2>&1 |
+  grep -E "_kernel|Duration|Elapsed Cycles|Registers Per|Warp Cycles Per Issued|Issued Warp|Achieved Occ" | head -20
