@@ -4,7 +4,8 @@
 # holding a 64K, a 16K and a 4K conversation, with topk_row's keys staged by cp.async (the
 # default since the twenty-sixth round) and a key at a time (DSV4_TOPK_ASYNC=0), and a 256K one
 # (65,536 keys a row: past the staging, the filter over staged chunks) against the filter
-# walking L2 key by key (DSV4_TOPK_STAGE=0), then Nsight Compute's sections of topk_select and
+# walking L2 key by key (DSV4_TOPK_STAGE=0), the scores kernel's 32-key blocks (DSV4_IDX_TILED=2)
+# at 64K and 16K, then Nsight Compute's sections of topk_select and
 # indexer_scores_tiled at 64K. Prints ab43.sh's table (prefill / decode tok/s,
 # layers ms a token).
 #   run(command="bench/gpu/long-decode.sh", carry=[".deps"])
@@ -14,6 +15,7 @@ R='DSV4_BENCH_RATIO=4'
 C16="$R DSV4_BENCH_CONTEXT=16384" C64="$R DSV4_BENCH_CONTEXT=65536" OLD='DSV4_TOPK_ASYNC=0'
 C256="$R DSV4_BENCH_CONTEXT=262144"
 SETTINGS="$C64;$C64 $OLD;$C16;$C16 $OLD;$R;$R $OLD;$C256;$C256 DSV4_TOPK_STAGE=0;$C64;$C64 $OLD"
+SETTINGS+=";$C64 DSV4_IDX_TILED=2;$C16 DSV4_IDX_TILED=2"   # the scores' 32-key blocks
 touch src/cuda/*.cu src/cuda/*.cpp tests/cuda/*.cpp
 GTEST_FILTER=${GTEST_FILTER:-'*TopK*:*Indexer*:*CudaConsistency*:*CudaVsCpu*:*CudaGreedy*'} \
 TEST_ENV=${TEST_ENV:-"$OLD"} DSV4_AB_LAYERS=${DSV4_AB_LAYERS:-4} \

@@ -431,8 +431,9 @@ void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, 
 // score[r][c] = Σ_h max(0, qi[r][h]·Kidx[c]) · wi[r][h] for c < n_vis(r) = (pos+1)/4, for rows
 // with n_vis > top_k (others untouched). ld: floats per score row.
 // indexer_scores takes the tiled kernel for 64 heads of 128 (DSV4_IDX_TILED=0: the general
-// one for every shape; the same bits): tests force 1 / 0, or -1 for the variable's.
-void indexer_tiled_override(int on);
+// one for every shape; 2: the tiled kernel's 32-key blocks; the same bits): tests force 1 / 2 /
+// 0, or -1 for the variable's.
+void indexer_tiled_override(int form);
 void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                     const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                     float* score, uint64_t ld, cudaStream_t s);

@@ -1301,15 +1301,20 @@ __global__ void indexer_scores_kernel(const float* qi, const float* wi, uint32_t
 // loop took 2 loads an FMA). Each dot is the same fmaf chain in dimension order from 0, and
 // the lane then adds heads l and l + 32 in that order before the warp sum: the same
 // operations as indexer_scores_kernel and indexer_fused_kernel, so the same bits.
+// KT / NTH (DSV4_IDX_TILED=2, measurements): 32 keys and 4 warps a block, the same 8 keys a warp:
+// half the shared memory a block (50 KB: 4 blocks an SM, not 3), so an SM holds blocks in
+// different phases (staging, arithmetic) where the 64-key blocks (2 an SM at 16K keys) stage
+// and compute in step; the queries are staged twice as often (32 KB a block from L2).
 constexpr uint32_t kScoreTileWide = 64;
 
-template <uint32_t NH, uint32_t DI, uint32_t P>
-__global__ void __launch_bounds__(256) indexer_scores_tiled_kernel(const float* qi, const float* wi,
+template <uint32_t NH, uint32_t DI, uint32_t P, uint32_t KT = kScoreTileWide, uint32_t NTH = 256>
+__global__ void __launch_bounds__(NTH) indexer_scores_tiled_kernel(const float* qi, const float* wi,
                                                                    const DevRow* rows, const DevLayerKV* lkv,
                                                                    uint32_t n_layer, uint32_t il, uint32_t top_k,
                                                                    float* score, uint64_t ld) {
     static_assert(NH == 64 && DI % 4 == 0 && P % 4 == 0, "two heads a lane, float4 rows");
-    constexpr uint32_t D4 = DI / 4, KT = kScoreTileWide, KW = KT / 8;   // keys a warp
+    constexpr uint32_t D4 = DI / 4, KW = KT / (NTH / 32);   // keys a warp
+    static_assert(KW * (NTH / 32) == KT && KW >= 1, "whole warps of keys");
     pdl_begin();
     extern __shared__ __align__(16) float sm[];
     const uint32_t r = blockIdx.y;
@@ -1323,8 +1328,8 @@ __global__ void __launch_bounds__(256) indexer_scores_tiled_kernel(const float* 
     const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
     const uint32_t nt = uint32_t(n_vis - c0 < KT ? n_vis - c0 : KT);
     const float4* q4 = reinterpret_cast<const float4*>(qi + uint64_t(r) * NH * DI);
-    for (uint32_t i = tid; i < NH * D4; i += 256) *reinterpret_cast<float4*>(q_s + (i / D4) * P + (i % D4) * 4) = q4[i];
-    for (uint32_t i = tid; i < nt * D4; i += 256) {
+    for (uint32_t i = tid; i < NH * D4; i += NTH) *reinterpret_cast<float4*>(q_s + (i / D4) * P + (i % D4) * 4) = q4[i];
+    for (uint32_t i = tid; i < nt * D4; i += NTH) {
         const float4 v = reinterpret_cast<const float4*>(L.index + (c0 + i / D4) * L.index_stride)[i % D4];
         *reinterpret_cast<float4*>(k_s + (i / D4) * P + (i % D4) * 4) = v;
     }
@@ -3023,16 +3028,33 @@ void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, 
 }
 
 namespace {
-// DSV4_IDX_TILED=0 keeps indexer_scores_kernel (16 rows a block, scalar loop) for the
-// model's shape too; indexer_tiled_override (tests) wins.
+// DSV4_IDX_TILED: 1 (default) the tiled kernel of 64 keys a block for the model's shape, 2 its
+// 32-key blocks of 4 warps, 0 indexer_scores_kernel (16 rows a block, scalar loop) for every
+// shape; the same bits. indexer_tiled_override (tests) wins.
 int g_idx_tiled_override = -1;
-bool indexer_tiled_on() {
-    static const bool on = env_switch("DSV4_IDX_TILED", true);
-    return g_idx_tiled_override >= 0 ? g_idx_tiled_override != 0 : on;
+int indexer_tiled_form() {
+    static const int env = env_int("DSV4_IDX_TILED", 1);
+    return g_idx_tiled_override >= 0 ? g_idx_tiled_override : env;
+}
+template <uint32_t KT, uint32_t NTH>
+void launch_scores_tiled(const float* qi, const float* wi, uint32_t R, const DevRow* rows, const DevLayerKV* lkv,
+                         uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis, float* score, uint64_t ld,
+                         cudaStream_t s) {
+    constexpr auto kernel = indexer_scores_tiled_kernel<kFusedNH, kFusedDI, kFusedP, KT, NTH>;
+    constexpr size_t smem = size_t(kFusedNH + KT) * kFusedP * sizeof(float);
+    static const bool raised = [] {
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+              "indexer_scores shared memory");
+        return true;
+    }();
+    (void)raised;
+    const dim3 grid(uint32_t((max_vis + KT - 1) / KT), R);
+    kernel<<<grid, NTH, smem, s>>>(qi, wi, rows, lkv, n_layer, il, top_k, score, ld);
+    check_launch("indexer_scores");
 }
 }  // namespace
 
-void indexer_tiled_override(int on) { g_idx_tiled_override = on; }
+void indexer_tiled_override(int form) { g_idx_tiled_override = form; }
 
 void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                     const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
@@ -3046,19 +3068,12 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
               "indexer_scores shared memory");
         raised = smem;
     }
-    if (indexer_tiled_on() && NH == kFusedNH && DI == kFusedDI) {
-        constexpr size_t tsmem = size_t(kFusedNH + kScoreTileWide) * kFusedP * sizeof(float);
-        static const bool traised = [] {
-            check(cudaFuncSetAttribute(indexer_scores_tiled_kernel<kFusedNH, kFusedDI, kFusedP>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(tsmem)),
-                  "indexer_scores shared memory");
-            return true;
-        }();
-        (void)traised;
-        const dim3 grid(uint32_t((max_vis + kScoreTileWide - 1) / kScoreTileWide), R);
-        indexer_scores_tiled_kernel<kFusedNH, kFusedDI, kFusedP>
-            <<<grid, 256, tsmem, s>>>(qi, wi, rows, lkv, n_layer, il, top_k, score, ld);
-        check_launch("indexer_scores");
+    const int form = indexer_tiled_form();
+    if (form && NH == kFusedNH && DI == kFusedDI) {
+        if (form == 2)
+            launch_scores_tiled<32, 128>(qi, wi, R, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
+        else
+            launch_scores_tiled<kScoreTileWide, 256>(qi, wi, R, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
         return;
     }
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);

@@ -979,13 +979,16 @@ TEST_F(CudaKernels, IndexerFusedEqualsThreeKernels) {
             cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, ld,
                                  s_old.get(), ld, nullptr);
             const auto so_general = s_old.download();
-            cuda::indexer_tiled_override(1);
-            DevVec<float> s_tiled(score_init);
-            cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k, ld,
-                                 s_tiled.get(), ld, nullptr);
+            for (int form : {1, 2}) {   // (2: 32-key blocks of 4 warps, DSV4_IDX_TILED=2)
+                cuda::indexer_tiled_override(form);
+                DevVec<float> s_tiled(score_init);
+                cuda::indexer_scores(q_old.get(), w_old.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k,
+                                     ld, s_tiled.get(), ld, nullptr);
+                ASSERT_EQ(0,
+                          std::memcmp(so_general.data(), s_tiled.download().data(), so_general.size() * sizeof(float)))
+                    << "tiled scores, form " << form << ", case " << ci << " official " << official;
+            }
             cuda::indexer_tiled_override(-1);
-            ASSERT_EQ(0, std::memcmp(so_general.data(), s_tiled.download().data(), so_general.size() * sizeof(float)))
-                << "tiled scores, case " << ci << " official " << official;
             cuda::topk_select(s_old.get(), ld, R, drows.get(), 4, top_k, sel_old.get(), nullptr);
             const auto so = s_old.download();
             const auto lo = sel_old.download();
