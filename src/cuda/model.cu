@@ -1950,6 +1950,140 @@ __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uin
     topk_row(score, n, k, sel, stage_max, form, true);
 }
 
+// ---- the top-k of rows up to 16K keys with 1,024 threads, the keys in registers -------------
+// (DSV4_TOPK_REG; after the designs of the DeepSeek V3.2 / V4 indexer top-k kernels in SGLang and
+// vLLM: a thousand threads a row, the row read from global memory once, a wide first digit.)
+// Thread t holds keys [t·E, t·E + E) of the row (E = n / 1,024 rounded up to 4, at most 16) in
+// registers; three radix passes on digits of 12, 10 and 10 bits (bits 31-20, 19-10, 9-0: the
+// 32-bit select in three passes where topk_threshold takes four, and fewer keys a bin in the
+// first) with one shared atomic a key that matches the prefix so far, a block scan over the
+// bins (4 a thread in the first pass) to find the digit where the count of larger keys reaches
+// what remains, and the same early exit; then topk_write_by_threads' slots (every key above
+// the cut, then the lowest-index keys equal to it, in index order) from the registers, each
+// thread's segment contiguous: the same bytes as topk_row.
+constexpr uint32_t kRegThreads = 1024, kRegPer = 16, kRegMax = kRegThreads * kRegPer;
+
+// Exclusive prefix sum over a block of NT threads (NT / 32 <= 32 warps); total in *total.
+template <uint32_t NT>
+__device__ uint32_t block_excl_scan_n(uint32_t v, uint32_t* total) {
+    static_assert(NT % 32 == 0 && NT / 32 <= 32, "warps");
+    __shared__ uint32_t warp_tot[NT / 32];
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    uint32_t incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= uint32_t(o)) incl += t;
+    }
+    __syncthreads();   // (the last call's reads of warp_tot are done)
+    if (lane == 31) warp_tot[w] = incl;
+    __syncthreads();
+    // every warp scans the warp totals itself (lane i holds warp i's)
+    const uint32_t wt = lane < NT / 32 ? warp_tot[lane] : 0u;
+    uint32_t wincl = wt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, wincl, o);
+        if (lane >= uint32_t(o)) wincl += t;
+    }
+    const uint32_t before_w = __shfl_sync(0xffffffffu, wincl - wt, w);
+    *total = __shfl_sync(0xffffffffu, wincl, 31);
+    return before_w + incl - v;
+}
+
+__global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* score, uint64_t ld, const DevRow* rows,
+                                                               uint32_t ratio, uint32_t n_plain, uint32_t k,
+                                                               uint32_t* sel) {
+    pdl_begin();
+    constexpr uint32_t NT = kRegThreads, E = kRegPer;
+    __shared__ uint32_t hist[4096];
+    __shared__ uint32_t s_prefix, s_remaining, s_all;
+    const uint32_t r = blockIdx.x, tid = threadIdx.x;
+    const uint32_t n = rows ? uint32_t(uint64_t(rows[r].pos + 1) / ratio) : n_plain;
+    if (n <= k) return;   // (rows: nothing to select; the same for every thread)
+    const float* sc = score + uint64_t(r) * ld;
+    uint32_t* out = sel + uint64_t(r) * k;
+    const uint32_t e = round_up4((n + NT - 1) / NT);   // keys a thread (<= E: the launcher checks n)
+    const uint32_t lo = min(n, tid * e), cnt = min(n - lo, e);
+    uint32_t u[E];
+    const bool vec = (reinterpret_cast<uintptr_t>(sc) & 15) == 0;
+#pragma unroll
+    for (uint32_t j = 0; j < E; j += 4) {
+        if (vec && j + 4 <= cnt) {
+            const float4 v = *reinterpret_cast<const float4*>(sc + lo + j);
+            u[j] = order_key(v.x), u[j + 1] = order_key(v.y), u[j + 2] = order_key(v.z), u[j + 3] = order_key(v.w);
+        } else {
+#pragma unroll
+            for (uint32_t i = j; i < j + 4; ++i) u[i] = i < cnt ? order_key(sc[lo + i]) : 0u;
+        }
+    }
+    if (tid == 0) s_remaining = k, s_all = 0;
+    uint32_t prefix = 0, mask = 0;
+    // the passes: (shift, bits) = (20, 12), (10, 10), (0, 10)
+#pragma unroll 1
+    for (int pass = 0; pass < 3; ++pass) {
+        const int shift = pass == 0 ? 20 : pass == 1 ? 10 : 0;
+        const uint32_t nb = pass == 0 ? 4096u : 1024u, dm = nb - 1;
+        for (uint32_t b = tid; b < nb; b += NT) hist[b] = 0;
+        __syncthreads();   // (also: s_all, s_prefix of the last pass read by every thread)
+        if (s_all) break;
+#pragma unroll
+        for (uint32_t j = 0; j < E; ++j)
+            if (j < cnt && (u[j] & mask) == prefix) atomicAdd(&hist[(u[j] >> shift) & dm], 1u);
+        __syncthreads();
+        // thread t's bins: 4t .. 4t + 3 (first pass) or t; the digit where the count of keys
+        // above it (within the prefix) is below what remains and with it reaches it
+        const uint32_t per = nb / NT;   // 4 or 1
+        uint32_t h[4] = {0, 0, 0, 0}, mine = 0;
+#pragma unroll
+        for (uint32_t i = 0; i < 4; ++i)
+            if (i < per) mine += h[i] = hist[per * tid + i];
+        uint32_t total;
+        const uint32_t below = block_excl_scan_n<NT>(mine, &total);   // bins under thread t's
+        const uint32_t rem = s_remaining;
+        uint32_t above = total - below - mine;                          // bins over thread t's
+#pragma unroll
+        for (int i = 3; i >= 0; --i) {
+            if (uint32_t(i) >= per) continue;
+            if (above < rem && above + h[i] >= rem) {
+                s_prefix = prefix | ((per * tid + uint32_t(i)) << shift);
+                s_remaining = rem - above;
+                if (above + h[i] == rem) s_all = 1;
+            }
+            above += h[i];
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        mask |= dm << shift;
+    }
+    __syncthreads();   // (the last pass's s_remaining)
+    const uint32_t T = prefix, need_eq = s_remaining;
+    // the selection's slots, as topk_write_by_threads
+    uint32_t gt = 0, eq = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < E; ++j)
+        if (j < cnt) {
+            const uint32_t v = u[j] & mask;
+            gt += v > T;
+            eq += v == T;
+        }
+    uint32_t tot;
+    const uint32_t ex = block_excl_scan_n<NT>(gt | (eq << 16), &tot);   // (n <= 16,384: 16 bits each)
+    uint32_t gt_b = ex & 0xffffu, eq_b = ex >> 16;
+#pragma unroll
+    for (uint32_t j = 0; j < E; ++j)
+        if (j < cnt) {
+            const uint32_t v = u[j] & mask;
+            if (v > T) {
+                out[gt_b + min(eq_b, need_eq)] = lo + j;
+                ++gt_b;
+            } else if (v == T) {
+                if (eq_b < need_eq) out[gt_b + eq_b] = lo + j;
+                ++eq_b;
+            }
+        }
+}
+
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
 // rope_block (the tail pairs, angles cs_s / sn_s), then (official) hadamard_block's butterflies
 // (strides 1, 2 inside the lane, 4..64 across lanes), its scale, and sim_block's FP4 (a block
@@ -3158,6 +3292,13 @@ TopkLaunch topk_launch(uint64_t n) {
     l.smem = (size_t(round_up4(l.stage)) + (filter ? 2 * kTopkFilterCap : 0)) * 4;
     return l;
 }
+// DSV4_TOPK_REG=1: topk_select and topk_plain take topk_reg_kernel for rows up to kRegMax keys
+// (off until measured; the same bytes); topk_reg_override (tests) wins.
+int g_topk_reg_override = -1;
+bool topk_reg_on() {
+    static const bool on = env_switch("DSV4_TOPK_REG", false);
+    return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
+}
 template <class Kernel>
 void raise_topk_smem(Kernel kernel) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTopkSmemMax)),
@@ -3168,10 +3309,16 @@ void raise_topk_smem(Kernel kernel) {
 void topk_stage_override(int on) { g_topk_stage_override = on; }
 void topk_warp_override(int on) { g_topk_warp_override = on; }
 void topk_filter_override(int on) { g_topk_filter_override = on; }
+void topk_reg_override(int on) { g_topk_reg_override = on; }
 
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
                  uint32_t* sel, cudaStream_t s) {
     if (!R) return;
+    if (topk_reg_on() && ld <= kRegMax) {
+        topk_reg_kernel<<<R, kRegThreads, 0, s>>>(score, ld, rows, ratio, 0, top_k, sel);
+        check_launch("topk_select");
+        return;
+    }
     static const bool raised = (raise_topk_smem(topk_select_kernel), true);
     (void)raised;
     const TopkLaunch l = topk_launch(ld);   // a row's keys: at most ld
@@ -3180,6 +3327,11 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
 }
 
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
+    if (topk_reg_on() && n <= kRegMax) {
+        topk_reg_kernel<<<1, kRegThreads, 0, s>>>(score, n, nullptr, 1, n, k, sel);
+        check_launch("topk_plain");
+        return;
+    }
     static const bool raised = (raise_topk_smem(topk_plain_kernel), true);
     (void)raised;
     const TopkLaunch l = topk_launch(n);
