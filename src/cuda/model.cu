@@ -1950,10 +1950,10 @@ __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uin
     topk_row(score, n, k, sel, stage_max, form, true);
 }
 
-// ---- the top-k of rows up to 16K keys with 1,024 threads, the keys in registers -------------
+// ---- the top-k of rows up to 32K keys with 1,024 threads, the keys in registers -------------
 // (DSV4_TOPK_REG; after the designs of the DeepSeek V3.2 / V4 indexer top-k kernels in SGLang and
 // vLLM: a thousand threads a row, the row read from global memory once, a wide first digit.)
-// Thread t holds keys [t·E, t·E + E) of the row (E = n / 1,024 rounded up to 4, at most 16) in
+// Thread t holds keys [t·e, t·e + e) of the row (e = n / 1,024 rounded up to 4, at most E) in
 // registers; three radix passes on digits of 12, 10 and 10 bits (bits 31-20, 19-10, 9-0: the
 // 32-bit select in three passes where topk_threshold takes four, and fewer keys a bin in the
 // first) with one shared atomic a key that matches the prefix so far, a block scan over the
@@ -1961,7 +1961,8 @@ __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uin
 // what remains, and the same early exit; then topk_write_by_threads' slots (every key above
 // the cut, then the lowest-index keys equal to it, in index order) from the registers, each
 // thread's segment contiguous: the same bytes as topk_row.
-constexpr uint32_t kRegThreads = 1024, kRegPer = 16, kRegMax = kRegThreads * kRegPer;
+// E = 16 keys a thread for matrices up to 16,384 wide, 32 up to 32,768 (kRegMax).
+constexpr uint32_t kRegThreads = 1024, kRegMax = kRegThreads * 32;
 
 // Exclusive prefix sum over a block of NT threads (NT / 32 <= 32 warps); total in *total.
 template <uint32_t NT>
@@ -1991,11 +1992,12 @@ __device__ uint32_t block_excl_scan_n(uint32_t v, uint32_t* total) {
     return before_w + incl - v;
 }
 
+template <uint32_t E>
 __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* score, uint64_t ld, const DevRow* rows,
                                                                uint32_t ratio, uint32_t n_plain, uint32_t k,
                                                                uint32_t* sel) {
     pdl_begin();
-    constexpr uint32_t NT = kRegThreads, E = kRegPer;
+    constexpr uint32_t NT = kRegThreads;
     __shared__ uint32_t hist[4096];
     __shared__ uint32_t s_prefix, s_remaining, s_all;
     const uint32_t r = blockIdx.x, tid = threadIdx.x;
@@ -3292,8 +3294,9 @@ TopkLaunch topk_launch(uint64_t n) {
     l.smem = (size_t(round_up4(l.stage)) + (filter ? 2 * kTopkFilterCap : 0)) * 4;
     return l;
 }
-// DSV4_TOPK_REG=1: topk_select and topk_plain take topk_reg_kernel for rows up to kRegMax keys
-// (off until measured; the same bytes); topk_reg_override (tests) wins.
+// DSV4_TOPK_REG=1: topk_select and topk_plain take topk_reg_kernel for score matrices up to
+// kRegMax keys wide (the choice follows the width, not the rows' lengths, so a captured decode
+// graph stays valid; off until measured; the same bytes); topk_reg_override (tests) wins.
 int g_topk_reg_override = -1;
 bool topk_reg_on() {
     static const bool on = env_switch("DSV4_TOPK_REG", false);
@@ -3315,7 +3318,10 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
                  uint32_t* sel, cudaStream_t s) {
     if (!R) return;
     if (topk_reg_on() && ld <= kRegMax) {
-        topk_reg_kernel<<<R, kRegThreads, 0, s>>>(score, ld, rows, ratio, 0, top_k, sel);
+        if (ld <= kRegThreads * 16)
+            topk_reg_kernel<16><<<R, kRegThreads, 0, s>>>(score, ld, rows, ratio, 0, top_k, sel);
+        else
+            topk_reg_kernel<32><<<R, kRegThreads, 0, s>>>(score, ld, rows, ratio, 0, top_k, sel);
         check_launch("topk_select");
         return;
     }
@@ -3328,7 +3334,10 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
 
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
     if (topk_reg_on() && n <= kRegMax) {
-        topk_reg_kernel<<<1, kRegThreads, 0, s>>>(score, n, nullptr, 1, n, k, sel);
+        if (n <= kRegThreads * 16)
+            topk_reg_kernel<16><<<1, kRegThreads, 0, s>>>(score, n, nullptr, 1, n, k, sel);
+        else
+            topk_reg_kernel<32><<<1, kRegThreads, 0, s>>>(score, n, nullptr, 1, n, k, sel);
         check_launch("topk_plain");
         return;
     }

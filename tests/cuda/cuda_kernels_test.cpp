@@ -852,8 +852,9 @@ std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
 // of a long conversation (20,000 keys: past the fused indexer's 16,384), and rows past the
 // staging's 40K keys (70,000; 90,001, filtered in chunks of staged keys). Values
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
-// no digit early). Form 8: rows up to 16,384 keys by 1,024 threads with the keys in registers
-// (DSV4_TOPK_REG; 16,384 keys and a row of 16,381, the longest it takes, among them).
+// no digit early). Form 8: rows up to 32,768 keys by 1,024 threads with the keys in registers
+// (DSV4_TOPK_REG: 16 keys a thread up to 16,384, 32 past it; rows of 16,381, 16,384 and 32,000
+// keys among them; topk_select at widths 16,384 and 32,768).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
     for (int form = 0; form < 9; ++form) {
         const int stage = form & 1 ? 0 : 1, warp = (form >> 1) & 1, filter = (form >> 2) & 1, reg = form >> 3;
@@ -861,14 +862,14 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         cuda::topk_warp_override(warp);
         cuda::topk_filter_override(filter);
         cuda::topk_reg_override(reg);
-        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 16381u, 16384u, 20000u, 70000u, 90001u}) {
-            if ((n == 16381 || n == 16384) && !reg) continue;
+        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 16381u, 16384u, 20000u, 32000u, 70000u, 90001u}) {
+            if ((n == 16381 || n == 16384 || n == 32000) && !reg) continue;
             for (uint32_t k : {8u, 64u, 512u}) {
                 if (k >= n || (n > 6000 && k != 512)) continue;
                 auto s = random_floats(n, n + k, -1.0f, 1.0f);
                 // eighths: many ties (the filter's cut passes too many at 70,000); 20,000 and
                 // 90,001: few (90,001: the filter walks 3 chunks of staged keys)
-                const float q = n == 20000 || n == 90001 || n == 16381 ? 4096.0f : 8.0f;
+                const float q = n == 20000 || n == 90001 || n == 16381 || n == 32000 ? 4096.0f : 8.0f;
                 for (auto& v : s) v = std::round(v * q) / q;
                 s[5] = -0.0f;
                 if (n == 1000 || n == 6000)   // one value nearly everywhere (the sample's cut passes too many)
@@ -887,22 +888,25 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
             }
         }
         // topk_select: rows of one score matrix (ld 32,768) seeing 20,000, 513 and 30,001 keys;
-        // form 8: ld 16,384 (the register kernel's) and rows of 16,000, 513 and 9,001
-        const uint32_t ld = reg ? 16384 : 32768, k = 512, R = 3, ratio = 4;
-        const uint32_t nv[R] = {reg ? 16000u : 20000u, 513, reg ? 9001u : 30001u};
-        auto s = random_floats(uint64_t(R) * ld, 4242, -3.0f, 3.0f);
-        for (auto& v : s) v = std::round(v * 16.0f) / 16.0f;
-        std::vector<cuda::DevRow> rows(R);
-        for (uint32_t r = 0; r < R; ++r) rows[r] = {int64_t(ratio * nv[r] - 1 + r % ratio), 0, int32_t(r)};
-        DevVec<float> ds(s);
-        DevVec<cuda::DevRow> drows(rows);
-        DevVec<uint32_t> sel(std::vector<uint32_t>(R * k, 0xdeadbeefu));
-        cuda::topk_select(ds.get(), ld, R, drows.get(), ratio, k, sel.get(), nullptr);
-        const auto got = sel.download();
-        for (uint32_t r = 0; r < R; ++r) {
-            const auto want = topk_reference(s.data() + uint64_t(r) * ld, nv[r], k);
-            ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
-                << "row " << r << " stage " << stage << " warp " << warp << " filter " << filter << " reg " << reg;
+        // form 8 also at ld 16,384 (16 keys a thread) with rows of 16,000, 513 and 9,001
+        for (int narrow = 0; narrow <= reg; ++narrow) {
+            const uint32_t ld = narrow ? 16384 : 32768, k = 512, R = 3, ratio = 4;
+            const uint32_t nv[R] = {narrow ? 16000u : 20000u, 513, narrow ? 9001u : 30001u};
+            auto s = random_floats(uint64_t(R) * ld, 4242, -3.0f, 3.0f);
+            for (auto& v : s) v = std::round(v * 16.0f) / 16.0f;
+            std::vector<cuda::DevRow> rows(R);
+            for (uint32_t r = 0; r < R; ++r) rows[r] = {int64_t(ratio * nv[r] - 1 + r % ratio), 0, int32_t(r)};
+            DevVec<float> ds(s);
+            DevVec<cuda::DevRow> drows(rows);
+            DevVec<uint32_t> sel(std::vector<uint32_t>(R * k, 0xdeadbeefu));
+            cuda::topk_select(ds.get(), ld, R, drows.get(), ratio, k, sel.get(), nullptr);
+            const auto got = sel.download();
+            for (uint32_t r = 0; r < R; ++r) {
+                const auto want = topk_reference(s.data() + uint64_t(r) * ld, nv[r], k);
+                ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
+                    << "row " << r << " ld " << ld << " stage " << stage << " warp " << warp << " filter " << filter
+                    << " reg " << reg;
+            }
         }
     }
     cuda::topk_stage_override(-1);
