@@ -2040,9 +2040,11 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
 #pragma unroll
         for (uint32_t i = 0; i < 4; ++i)
             if (i < per) mine += h[i] = hist[per * tid + i];
+        // (what remains, read before the scan: its barriers keep every read ahead of the one
+        // thread's write below)
+        const uint32_t rem = s_remaining;
         uint32_t total;
         const uint32_t below = block_excl_scan_n<NT>(mine, &total);   // bins under thread t's
-        const uint32_t rem = s_remaining;
         uint32_t above = total - below - mine;                          // bins over thread t's
 #pragma unroll
         for (int i = 3; i >= 0; --i) {
@@ -2070,7 +2072,7 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
             eq += v == T;
         }
     uint32_t tot;
-    const uint32_t ex = block_excl_scan_n<NT>(gt | (eq << 16), &tot);   // (n <= 16,384: 16 bits each)
+    const uint32_t ex = block_excl_scan_n<NT>(gt | (eq << 16), &tot);   // (n <= 32,768: 16 bits each)
     uint32_t gt_b = ex & 0xffffu, eq_b = ex >> 16;
 #pragma unroll
     for (uint32_t j = 0; j < E; ++j)
