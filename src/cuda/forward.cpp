@@ -873,8 +873,8 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         const uint32_t DI = c_.indexer_head_dim, NIH = c_.n_indexer_head;
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
         // Fused (decode rounds of short conversations): iq_b → indexer_fused (queries
-        // prepared, scored and selected in one launch), and nothing at all while every row sees at most top_k compressed rows. Prompt rounds
-        // with official numerics score on the tensor cores instead, whatever their size (one
+        // prepared, scored and selected in one launch), and nothing at all while every row
+        // sees at most top_k compressed rows. Prompt rounds with official numerics score on the tensor cores instead, whatever their size (one
         // order for every chunking of a prompt), and so do long decode rows under
         // DSV4_IDX_TC_DECODE.
         const bool tc = official && indexer_tc_ok(NIH, DI) &&

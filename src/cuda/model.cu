@@ -1541,43 +1541,60 @@ __device__ __forceinline__ uint32_t order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-// Exclusive prefix sum over the block (blockDim.x == 256) of v; total in *total.
+// Exclusive prefix sum over a block of NT threads (NT / 32 <= 32 warps) of v; total in *total.
+template <uint32_t NT = 256>
 __device__ uint32_t block_excl_scan(uint32_t v, uint32_t* total) {
-    __shared__ uint32_t warp_tot[8];
+    static_assert(NT % 32 == 0 && NT / 32 <= 32, "warps");
+    __shared__ uint32_t warp_tot[NT / 32];
     const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     uint32_t incl = v;
+#pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
         const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= uint32_t(o)) incl += t;
     }
-    __syncthreads();
+    __syncthreads();   // (the last call's reads of warp_tot are done)
     if (lane == 31) warp_tot[w] = incl;
     __syncthreads();
-    uint32_t off = 0, tot = 0;
-    for (uint32_t i = 0; i < 8; ++i) {
-        if (i < w) off += warp_tot[i];
-        tot += warp_tot[i];
+    // every warp scans the warp totals itself (lane i holds warp i's)
+    const uint32_t wt = lane < NT / 32 ? warp_tot[lane] : 0u;
+    uint32_t wincl = wt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, wincl, o);
+        if (lane >= uint32_t(o)) wincl += t;
     }
-    *total = tot;
-    return off + incl - v;
+    *total = __shfl_sync(0xffffffffu, wincl, 31);
+    return __shfl_sync(0xffffffffu, wincl - wt, w) + incl - v;
 }
 
-// One radix pass's digit (blockDim.x == 256): thread d holds h, the count of bin d among the
-// keys matching prefix; the digit where the count of larger-or-equal keys reaches what
-// remains (*s_remaining) extends the prefix (*s_prefix) and leaves what remains below it.
-// above[d] = keys in bins > d, by a block scan (one thread walking 256 bins was slow).
-// s_all (optional): set when the chosen bin's keys are all still needed (its count is what
-// remains to pick).
-__device__ __forceinline__ void radix_pick_digit(uint32_t h, int shift, uint32_t prefix, uint32_t* s_prefix,
-                                                 uint32_t* s_remaining, uint32_t* s_all = nullptr) {
+// One radix pass's digit, by a block of NT threads: thread t holds h[0 .. per), the counts of
+// bins per·t .. per·t + per - 1 (per <= 4) among the keys matching prefix; the digit where the
+// count of larger-or-equal keys reaches what remains (*s_remaining) extends the prefix
+// (*s_prefix) and leaves what remains below it. The counts above each bin come from a block
+// scan (one thread walking the bins was slow). s_all (optional): set when the chosen bin's
+// keys are all still needed (its count is what remains to pick). What remains is read before
+// the scan, whose barriers keep every thread's read ahead of the one finding thread's write.
+template <uint32_t NT = 256>
+__device__ __forceinline__ void radix_pick_digit(const uint32_t (&h)[4], uint32_t per, int shift, uint32_t prefix,
+                                                 uint32_t* s_prefix, uint32_t* s_remaining, uint32_t* s_all) {
     const uint32_t rem = *s_remaining;
+    uint32_t mine = 0;
+#pragma unroll
+    for (uint32_t i = 0; i < 4; ++i)
+        if (i < per) mine += h[i];
     uint32_t total;
-    const uint32_t below = block_excl_scan(h, &total);   // bins < d
-    const uint32_t above = total - below - h;
-    if (above < rem && above + h >= rem) {
-        *s_prefix = prefix | (threadIdx.x << shift);
-        *s_remaining = rem - above;
-        if (s_all && above + h == rem) *s_all = 1;
+    const uint32_t below = block_excl_scan<NT>(mine, &total);   // bins under thread t's
+    uint32_t above = total - below - mine;                       // bins over thread t's
+#pragma unroll
+    for (int i = 3; i >= 0; --i) {
+        if (uint32_t(i) >= per) continue;
+        if (above < rem && above + h[i] >= rem) {
+            *s_prefix = prefix | ((per * threadIdx.x + uint32_t(i)) << shift);
+            *s_remaining = rem - above;
+            if (s_all && above + h[i] == rem) *s_all = 1;
+        }
+        above += h[i];
     }
 }
 
@@ -1674,7 +1691,8 @@ __device__ TopkCut topk_threshold(KeyAt key_at, uint32_t n, uint32_t k, bool ear
         }
         hist[b ^ 1][tid] = 0;   // read last in the previous pass, before its final barrier
         __syncthreads();
-        radix_pick_digit(hist[b][tid], shift, prefix, &s_prefix, &s_remaining, early_exit ? &s_all : nullptr);
+        const uint32_t h[4] = {hist[b][tid], 0, 0, 0};
+        radix_pick_digit(h, 1, shift, prefix, &s_prefix, &s_remaining, early_exit ? &s_all : nullptr);
         __syncthreads();
         prefix = s_prefix;
         mask |= 255u << shift;
@@ -1964,34 +1982,6 @@ __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uin
 // E = 16 keys a thread for matrices up to 16,384 wide, 32 up to 32,768 (kRegMax).
 constexpr uint32_t kRegThreads = 1024, kRegMax = kRegThreads * 32;
 
-// Exclusive prefix sum over a block of NT threads (NT / 32 <= 32 warps); total in *total.
-template <uint32_t NT>
-__device__ uint32_t block_excl_scan_n(uint32_t v, uint32_t* total) {
-    static_assert(NT % 32 == 0 && NT / 32 <= 32, "warps");
-    __shared__ uint32_t warp_tot[NT / 32];
-    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    uint32_t incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= uint32_t(o)) incl += t;
-    }
-    __syncthreads();   // (the last call's reads of warp_tot are done)
-    if (lane == 31) warp_tot[w] = incl;
-    __syncthreads();
-    // every warp scans the warp totals itself (lane i holds warp i's)
-    const uint32_t wt = lane < NT / 32 ? warp_tot[lane] : 0u;
-    uint32_t wincl = wt;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t t = __shfl_up_sync(0xffffffffu, wincl, o);
-        if (lane >= uint32_t(o)) wincl += t;
-    }
-    const uint32_t before_w = __shfl_sync(0xffffffffu, wincl - wt, w);
-    *total = __shfl_sync(0xffffffffu, wincl, 31);
-    return before_w + incl - v;
-}
-
 template <uint32_t E>
 __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* score, uint64_t ld, const DevRow* rows,
                                                                uint32_t ratio, uint32_t n_plain, uint32_t k,
@@ -2033,29 +2023,13 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
         for (uint32_t j = 0; j < E; ++j)
             if (j < cnt && (u[j] & mask) == prefix) atomicAdd(&hist[(u[j] >> shift) & dm], 1u);
         __syncthreads();
-        // thread t's bins: 4t .. 4t + 3 (first pass) or t; the digit where the count of keys
-        // above it (within the prefix) is below what remains and with it reaches it
-        const uint32_t per = nb / NT;   // 4 or 1
-        uint32_t h[4] = {0, 0, 0, 0}, mine = 0;
+        // thread t's bins: 4t .. 4t + 3 (the first pass's 4,096) or t
+        const uint32_t per = nb / NT;
+        uint32_t h[4] = {0, 0, 0, 0};
 #pragma unroll
         for (uint32_t i = 0; i < 4; ++i)
-            if (i < per) mine += h[i] = hist[per * tid + i];
-        // (what remains, read before the scan: its barriers keep every read ahead of the one
-        // thread's write below)
-        const uint32_t rem = s_remaining;
-        uint32_t total;
-        const uint32_t below = block_excl_scan_n<NT>(mine, &total);   // bins under thread t's
-        uint32_t above = total - below - mine;                          // bins over thread t's
-#pragma unroll
-        for (int i = 3; i >= 0; --i) {
-            if (uint32_t(i) >= per) continue;
-            if (above < rem && above + h[i] >= rem) {
-                s_prefix = prefix | ((per * tid + uint32_t(i)) << shift);
-                s_remaining = rem - above;
-                if (above + h[i] == rem) s_all = 1;
-            }
-            above += h[i];
-        }
+            if (i < per) h[i] = hist[per * tid + i];
+        radix_pick_digit<NT>(h, per, shift, prefix, &s_prefix, &s_remaining, &s_all);
         __syncthreads();
         prefix = s_prefix;
         mask |= dm << shift;
@@ -2072,7 +2046,7 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
             eq += v == T;
         }
     uint32_t tot;
-    const uint32_t ex = block_excl_scan_n<NT>(gt | (eq << 16), &tot);   // (n <= 32,768: 16 bits each)
+    const uint32_t ex = block_excl_scan<NT>(gt | (eq << 16), &tot);   // (n <= 32,768: 16 bits each)
     uint32_t gt_b = ex & 0xffffu, eq_b = ex >> 16;
 #pragma unroll
     for (uint32_t j = 0; j < E; ++j)
@@ -3304,6 +3278,15 @@ bool topk_reg_on() {
     static const bool on = env_switch("DSV4_TOPK_REG", false);
     return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
 }
+// topk_reg_kernel on R rows of a score matrix `width` keys wide (<= kRegMax): 16 keys a thread
+// up to 16,384, 32 past it (rows: topk_select's, or nullptr for one row of n_plain keys).
+void launch_topk_reg(const float* score, uint64_t width, uint32_t R, const DevRow* rows, uint32_t ratio,
+                     uint32_t n_plain, uint32_t k, uint32_t* sel, cudaStream_t s) {
+    if (width <= kRegThreads * 16)
+        topk_reg_kernel<16><<<R, kRegThreads, 0, s>>>(score, width, rows, ratio, n_plain, k, sel);
+    else
+        topk_reg_kernel<32><<<R, kRegThreads, 0, s>>>(score, width, rows, ratio, n_plain, k, sel);
+}
 template <class Kernel>
 void raise_topk_smem(Kernel kernel) {
     check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kTopkSmemMax)),
@@ -3320,10 +3303,7 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
                  uint32_t* sel, cudaStream_t s) {
     if (!R) return;
     if (topk_reg_on() && ld <= kRegMax) {
-        if (ld <= kRegThreads * 16)
-            topk_reg_kernel<16><<<R, kRegThreads, 0, s>>>(score, ld, rows, ratio, 0, top_k, sel);
-        else
-            topk_reg_kernel<32><<<R, kRegThreads, 0, s>>>(score, ld, rows, ratio, 0, top_k, sel);
+        launch_topk_reg(score, ld, R, rows, ratio, 0, top_k, sel, s);
         check_launch("topk_select");
         return;
     }
@@ -3336,10 +3316,7 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
 
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
     if (topk_reg_on() && n <= kRegMax) {
-        if (n <= kRegThreads * 16)
-            topk_reg_kernel<16><<<1, kRegThreads, 0, s>>>(score, n, nullptr, 1, n, k, sel);
-        else
-            topk_reg_kernel<32><<<1, kRegThreads, 0, s>>>(score, n, nullptr, 1, n, k, sel);
+        launch_topk_reg(score, n, 1, nullptr, 1, n, k, sel, s);
         check_launch("topk_plain");
         return;
     }
