@@ -462,7 +462,7 @@ void topk_warp_override(int on);
 // -1 back to the default (1). The same bytes.
 void topk_filter_override(int on);
 // Tests: 1 selects rows of score matrices up to 32,768 keys wide by 1,024 threads with the keys
-// in registers (DSV4_TOPK_REG=1; topk_select and topk_plain), 0 not, -1 back to the default (0).
+// in registers (DSV4_TOPK_REG=1; topk_select and topk_plain), 0 not, -1 back to the default (1).
 // The same bytes.
 void topk_reg_override(int on);
 // Tests: the fused indexer's tiles of 16 keys a block (DSV4_IDX_FUSED_TILES: N > 0, or 0 for

@@ -3270,12 +3270,13 @@ TopkLaunch topk_launch(uint64_t n) {
     l.smem = (size_t(round_up4(l.stage)) + (filter ? 2 * kTopkFilterCap : 0)) * 4;
     return l;
 }
-// DSV4_TOPK_REG=1: topk_select and topk_plain take topk_reg_kernel for score matrices up to
-// kRegMax keys wide (the choice follows the width, not the rows' lengths, so a captured decode
-// graph stays valid; off until measured; the same bytes); topk_reg_override (tests) wins.
+// DSV4_TOPK_REG (default 1): topk_select and topk_plain take topk_reg_kernel for score matrices
+// up to kRegMax keys wide (the choice follows the width, not the rows' lengths, so a captured
+// decode graph stays valid; the same bytes; run 134, 4 ratio-4 layers: decode +3 % holding a 64K
+// or 60K conversation, level at 16K and in prompt rounds); topk_reg_override (tests) wins.
 int g_topk_reg_override = -1;
 bool topk_reg_on() {
-    static const bool on = env_switch("DSV4_TOPK_REG", false);
+    static const bool on = env_switch("DSV4_TOPK_REG", true);
     return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
 }
 // topk_reg_kernel on R rows of a score matrix `width` keys wide (<= kRegMax): 16 keys a thread
