@@ -45,12 +45,6 @@ const bool g_graphs_on = env_switch("DSV4_CUDA_GRAPHS", true);
 // skipped while no row has more visible compressed rows than the top-k (nothing reads them
 // then; the three-kernel path made them anyway before run 118).
 const bool g_idx_fused = env_switch("DSV4_IDX_FUSED", true);
-// DSV4_IDX_TC_DECODE=N (official numerics): decode-sized rounds whose score matrix is at least N
-// keys wide score on the BF16 tensor cores as prompt rounds do (indexer_scores_tc, then
-// topk_select) instead of the FP32 kernels: a long conversation's decode (16K keys a row at a
-// 64K context: indexer_scores_tiled 15.5 us a row, run 127). Their scores then take prompt
-// rounds' bits. 0 (the default until measured): never.
-const uint64_t g_idx_tc_decode = uint64_t(std::max(0, env_int("DSV4_IDX_TC_DECODE", 0)));
 // The attention sublayer's branches (attention_layer). DSV4_CUDA_SPLIT: 0 the indexer's
 // compressor, head weights and queries on one side stream (its queries after everything
 // else there); 1 its queries (iq_b, then the scores and top-k once the compressor has
@@ -874,11 +868,14 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         const float wscale = float(1.0 / std::sqrt(double(DI) * NIH));
         // Fused (decode rounds of short conversations): iq_b → indexer_fused (queries
         // prepared, scored and selected in one launch), and nothing at all while every row
-        // sees at most top_k compressed rows. Prompt rounds with official numerics score on the tensor cores instead, whatever their size (one
-        // order for every chunking of a prompt), and so do long decode rows under
-        // DSV4_IDX_TC_DECODE.
-        const bool tc = official && indexer_tc_ok(NIH, DI) &&
-                        (gemm_prefill_order() || (g_idx_tc_decode && vis_ld_ >= g_idx_tc_decode));
+        // sees at most top_k compressed rows. Prompt rounds with official numerics score on
+        // the tensor cores instead, whatever their size (one order for every chunking of a
+        // prompt); in decode rounds the rows that see tc_from compressed rows or more do
+        // (indexer_tc_decode_from: a row's own length decides), the others on the FP32 kernels.
+        const bool prompt_tc = official && indexer_tc_ok(NIH, DI) && gemm_prefill_order();
+        const uint64_t tc_from = official && !prompt_tc ? indexer_tc_decode_from(NIH, DI, c_.n_rot) : 0;
+        const bool decode_tc = tc_from && vis_ld_ >= tc_from;
+        const bool tc = prompt_tc || decode_tc;
         const bool fused = !tc && g_idx_fused && indexer_fused_preferred(vis_ld_) &&
                            indexer_fused_ok(R, NIH, DI, c_.n_rot, vis_ld_);
         if (vis_ld_) {
@@ -893,14 +890,15 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
                               c_.indexer_top_k, vis_ld_, score_.get(), vis_ld_, idx_count_.get(), sel_.get(), si);
             } else {
                 // (the tensor cores take the queries as BF16: half the bytes, no conversion there)
+                // (a decode round with the tensor cores keeps the float queries for its short rows)
                 indexer_q_prep(qi_.get(), wi_.get(), R, NIH, DI, c_.n_rot, invf, rows, official, wscale, si,
-                               tc ? qib_.get() : nullptr);
+                               tc ? qib_.get() : nullptr, decode_tc);
+                if (!prompt_tc)
+                    indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
+                                   score_.get(), vis_ld_, si, decode_tc ? tc_from : 0);
                 if (tc)
                     indexer_scores_tc(qib_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
-                                      score_.get(), vis_ld_, si);
-                else
-                    indexer_scores(qi_.get(), wi_.get(), R, NIH, DI, rows, lkv, NL, il, c_.indexer_top_k, vis_ld_,
-                                   score_.get(), vis_ld_, si);
+                                      score_.get(), vis_ld_, si, decode_tc ? tc_from : 0);
                 topk_select(score_.get(), vis_ld_, R, rows, 4, c_.indexer_top_k, sel_.get(), si);
             }
             mark("indexer scores+top-k");

@@ -421,31 +421,41 @@ void compressor_emit(const float* pooled, uint32_t R, const DevRow* rows, uint32
 
 // Indexer queries: RoPE of each head's tail, then (official) Hadamard + FP4; wi *= wscale.
 // With qb (official only), the prepared queries go there as BF16 (exact: FP4 values; row r
-// head h at (r NH + h) DI) for indexer_scores_tc, and qi is left as it was. Heads of 128 take
+// head h at (r NH + h) DI) for indexer_scores_tc, and qi is left as it was unless keep_qi
+// (then the floats go to qi too: a decode round whose rows take both kernels). Heads of 128 take
 // a warp a head (DSV4_IDX_PREP=0: a block a head; the same bits; tests force 1 / 0, or -1
 // for the variable's).
 void indexer_prep_warp_override(int on);
 void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
                     const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s,
-                    uint16_t* qb = nullptr);
+                    uint16_t* qb = nullptr, bool keep_qi = false);
 // score[r][c] = Σ_h max(0, qi[r][h]·Kidx[c]) · wi[r][h] for c < n_vis(r) = (pos+1)/4, for rows
-// with n_vis > top_k (others untouched). ld: floats per score row.
+// with n_vis > top_k (others untouched) and, when tc_from > 0, n_vis < tc_from (the rows from
+// tc_from on are indexer_scores_tc's). ld: floats per score row.
 // indexer_scores takes the tiled kernel for 64 heads of 128 (DSV4_IDX_TILED=0: the general
 // one for every shape; 2: the tiled kernel's 32-key blocks; the same bits): tests force 1 / 2 /
 // 0, or -1 for the variable's.
 void indexer_tiled_override(int form);
 void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                     const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
-                    float* score, uint64_t ld, cudaStream_t s);
+                    float* score, uint64_t ld, cudaStream_t s, uint64_t tc_from = 0);
 // The same scores on the BF16 tensor cores for prompt rounds with official numerics, whose
 // FP4-simulated queries and index rows are BF16 values exactly (products exact; the sums in
 // the tensor cores' order: not the FP32 kernels' bits, the same for a row in any batch or
-// chunk), from indexer_q_prep's BF16 queries qb. indexer_tc_ok: the shapes it takes (up to 64
-// heads of 64 or 128) and DSV4_IDX_TC (default 1).
+// chunk), from indexer_q_prep's BF16 queries qb; rows with n_vis < tc_from untouched (they are
+// indexer_scores'). indexer_tc_ok: the shapes it takes (up to 64 heads of 64 or 128) and
+// DSV4_IDX_TC (default 1).
 bool indexer_tc_ok(uint32_t NH, uint32_t DI);
 void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                        const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
-                       float* score, uint64_t ld, cudaStream_t s);
+                       float* score, uint64_t ld, cudaStream_t s, uint64_t tc_from = 0);
+// Decode rounds (official numerics): the rows that see this many compressed rows or more score
+// on the tensor cores (indexer_scores_tc with tc_from), the others on the FP32 kernels; 0 none
+// (DSV4_IDX_TC_DECODE, raised past the fused indexer's widths where the shapes allow it: a
+// row's own length decides, never the batch). Tests: indexer_tc_decode_override (N, or -1 back
+// to the variable's).
+uint64_t indexer_tc_decode_from(uint32_t NH, uint32_t DI, uint32_t n_rot);
+void indexer_tc_decode_override(int64_t n);
 // sel[r][0..top_k) = the top_k scores' indices (ties: lower index), ascending, for rows
 // with n_vis > top_k.
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,

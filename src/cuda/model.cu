@@ -1223,10 +1223,11 @@ __global__ void compressor_emit_kernel(const float* pooled, const DevRow* rows, 
 }
 
 // qb (the tensor-core scores' input): the prepared queries as BF16 there instead of floats in
-// qi (official numerics: FP4 values, exact in BF16).
+// qi (official numerics: FP4 values, exact in BF16); keep_qi: in both (a decode round whose
+// long rows score on the tensor cores and short ones on the FP32 kernels).
 __global__ void indexer_q_prep_kernel(float* qi, float* wi, uint32_t NH, uint32_t DI, uint32_t n_rot,
                                       const double* inv_freq, const DevRow* rows, bool official, float wscale,
-                                      uint16_t* qb) {
+                                      uint16_t* qb, bool keep_qi) {
     pdl_begin();
     extern __shared__ float xs[];
     const uint32_t r = blockIdx.x / NH;
@@ -1240,21 +1241,22 @@ __global__ void indexer_q_prep_kernel(float* qi, float* wi, uint32_t NH, uint32_
     }
     for (uint32_t i = threadIdx.x; i < DI; i += blockDim.x) {
         if (qb) qb[uint64_t(blockIdx.x) * DI + i] = __bfloat16_as_ushort(__float2bfloat16_rn(xs[i]));
-        else qh[i] = xs[i];
+        if (!qb || keep_qi) qh[i] = xs[i];
     }
     if (threadIdx.x == 0) wi[blockIdx.x] *= wscale;
 }
 
 constexpr uint32_t kScoreTile = 16;   // compressed rows per indexer-score block
 
+// tc_from (> 0): rows with that many visible rows or more are left to indexer_scores_tc_kernel.
 __global__ void indexer_scores_kernel(const float* qi, const float* wi, uint32_t NH, uint32_t DI, const DevRow* rows,
                                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k,
-                                      float* score, uint64_t ld) {
+                                      float* score, uint64_t ld, uint64_t tc_from) {
     pdl_begin();
     extern __shared__ float sm[];
     const uint32_t r = blockIdx.y;
     const uint64_t n_vis = uint64_t(rows[r].pos + 1) / 4;
-    if (n_vis <= top_k) return;
+    if (n_vis <= top_k || (tc_from && n_vis >= tc_from)) return;
     const uint64_t c0 = uint64_t(blockIdx.x) * kScoreTile;
     if (c0 >= n_vis) return;
     const uint32_t P = DI + 1;
@@ -1311,7 +1313,7 @@ template <uint32_t NH, uint32_t DI, uint32_t P, uint32_t KT = kScoreTileWide, ui
 __global__ void __launch_bounds__(NTH) indexer_scores_tiled_kernel(const float* qi, const float* wi,
                                                                    const DevRow* rows, const DevLayerKV* lkv,
                                                                    uint32_t n_layer, uint32_t il, uint32_t top_k,
-                                                                   float* score, uint64_t ld) {
+                                                                   float* score, uint64_t ld, uint64_t tc_from) {
     static_assert(NH == 64 && DI % 4 == 0 && P % 4 == 0, "two heads a lane, float4 rows");
     constexpr uint32_t D4 = DI / 4, KW = KT / (NTH / 32);   // keys a warp
     static_assert(KW * (NTH / 32) == KT && KW >= 1, "whole warps of keys");
@@ -1319,7 +1321,7 @@ __global__ void __launch_bounds__(NTH) indexer_scores_tiled_kernel(const float* 
     extern __shared__ __align__(16) float sm[];
     const uint32_t r = blockIdx.y;
     const uint64_t n_vis = uint64_t(rows[r].pos + 1) / 4;
-    if (n_vis <= top_k) return;
+    if (n_vis <= top_k || (tc_from && n_vis >= tc_from)) return;
     const uint64_t c0 = uint64_t(blockIdx.x) * KT;
     if (c0 >= n_vis) return;
     float* q_s = sm;             // [NH][P]
@@ -1409,7 +1411,7 @@ template <uint32_t DI, uint32_t MT>
 __global__ void __launch_bounds__(kTcThreads, 2)
     indexer_scores_tc_kernel(const uint16_t* qb, const float* wi, uint32_t NH, const DevRow* rows,
                              const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint32_t R,
-                             float* score, uint64_t ld) {
+                             float* score, uint64_t ld, uint64_t tc_from) {
     static_assert(DI % 16 == 0 && MT >= 1 && MT <= 4, "k16 steps, up to 64 heads");
     constexpr uint32_t KP = tc_pitch<DI>(), HP = 16 * MT, D4 = DI / 4, C8 = DI / 8;   // C8: 16-byte chunks a head
     pdl_begin();
@@ -1420,11 +1422,12 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     const uint32_t t = threadIdx.x, lane = t & 31, w = t >> 5, gid = lane >> 2, tig = lane & 3;
     const uint64_t c0 = uint64_t(blockIdx.x) * kTcKeys;
     const uint32_t r0 = blockIdx.y * kTcRows, nr = min(kTcRows, R - r0);
-    // the block's rows that score keys of this chunk (every thread forms the same mask)
+    // the block's rows that score keys of this chunk (every thread forms the same mask; rows
+    // below tc_from are the FP32 kernels')
     uint32_t act = 0;
     for (uint32_t i = 0; i < nr; ++i) {
         const uint64_t nv = uint64_t(rows[r0 + i].pos + 1) / 4;
-        if (nv > top_k && nv > c0) act |= 1u << i;
+        if (nv > top_k && nv > c0 && nv >= tc_from) act |= 1u << i;
     }
     if (!act) return;
 
@@ -2123,7 +2126,8 @@ __device__ __forceinline__ void iq_prep_lane(float (&x)[4], uint32_t lane, const
 // butterflies in shared memory) took 275 us for a 2,048-row round (run 116).
 __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, float* wi, uint32_t NH, uint32_t n_rot,
                                                                   const double* inv_freq, const DevRow* rows,
-                                                                  bool official, float wscale, uint16_t* qb) {
+                                                                  bool official, float wscale, uint16_t* qb,
+                                                                  bool keep_qi) {
     pdl_begin();
     constexpr uint32_t DI = 128;
     __shared__ float cs_s[DI / 2], sn_s[DI / 2];
@@ -2145,7 +2149,7 @@ __global__ void __launch_bounds__(256) indexer_q_prep_warp_kernel(float* qi, flo
         float x[4] = {v.x, v.y, v.z, v.w};
         iq_prep_lane(x, lane, cs_s, sn_s, DI - n_rot, official);
         if (qb) reinterpret_cast<uint2*>(qb + (uint64_t(r) * NH + h) * DI)[lane] = bf16x4(make_float4(x[0], x[1], x[2], x[3]));
-        else *p = make_float4(x[0], x[1], x[2], x[3]);
+        if (!qb || keep_qi) *p = make_float4(x[0], x[1], x[2], x[3]);
     }
 }
 
@@ -3122,7 +3126,7 @@ void indexer_prep_warp_override(int on) { g_idx_prep_override = on; }
 
 void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot,
                     const double* inv_freq, const DevRow* rows, bool official, float wscale, cudaStream_t s,
-                    uint16_t* qb) {
+                    uint16_t* qb, bool keep_qi) {
     if (!R) return;
     if (qb && !official)
         throw std::invalid_argument("indexer_q_prep: BF16 queries need official numerics (plain queries are not BF16 values)");
@@ -3130,12 +3134,13 @@ void indexer_q_prep(float* qi, float* wi, uint32_t R, uint32_t NH, uint32_t DI, 
         // decode-sized rounds: a row's heads over blocks of 8 (a warp a head, the angles made in
         // each block), not 8 a warp one after another on one SM (10.1 us a decode row, run 127)
         const dim3 grid(R, R <= kFusedMaxRows ? (NH + 7) / 8 : 1);
-        indexer_q_prep_warp_kernel<<<grid, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale, qb);
+        indexer_q_prep_warp_kernel<<<grid, 256, 0, s>>>(qi, wi, NH, n_rot, inv_freq, rows, official, wscale, qb,
+                                                        keep_qi);
         check_launch("indexer_q_prep");
         return;
     }
     indexer_q_prep_kernel<<<R * NH, 64, DI * sizeof(float), s>>>(qi, wi, NH, DI, n_rot, inv_freq, rows, official,
-                                                                 wscale, qb);
+                                                                 wscale, qb, keep_qi);
     check_launch("indexer_q_prep");
 }
 
@@ -3151,7 +3156,7 @@ int indexer_tiled_form() {
 template <uint32_t KT, uint32_t NTH>
 void launch_scores_tiled(const float* qi, const float* wi, uint32_t R, const DevRow* rows, const DevLayerKV* lkv,
                          uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis, float* score, uint64_t ld,
-                         cudaStream_t s) {
+                         uint64_t tc_from, cudaStream_t s) {
     constexpr auto kernel = indexer_scores_tiled_kernel<kFusedNH, kFusedDI, kFusedP, KT, NTH>;
     constexpr size_t smem = size_t(kFusedNH + KT) * kFusedP * sizeof(float);
     static const bool raised = [] {
@@ -3161,7 +3166,7 @@ void launch_scores_tiled(const float* qi, const float* wi, uint32_t R, const Dev
     }();
     (void)raised;
     const dim3 grid(uint32_t((max_vis + KT - 1) / KT), R);
-    kernel<<<grid, NTH, smem, s>>>(qi, wi, rows, lkv, n_layer, il, top_k, score, ld);
+    kernel<<<grid, NTH, smem, s>>>(qi, wi, rows, lkv, n_layer, il, top_k, score, ld, tc_from);
     check_launch("indexer_scores");
 }
 }  // namespace
@@ -3170,7 +3175,7 @@ void indexer_tiled_override(int form) { g_idx_tiled_override = form; }
 
 void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                     const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
-                    float* score, uint64_t ld, cudaStream_t s) {
+                    float* score, uint64_t ld, cudaStream_t s, uint64_t tc_from) {
     if (!R || max_vis <= top_k) return;
     if (DI % 4) throw_mismatch("indexer_scores: indexer head widths must be multiples of 4", 0, DI, DI);
     const size_t smem = (size_t(NH + kScoreTile) * (DI + 1) + NH) * sizeof(float);
@@ -3183,13 +3188,14 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
     const int form = indexer_tiled_form();
     if (form && NH == kFusedNH && DI == kFusedDI) {
         if (form == 2)
-            launch_scores_tiled<32, 128>(qi, wi, R, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
+            launch_scores_tiled<32, 128>(qi, wi, R, rows, lkv, n_layer, il, top_k, max_vis, score, ld, tc_from, s);
         else
-            launch_scores_tiled<kScoreTileWide, 256>(qi, wi, R, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
+            launch_scores_tiled<kScoreTileWide, 256>(qi, wi, R, rows, lkv, n_layer, il, top_k, max_vis, score, ld,
+                                                     tc_from, s);
         return;
     }
     const dim3 grid(uint32_t((max_vis + kScoreTile - 1) / kScoreTile), R);
-    indexer_scores_kernel<<<grid, 256, smem, s>>>(qi, wi, NH, DI, rows, lkv, n_layer, il, top_k, score, ld);
+    indexer_scores_kernel<<<grid, 256, smem, s>>>(qi, wi, NH, DI, rows, lkv, n_layer, il, top_k, score, ld, tc_from);
     check_launch("indexer_scores");
 }
 
@@ -3197,7 +3203,7 @@ namespace {
 template <uint32_t DI, uint32_t MT>
 void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
-                      float* score, uint64_t ld, cudaStream_t s) {
+                      float* score, uint64_t ld, uint64_t tc_from, cudaStream_t s) {
     constexpr auto kernel = indexer_scores_tc_kernel<DI, MT>;
     constexpr size_t smem = idx_tc_smem<DI, MT>();
     static const bool raised = [] {
@@ -3207,7 +3213,7 @@ void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t 
     }();
     (void)raised;
     const dim3 grid(uint32_t((max_vis + kTcKeys - 1) / kTcKeys), (R + kTcRows - 1) / kTcRows);
-    kernel<<<grid, kTcThreads, smem, s>>>(qb, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld);
+    kernel<<<grid, kTcThreads, smem, s>>>(qb, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld, tc_from);
     check_launch("indexer scores (tensor cores)");
 }
 }  // namespace
@@ -3221,17 +3227,17 @@ bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
 
 void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                        const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
-                       float* score, uint64_t ld, cudaStream_t s) {
-    if (!R || max_vis <= top_k) return;
+                       float* score, uint64_t ld, cudaStream_t s, uint64_t tc_from) {
+    if (!R || max_vis <= top_k || max_vis < tc_from) return;
     if (!indexer_tc_ok(NH, DI)) throw_mismatch("indexer_scores_tc: indexer heads (up to 64) of width 64 or 128", 0, NH, DI);
     const uint32_t MT = (NH + 15) / 16;
     using Launch = void (*)(const uint16_t*, const float*, uint32_t, uint32_t, const DevRow*, const DevLayerKV*, uint32_t,
-                            uint32_t, uint32_t, uint64_t, float*, uint64_t, cudaStream_t);
+                            uint32_t, uint32_t, uint64_t, float*, uint64_t, uint64_t, cudaStream_t);
     static constexpr Launch l64[4] = {launch_scores_tc<64, 1>, launch_scores_tc<64, 2>, launch_scores_tc<64, 3>,
                                       launch_scores_tc<64, 4>};
     static constexpr Launch l128[4] = {launch_scores_tc<128, 1>, launch_scores_tc<128, 2>, launch_scores_tc<128, 3>,
                                        launch_scores_tc<128, 4>};
-    (DI == 64 ? l64 : l128)[MT - 1](qb, wi, R, NH, rows, lkv, n_layer, il, top_k, max_vis, score, ld, s);
+    (DI == 64 ? l64 : l128)[MT - 1](qb, wi, R, NH, rows, lkv, n_layer, il, top_k, max_vis, score, ld, tc_from, s);
 }
 
 namespace {
@@ -3340,10 +3346,28 @@ bool indexer_fused_ok(uint32_t R, uint32_t NH, uint32_t DI, uint32_t n_rot, uint
 // ratio-4 layers, 1,161.1 against 1,146.5 tok/s at 4,096 keys (16K tokens), 1,118.1 / 1,045.4 at
 // 8K keys, 1,063.4 / 906.2 at 15,008 (runs 128, 129); level at 1,024 (4K tokens: 1,234.6 /
 // 1,235.7). Default 2,048 keys (an 8K conversation).
-bool indexer_fused_preferred(uint64_t max_vis) {
+uint64_t indexer_fused_max_keys() {
     static const uint64_t max_keys = uint64_t(std::max(0, env_int("DSV4_IDX_FUSED_MAX", 2048)));
-    return max_vis <= max_keys;
+    return max_keys;
 }
+bool indexer_fused_preferred(uint64_t max_vis) { return max_vis <= indexer_fused_max_keys(); }
+
+// DSV4_IDX_TC_DECODE=N (official numerics): a decode round's rows that see N compressed rows or
+// more score on the BF16 tensor cores as prompt rounds do, the others on the FP32 kernels. The
+// rule is a row's own length, so a row gets the same bits alone and in any batch; where the
+// shapes allow the fused indexer (FP32, chosen by the matrix width) N is raised past its
+// widths, or a row could take it alone and the tensor cores in a wider batch. 0: never.
+namespace {
+int64_t g_idx_tc_decode_override = -1;
+}
+uint64_t indexer_tc_decode_from(uint32_t NH, uint32_t DI, uint32_t n_rot) {
+    static const uint64_t env = uint64_t(std::max(0, env_int("DSV4_IDX_TC_DECODE", 0)));
+    uint64_t n = g_idx_tc_decode_override >= 0 ? uint64_t(g_idx_tc_decode_override) : env;
+    if (!n || !indexer_tc_ok(NH, DI)) return 0;
+    if (indexer_fused_ok(1, NH, DI, n_rot, 0)) n = std::max(n, indexer_fused_max_keys() + 1);
+    return n;
+}
+void indexer_tc_decode_override(int64_t n) { g_idx_tc_decode_override = n; }
 
 namespace {
 // The fused indexer's tiles of kScoreTile keys a block: DSV4_IDX_FUSED_TILES=N (1, a tile a block:

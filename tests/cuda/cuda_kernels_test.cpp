@@ -1169,6 +1169,42 @@ TEST_F(CudaKernels, IndexerTensorCoreScoresMatchFp32) {
             const auto a = s1.download();
             ASSERT_EQ(0, std::memcmp(a.data(), tc.data() + uint64_t(r) * ld, ld * sizeof(float))) << "row " << r;
         }
+        // A decode round split by the rows' own lengths (DSV4_IDX_TC_DECODE): the queries
+        // prepared as floats and BF16 at once (keep_qi), the rows below tc_from by the FP32
+        // kernel (each tiled form for flash's shape), the others by the tensor cores, into one
+        // matrix: each row the bits of its own kernel above, the rest untouched.
+        DevVec<float> dq3(q), dw3(wv);
+        DevVec<uint16_t> dqb3(uint64_t(R) * NH * DI);
+        cuda::indexer_q_prep(dq3.get(), dw3.get(), R, NH, DI, n_rot, dinv.get(), drows.get(), true, wscale, nullptr,
+                             dqb3.get(), true);
+        ASSERT_EQ(0, std::memcmp(dq3.download().data(), qp.data(), qp.size() * sizeof(float))) << "qi kept";
+        ASSERT_TRUE(dqb3.download() == dqb.download()) << "BF16 queries with qi kept";
+        ASSERT_EQ(0, std::memcmp(dw3.download().data(), wp.data(), wp.size() * sizeof(float)));
+        const std::vector<int> forms = NH == 64 && DI == 128 ? std::vector<int>{0, 1, 2} : std::vector<int>{0};
+        for (const uint64_t tc_from : {uint64_t(top_k) + 1, uint64_t(top_k) + 200, n_index[2] - 20, max_vis + 1}) {
+            for (const int form : forms) {
+                cuda::indexer_tiled_override(form);
+                DevVec<float> s_mix(init);
+                cuda::indexer_scores(dq3.get(), dw3.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k,
+                                     max_vis, s_mix.get(), ld, nullptr, tc_from);
+                cuda::indexer_scores_tc(dqb3.get(), dw3.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k,
+                                        max_vis, s_mix.get(), ld, nullptr, tc_from);
+                cuda::indexer_tiled_override(-1);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                const auto mix = s_mix.download();
+                uint32_t n_tc = 0;
+                for (uint32_t r = 0; r < R; ++r) {
+                    const bool on_tc = uint64_t(rows[r].pos + 1) / 4 >= tc_from;
+                    n_tc += on_tc;
+                    ASSERT_EQ(0, std::memcmp(mix.data() + uint64_t(r) * ld, (on_tc ? tc : f32).data() + uint64_t(r) * ld,
+                                             ld * sizeof(float)))
+                        << "row " << r << " tc_from " << tc_from << " form " << form << (on_tc ? " (tc)" : " (fp32)");
+                }
+                if (tc_from == uint64_t(top_k) + 200) {
+                    EXPECT_TRUE(n_tc > 0 && n_tc < R) << "a split round";
+                }
+            }
+        }
     }
 }
 

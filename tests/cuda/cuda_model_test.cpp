@@ -353,6 +353,41 @@ TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
     }
 }
 
+// Decode rounds whose long rows score on the tensor cores (DSV4_IDX_TC_DECODE; here from 60
+// compressed rows: session a's 75 from the start, b's 59 turning 60 at its fourth step): a row's
+// own length decides, so each session gets its solo bits beside the other, across b's change.
+TEST_F(CudaConsistency, LongRowsOnTheTensorCoresEqualSolo) {
+    struct TcDecode {
+        TcDecode() { cuda::indexer_tc_decode_override(60); }
+        ~TcDecode() { cuda::indexer_tc_decode_override(-1); }
+    } on;
+    const auto& c = m->config;
+    ASSERT_EQ(cuda::indexer_tc_decode_from(c.n_indexer_head, c.indexer_head_dim, c.n_rot), 60u);
+    ASSERT_LT(c.indexer_top_k, 59u);
+    const auto a = random_tokens(300, 0, int32_t(V), 41), b = random_tokens(236, 0, int32_t(V), 42);
+    kv::Budget budget;
+    auto sa = session(*g, 2048, &budget), sb = session(*g, 2048, &budget);
+    all_logits(*g, *sa, a);
+    all_logits(*g, *sb, b);
+    auto ta = session(*g, 2048, &budget), tb = session(*g, 2048, &budget);
+    std::vector<float> la(a.size() * V), lb(b.size() * V);
+    StepInput in[2] = {{ta.get(), a, true, la.data(), {}}, {tb.get(), b, true, lb.data(), {}}};
+    g->forward(in);
+    ASSERT_TRUE(in[0].error.empty() && in[1].error.empty());
+    for (int i = 0; i < 8; ++i) {
+        const int32_t x = int32_t(i * 5 % V), y = int32_t(i * 13 % V);
+        std::vector<float> s1(V), s2(V), b1(V), b2(V);
+        g->forward_one(*sa, std::vector<int32_t>{x}, false, s1.data());
+        g->forward_one(*sb, std::vector<int32_t>{y}, false, s2.data());
+        std::vector<int32_t> vx{x}, vy{y};
+        StepInput st[2] = {{ta.get(), vx, false, b1.data(), {}}, {tb.get(), vy, false, b2.data(), {}}};
+        g->forward(st);
+        ASSERT_TRUE(st[0].error.empty() && st[1].error.empty());
+        expect_same(s1, b1, V, "decode a (tensor cores)");
+        expect_same(s2, b2, V, i < 3 ? "decode b (FP32)" : "decode b (tensor cores)");
+    }
+}
+
 // The compositions of steps `dsv4 serve` makes (test_util.h: solo, all prompts in one step,
 // 256-token steps with one arrival a step, twice, 37-token steps): every session gets its solo
 // bits, in the default prompt order (k order).
