@@ -451,9 +451,9 @@ void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t
                        float* score, uint64_t ld, cudaStream_t s, uint64_t tc_from = 0);
 // Decode rounds (official numerics): the rows that see this many compressed rows or more score
 // on the tensor cores (indexer_scores_tc with tc_from), the others on the FP32 kernels; 0 none
-// (DSV4_IDX_TC_DECODE, raised past the fused indexer's widths where the shapes allow it: a
-// row's own length decides, never the batch). Tests: indexer_tc_decode_override (N, or -1 back
-// to the variable's).
+// (DSV4_IDX_TC_DECODE, default 16,384, raised past the fused indexer's widths where the shapes
+// allow it: a row's own length decides, never the batch). Tests: indexer_tc_decode_override (N,
+// or -1 back to the variable's).
 uint64_t indexer_tc_decode_from(uint32_t NH, uint32_t DI, uint32_t n_rot);
 void indexer_tc_decode_override(int64_t n);
 // sel[r][0..top_k) = the top_k scores' indices (ties: lower index), ascending, for rows
