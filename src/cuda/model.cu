@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include "cuda/attention.cuh"
@@ -1983,23 +1984,30 @@ __global__ void __launch_bounds__(256) topk_plain_kernel(const float* score, uin
 // the cut, then the lowest-index keys equal to it, in index order) from the registers, each
 // thread's segment contiguous: the same bytes as topk_row.
 // E = 16 keys a thread for matrices up to 16,384 wide, 32 up to 32,768 (kRegMax).
+// CL > 1: a row by a cluster of CL blocks (32,768 keys each: up to 262,144 keys with 8, a 1M
+// context's row), block c holding keys [c·1,024·e, (c + 1)·1,024·e): each pass's histogram is
+// the sum of the blocks' (read over distributed shared memory, in two buffers taken in turn so
+// one cluster barrier a pass keeps every read of a buffer ahead of its next clearing), so
+// every block picks the same digit; the slots add the totals of the blocks before it.
 constexpr uint32_t kRegThreads = 1024, kRegMax = kRegThreads * 32;
+constexpr uint32_t kRegClusterMax = 8, kRegClusterRows = 64;   // (rows of a round: a cluster a row)
 
-template <uint32_t E>
+template <uint32_t E, uint32_t CL = 1>
 __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* score, uint64_t ld, const DevRow* rows,
                                                                uint32_t ratio, uint32_t n_plain, uint32_t k,
                                                                uint32_t* sel) {
+    static_assert(CL >= 1 && CL <= kRegClusterMax && (CL == 1 || E == 32), "clusters of blocks of 32,768 keys");
     pdl_begin();
     constexpr uint32_t NT = kRegThreads;
-    __shared__ uint32_t hist[4096];
-    __shared__ uint32_t s_prefix, s_remaining, s_all;
-    const uint32_t r = blockIdx.x, tid = threadIdx.x;
+    __shared__ uint32_t hist[CL > 1 ? 2 : 1][4096];
+    __shared__ uint32_t s_prefix, s_remaining, s_all, s_tot[2];
+    const uint32_t rank = blockIdx.x % CL, r = blockIdx.x / CL, tid = threadIdx.x;
     const uint32_t n = rows ? uint32_t(uint64_t(rows[r].pos + 1) / ratio) : n_plain;
-    if (n <= k) return;   // (rows: nothing to select; the same for every thread)
+    if (n <= k) return;   // (rows: nothing to select; the same for every thread of the cluster)
     const float* sc = score + uint64_t(r) * ld;
     uint32_t* out = sel + uint64_t(r) * k;
-    const uint32_t e = round_up4((n + NT - 1) / NT);   // keys a thread (<= E: the launcher checks n)
-    const uint32_t lo = min(n, tid * e), cnt = min(n - lo, e);
+    const uint32_t e = round_up4((n + CL * NT - 1) / (CL * NT));   // keys a thread (<= E: the launcher checks n)
+    const uint32_t lo = min(n, (rank * NT + tid) * e), cnt = min(n - lo, e);
     uint32_t u[E];
     const bool vec = (reinterpret_cast<uintptr_t>(sc) & 15) == 0;
 #pragma unroll
@@ -2014,24 +2022,31 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
     }
     if (tid == 0) s_remaining = k, s_all = 0;
     uint32_t prefix = 0, mask = 0;
+    namespace cg = cooperative_groups;
     // the passes: (shift, bits) = (20, 12), (10, 10), (0, 10)
 #pragma unroll 1
     for (int pass = 0; pass < 3; ++pass) {
         const int shift = pass == 0 ? 20 : pass == 1 ? 10 : 0;
         const uint32_t nb = pass == 0 ? 4096u : 1024u, dm = nb - 1;
-        for (uint32_t b = tid; b < nb; b += NT) hist[b] = 0;
+        uint32_t* hb = hist[CL > 1 ? pass & 1 : 0];
+        for (uint32_t b = tid; b < nb; b += NT) hb[b] = 0;
         __syncthreads();   // (also: s_all, s_prefix of the last pass read by every thread)
         if (s_all) break;
 #pragma unroll
         for (uint32_t j = 0; j < E; ++j)
-            if (j < cnt && (u[j] & mask) == prefix) atomicAdd(&hist[(u[j] >> shift) & dm], 1u);
-        __syncthreads();
-        // thread t's bins: 4t .. 4t + 3 (the first pass's 4,096) or t
+            if (j < cnt && (u[j] & mask) == prefix) atomicAdd(&hb[(u[j] >> shift) & dm], 1u);
+        if constexpr (CL > 1) cg::this_cluster().sync();   // every block's histogram complete
+        else __syncthreads();
+        // thread t's bins: 4t .. 4t + 3 (the first pass's 4,096) or t, summed over the cluster
         const uint32_t per = nb / NT;
         uint32_t h[4] = {0, 0, 0, 0};
+#pragma unroll 1
+        for (uint32_t c = 0; c < CL; ++c) {   // (CL = 1: this block's own)
+            const uint32_t* hc = (CL > 1 ? cg::this_cluster().map_shared_rank(hb, c) : hb) + per * tid;
 #pragma unroll
-        for (uint32_t i = 0; i < 4; ++i)
-            if (i < per) h[i] = hist[per * tid + i];
+            for (uint32_t i = 0; i < 4; ++i)
+                if (i < per) h[i] += hc[i];
+        }
         radix_pick_digit<NT>(h, per, shift, prefix, &s_prefix, &s_remaining, &s_all);
         __syncthreads();
         prefix = s_prefix;
@@ -2049,8 +2064,17 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
             eq += v == T;
         }
     uint32_t tot;
-    const uint32_t ex = block_excl_scan<NT>(gt | (eq << 16), &tot);   // (n <= 32,768: 16 bits each)
+    const uint32_t ex = block_excl_scan<NT>(gt | (eq << 16), &tot);   // (a block's 32,768 keys: 16 bits each)
     uint32_t gt_b = ex & 0xffffu, eq_b = ex >> 16;
+    if constexpr (CL > 1) {   // the keys of the blocks before this one come first
+        if (tid == 0) s_tot[0] = tot & 0xffffu, s_tot[1] = tot >> 16;
+        cg::this_cluster().sync();
+        for (uint32_t c = 0; c < rank; ++c) {
+            const uint32_t* o = cg::this_cluster().map_shared_rank(s_tot, c);
+            gt_b += o[0];
+            eq_b += o[1];
+        }
+    }
 #pragma unroll
     for (uint32_t j = 0; j < E; ++j)
         if (j < cnt) {
@@ -2063,6 +2087,7 @@ __global__ void __launch_bounds__(kRegThreads, 1) topk_reg_kernel(const float* s
                 ++eq_b;
             }
         }
+    if constexpr (CL > 1) cg::this_cluster().sync();   // no block leaves while the others read its shared memory
 }
 
 // indexer_q_prep's steps on one head of 128 held by a warp (lane: dims 4 lane .. 4 lane + 3):
@@ -3285,14 +3310,48 @@ bool topk_reg_on() {
     static const bool on = env_switch("DSV4_TOPK_REG", true);
     return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
 }
-// topk_reg_kernel on R rows of a score matrix `width` keys wide (<= kRegMax): 16 keys a thread
-// up to 16,384, 32 past it (rows: topk_select's, or nullptr for one row of n_plain keys).
+// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER=1 (off until
+// run on the device; topk_cluster_override, tests, wins) clusters of up to 8 blocks for
+// decode-sized rounds (a cluster a row; prompt rounds of 2,048 rows keep topk_select_kernel past
+// 32,768 keys: not measured there), else 32,768.
+int g_topk_cluster_override = -1;
+uint64_t topk_reg_max(uint32_t R) {
+    static const bool env = env_switch("DSV4_TOPK_CLUSTER", false);
+    const bool on = g_topk_cluster_override >= 0 ? g_topk_cluster_override != 0 : env;
+    return on && R <= kRegClusterRows ? uint64_t(kRegMax) * kRegClusterMax : kRegMax;
+}
+template <uint32_t CL>
+void launch_topk_reg_cluster(const float* score, uint64_t width, uint32_t R, const DevRow* rows, uint32_t ratio,
+                             uint32_t n_plain, uint32_t k, uint32_t* sel, cudaStream_t s) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(R * CL);
+    cfg.blockDim = dim3(kRegThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = CL;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    check(cudaLaunchKernelEx(&cfg, topk_reg_kernel<32, CL>, score, width, rows, ratio, n_plain, k, sel),
+          "top-k (a cluster a row)");
+}
+// topk_reg_kernel on R rows of a score matrix `width` keys wide (<= topk_reg_max(R)): 16 keys a
+// thread up to 16,384, 32 past it, and past 32,768 clusters of 2, 4 or 8 blocks (rows:
+// topk_select's, or nullptr for one row of n_plain keys).
 void launch_topk_reg(const float* score, uint64_t width, uint32_t R, const DevRow* rows, uint32_t ratio,
                      uint32_t n_plain, uint32_t k, uint32_t* sel, cudaStream_t s) {
     if (width <= kRegThreads * 16)
         topk_reg_kernel<16><<<R, kRegThreads, 0, s>>>(score, width, rows, ratio, n_plain, k, sel);
-    else
+    else if (width <= kRegMax)
         topk_reg_kernel<32><<<R, kRegThreads, 0, s>>>(score, width, rows, ratio, n_plain, k, sel);
+    else if (width <= 2 * uint64_t(kRegMax))
+        launch_topk_reg_cluster<2>(score, width, R, rows, ratio, n_plain, k, sel, s);
+    else if (width <= 4 * uint64_t(kRegMax))
+        launch_topk_reg_cluster<4>(score, width, R, rows, ratio, n_plain, k, sel, s);
+    else
+        launch_topk_reg_cluster<8>(score, width, R, rows, ratio, n_plain, k, sel, s);
 }
 template <class Kernel>
 void raise_topk_smem(Kernel kernel) {
@@ -3305,11 +3364,12 @@ void topk_stage_override(int on) { g_topk_stage_override = on; }
 void topk_warp_override(int on) { g_topk_warp_override = on; }
 void topk_filter_override(int on) { g_topk_filter_override = on; }
 void topk_reg_override(int on) { g_topk_reg_override = on; }
+void topk_cluster_override(int on) { g_topk_cluster_override = on; }
 
 void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows, uint32_t ratio, uint32_t top_k,
                  uint32_t* sel, cudaStream_t s) {
     if (!R) return;
-    if (topk_reg_on() && ld <= kRegMax) {
+    if (topk_reg_on() && ld <= topk_reg_max(R)) {
         launch_topk_reg(score, ld, R, rows, ratio, 0, top_k, sel, s);
         check_launch("topk_select");
         return;
@@ -3322,7 +3382,7 @@ void topk_select(const float* score, uint64_t ld, uint32_t R, const DevRow* rows
 }
 
 void topk_plain(const float* score, uint32_t n, uint32_t k, uint32_t* sel, cudaStream_t s) {
-    if (topk_reg_on() && n <= kRegMax) {
+    if (topk_reg_on() && n <= topk_reg_max(1)) {
         launch_topk_reg(score, n, 1, nullptr, 1, n, k, sel, s);
         check_launch("topk_plain");
         return;

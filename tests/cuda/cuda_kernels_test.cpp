@@ -854,22 +854,31 @@ std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
 // rounded to eighths: many ties, and a whole row of one value (the radix passes can stop on
 // no digit early). Form 8: rows up to 32,768 keys by 1,024 threads with the keys in registers
 // (DSV4_TOPK_REG: 16 keys a thread up to 16,384, 32 past it; rows of 16,381, 16,384 and 32,000
-// keys among them; topk_select at widths 16,384 and 32,768).
+// keys among them; topk_select at widths 16,384 and 32,768). Form 9: the same with rows up to
+// 262,144 keys by clusters of 2, 4 and 8 such blocks (DSV4_TOPK_CLUSTER: rows of 40,000,
+// 65,536, 70,000, 90,001, 131,072, 200,003 and 262,144 keys; topk_select at widths 65,536 and
+// 262,144).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
-    for (int form = 0; form < 9; ++form) {
-        const int stage = form & 1 ? 0 : 1, warp = (form >> 1) & 1, filter = (form >> 2) & 1, reg = form >> 3;
+    for (int form = 0; form < 10; ++form) {
+        const int stage = form & 1 && form < 9 ? 0 : 1, warp = (form >> 1) & 1, filter = (form >> 2) & 1,
+                  reg = form >> 3, cluster = form == 9;
         cuda::topk_stage_override(stage);
         cuda::topk_warp_override(warp);
         cuda::topk_filter_override(filter);
         cuda::topk_reg_override(reg);
-        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 16381u, 16384u, 20000u, 32000u, 70000u, 90001u}) {
+        cuda::topk_cluster_override(cluster);
+        for (uint32_t n : {600u, 601u, 1000u, 5000u, 5003u, 6000u, 16381u, 16384u, 20000u, 32000u, 40000u, 65536u,
+                           70000u, 90001u, 131072u, 200003u, 262144u}) {
             if ((n == 16381 || n == 16384 || n == 32000) && !reg) continue;
+            if ((n == 40000 || n == 65536 || n > 90001) && !cluster) continue;
             for (uint32_t k : {8u, 64u, 512u}) {
                 if (k >= n || (n > 6000 && k != 512)) continue;
                 auto s = random_floats(n, n + k, -1.0f, 1.0f);
                 // eighths: many ties (the filter's cut passes too many at 70,000); 20,000 and
                 // 90,001: few (90,001: the filter walks 3 chunks of staged keys)
-                const float q = n == 20000 || n == 90001 || n == 16381 || n == 32000 ? 4096.0f : 8.0f;
+                const float q = n == 20000 || n == 90001 || n == 16381 || n == 32000 || n == 65536 || n == 200003
+                                    ? 4096.0f
+                                    : 8.0f;
                 for (auto& v : s) v = std::round(v * q) / q;
                 s[5] = -0.0f;
                 if (n == 1000 || n == 6000)   // one value nearly everywhere (the sample's cut passes too many)
@@ -884,14 +893,20 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
                 cuda::topk_plain(ds.get() + off, n, k, sel.get(), nullptr);
                 ASSERT_EQ(sel.download(), topk_reference(s.data(), n, k))
                     << "n " << n << " k " << k << " stage " << stage << " warp " << warp << " filter " << filter
-                    << " reg " << reg;
+                    << " reg " << reg << " cluster " << cluster;
             }
         }
         // topk_select: rows of one score matrix (ld 32,768) seeing 20,000, 513 and 30,001 keys;
-        // form 8 also at ld 16,384 (16 keys a thread) with rows of 16,000, 513 and 9,001
-        for (int narrow = 0; narrow <= reg; ++narrow) {
-            const uint32_t ld = narrow ? 16384 : 32768, k = 512, R = 3, ratio = 4;
-            const uint32_t nv[R] = {narrow ? 16000u : 20000u, 513, narrow ? 9001u : 30001u};
+        // forms 8, 9 also at ld 16,384 (16 keys a thread) with rows of 16,000, 513 and 9,001; form
+        // 9 at ld 65,536 (40,000, 513, 65,536) and 262,144 (200,003, 513, 262,144)
+        for (int width = 0; width < (cluster ? 4 : 1 + reg); ++width) {
+            const uint32_t k = 512, R = 3, ratio = 4;
+            const uint32_t ld = width == 1 ? 16384 : width == 2 ? 65536 : width == 3 ? 262144 : 32768;
+            const uint32_t nv[R] = {width == 1   ? 16000u
+                                    : width == 2 ? 40000u
+                                    : width == 3 ? 200003u
+                                                 : 20000u,
+                                    513, width == 1 ? 9001u : width == 0 ? 30001u : ld};
             auto s = random_floats(uint64_t(R) * ld, 4242, -3.0f, 3.0f);
             for (auto& v : s) v = std::round(v * 16.0f) / 16.0f;
             std::vector<cuda::DevRow> rows(R);
@@ -905,7 +920,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
                 const auto want = topk_reference(s.data() + uint64_t(r) * ld, nv[r], k);
                 ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
                     << "row " << r << " ld " << ld << " stage " << stage << " warp " << warp << " filter " << filter
-                    << " reg " << reg;
+                    << " reg " << reg << " cluster " << cluster;
             }
         }
     }
@@ -913,6 +928,7 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
     cuda::topk_warp_override(-1);
     cuda::topk_filter_override(-1);
     cuda::topk_reg_override(-1);
+    cuda::topk_cluster_override(-1);
 }
 
 // The fused indexer (queries prepared, scored and selected in one launch) against the
