@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "cuda/kernels.h"
 
@@ -17,6 +18,26 @@ enum : uint32_t {
     T_F32 = 0, T_F16 = 1, T_Q8_0 = 8, T_Q2_K = 10, T_Q4_K = 12, T_Q8_K = 15, T_IQ2_XXS = 16, T_I32 = 26,
     T_BF16 = 30, T_MXFP4 = 39,
 };
+
+// A launch of `kernel` whose blocks form clusters of cluster.x × .y × .z (thread block clusters,
+// sm_90: their shared memory visible to each other).
+template <class... Params, class... Args>
+cudaError_t launch_clusters(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                            dim3 cluster, Args&&... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cluster.x;
+    at[0].val.clusterDim.y = cluster.y;
+    at[0].val.clusterDim.z = cluster.z;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
 
 // Programmatic dependent launch (Hopper): the first statement of every kernel. It lets the
 // next kernel of the stream be launched now (its blocks then wait in their own pdl_begin),

@@ -2577,21 +2577,8 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
             if (W.type == T_F16) gemm_float_flat_kernel<T_F16, false><<<grid, 256, kFfSmem, s>>>(p);
             else gemm_float_flat_kernel<T_BF16, false><<<grid, 256, kFfSmem, s>>>(p);
         } else {
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = grid;
-            cfg.blockDim = dim3(256);
-            cfg.dynamicSmemBytes = kFfSmem;
-            cfg.stream = s;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = 1;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = S;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
-            check(W.type == T_F16 ? cudaLaunchKernelEx(&cfg, gemm_float_flat_kernel<T_F16, true>, p)
-                                  : cudaLaunchKernelEx(&cfg, gemm_float_flat_kernel<T_BF16, true>, p),
-                  "gemm_float (flat, split)");
+            const auto kernel = W.type == T_F16 ? gemm_float_flat_kernel<T_F16, true> : gemm_float_flat_kernel<T_BF16, true>;
+            check(launch_clusters(kernel, grid, dim3(256), kFfSmem, s, dim3(1, 1, S), p), "gemm_float (flat, split)");
         }
         check_launch("gemm_float (flat)");
         return;

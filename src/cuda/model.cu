@@ -3323,18 +3323,8 @@ uint64_t topk_reg_max(uint32_t R) {
 template <uint32_t CL>
 void launch_topk_reg_cluster(const float* score, uint64_t width, uint32_t R, const DevRow* rows, uint32_t ratio,
                              uint32_t n_plain, uint32_t k, uint32_t* sel, cudaStream_t s) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(R * CL);
-    cfg.blockDim = dim3(kRegThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CL;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    check(cudaLaunchKernelEx(&cfg, topk_reg_kernel<32, CL>, score, width, rows, ratio, n_plain, k, sel),
+    check(launch_clusters(topk_reg_kernel<32, CL>, dim3(R * CL), dim3(kRegThreads), 0, s, dim3(CL), score, width, rows,
+                          ratio, n_plain, k, sel),
           "top-k (a cluster a row)");
 }
 // topk_reg_kernel on R rows of a score matrix `width` keys wide (<= topk_reg_max(R)): 16 keys a

@@ -327,6 +327,26 @@ TEST_F(CudaConsistency, DecodeBesideAPromptEqualsSolo) {
     EXPECT_EQ(tb->n_tokens(), b.size());
 }
 
+// Decode steps of two sessions: tokens x = i·mx, y = i·my alone (sa, sb), then the same tokens in
+// one forward call (ta, tb, holding the same prompts): the same bits at every step. what(i, 'a'
+// or 'b') names the step's comparison.
+template <class What>
+void expect_batched_decode_equals_solo(Backend& g, kv::SessionKV& sa, kv::SessionKV& sb, kv::SessionKV& ta,
+                                       kv::SessionKV& tb, size_t V, int steps, int mx, int my, What what) {
+    for (int i = 0; i < steps; ++i) {
+        const int32_t x = int32_t(i * mx % V), y = int32_t(i * my % V);
+        std::vector<float> s1(V), s2(V), b1(V), b2(V);
+        g.forward_one(sa, std::vector<int32_t>{x}, false, s1.data());
+        g.forward_one(sb, std::vector<int32_t>{y}, false, s2.data());
+        std::vector<int32_t> vx{x}, vy{y};
+        StepInput st[2] = {{&ta, vx, false, b1.data(), {}}, {&tb, vy, false, b2.data(), {}}};
+        g.forward(st);
+        ASSERT_TRUE(st[0].error.empty() && st[1].error.empty());
+        expect_same(s1, b1, V, what(i, 'a'));
+        expect_same(s2, b2, V, what(i, 'b'));
+    }
+}
+
 TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
     const auto a = random_tokens(300, 0, int32_t(V), 1), b = random_tokens(170, 0, int32_t(V), 2);
     kv::Budget budget;
@@ -340,17 +360,8 @@ TEST_F(CudaConsistency, BatchedSessionsEqualSolo) {
     expect_same(ra, la, V, "batched session a");
     expect_same(rb, lb, V, "batched session b");
     // Decode steps of both together.
-    for (int i = 0; i < 5; ++i) {
-        const int32_t x = int32_t(i * 7 % V), y = int32_t(i * 11 % V);
-        std::vector<float> s1(V), s2(V), b1(V), b2(V);
-        g->forward_one(*sa, std::vector<int32_t>{x}, false, s1.data());
-        g->forward_one(*sb, std::vector<int32_t>{y}, false, s2.data());
-        std::vector<int32_t> vx{x}, vy{y};
-        StepInput st[2] = {{ta.get(), vx, false, b1.data(), {}}, {tb.get(), vy, false, b2.data(), {}}};
-        g->forward(st);
-        expect_same(s1, b1, V, "decode a");
-        expect_same(s2, b2, V, "decode b");
-    }
+    expect_batched_decode_equals_solo(*g, *sa, *sb, *ta, *tb, V, 5, 7, 11,
+                                      [](int, char s) { return std::string("decode ") + s; });
 }
 
 // Decode rounds whose long rows score on the tensor cores (DSV4_IDX_TC_DECODE; here from 60
@@ -374,18 +385,9 @@ TEST_F(CudaConsistency, LongRowsOnTheTensorCoresEqualSolo) {
     StepInput in[2] = {{ta.get(), a, true, la.data(), {}}, {tb.get(), b, true, lb.data(), {}}};
     g->forward(in);
     ASSERT_TRUE(in[0].error.empty() && in[1].error.empty());
-    for (int i = 0; i < 8; ++i) {
-        const int32_t x = int32_t(i * 5 % V), y = int32_t(i * 13 % V);
-        std::vector<float> s1(V), s2(V), b1(V), b2(V);
-        g->forward_one(*sa, std::vector<int32_t>{x}, false, s1.data());
-        g->forward_one(*sb, std::vector<int32_t>{y}, false, s2.data());
-        std::vector<int32_t> vx{x}, vy{y};
-        StepInput st[2] = {{ta.get(), vx, false, b1.data(), {}}, {tb.get(), vy, false, b2.data(), {}}};
-        g->forward(st);
-        ASSERT_TRUE(st[0].error.empty() && st[1].error.empty());
-        expect_same(s1, b1, V, "decode a (tensor cores)");
-        expect_same(s2, b2, V, i < 3 ? "decode b (FP32)" : "decode b (tensor cores)");
-    }
+    expect_batched_decode_equals_solo(*g, *sa, *sb, *ta, *tb, V, 8, 5, 13, [](int i, char s) {
+        return std::string("decode ") + s + (s == 'b' && i < 3 ? " (FP32)" : " (tensor cores)");
+    });
 }
 
 // The compositions of steps `dsv4 serve` makes (test_util.h: solo, all prompts in one step,
