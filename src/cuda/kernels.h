@@ -477,7 +477,7 @@ void topk_filter_override(int on);
 void topk_reg_override(int on);
 // Tests: 1 lets topk_reg_kernel take rows of decode-sized rounds (up to 64 rows) of score
 // matrices up to 262,144 keys wide by clusters of 2, 4 or 8 blocks (DSV4_TOPK_CLUSTER=1), 0 not,
-// -1 back to the default (0). The same bytes.
+// -1 back to the default (1). The same bytes.
 void topk_cluster_override(int on);
 // Tests: the fused indexer's tiles of 16 keys a block (DSV4_IDX_FUSED_TILES: N > 0, or 0 for
 // about 128 blocks a row), -1 back to the default (1). The same bits.

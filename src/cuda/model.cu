@@ -3310,13 +3310,14 @@ bool topk_reg_on() {
     static const bool on = env_switch("DSV4_TOPK_REG", true);
     return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
 }
-// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER=1 (off until
-// run on the device; topk_cluster_override, tests, wins) clusters of up to 8 blocks for
-// decode-sized rounds (a cluster a row; prompt rounds of 2,048 rows keep topk_select_kernel past
-// 32,768 keys: not measured there), else 32,768.
+// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER (on;
+// topk_cluster_override, tests, wins) clusters of up to 8 blocks for decode-sized rounds (a
+// cluster a row; run 137, 4 ratio-4 layers: decode +5 % holding a 128K conversation, +12 % at
+// 256K, 3.2x at 1M, where topk_select_kernel's staged chunks held 250,000 keys a row; prompt
+// rounds of 2,048 rows keep topk_select_kernel past 32,768 keys: not measured there), else 32,768.
 int g_topk_cluster_override = -1;
 uint64_t topk_reg_max(uint32_t R) {
-    static const bool env = env_switch("DSV4_TOPK_CLUSTER", false);
+    static const bool env = env_switch("DSV4_TOPK_CLUSTER", true);
     const bool on = g_topk_cluster_override >= 0 ? g_topk_cluster_override != 0 : env;
     return on && R <= kRegClusterRows ? uint64_t(kRegMax) * kRegClusterMax : kRegMax;
 }
