@@ -11,6 +11,9 @@
 # About 3 minutes before the first setting, then ~45 s a setting; keep it under the device
 # tool's 10 minutes a command (6 settings fit). For a short budget: DSV4_AB_LAYERS=4 (a
 # 4-layer model: per-layer figures, seconds a setting) and GTEST_FILTER (the tests to run).
+# AB_TIMEOUT (240 s) bounds each setting: a 256K conversation on 43 layers takes ~190 s a
+# setting (two 262,144-token prompts: the warm-up's and the measured one's) and the first
+# setting ~80 s more (the synthesis): AB_TIMEOUT=330 and two settings (run 138's first timed out).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -34,7 +37,7 @@ printf "%-50s %12s %12s %14s\n" "setting" "prefill t/s" "decode t/s" "layers ms/
 for S in "${LIST[@]}"; do
   [[ "$S" == "-" ]] && S=""
   env TMPDIR=/dev/shm DSV4_CUDA_BENCH=1 DSV4_CUDA_TIMING=1 DSV4_BENCH_LAYERS=$LAYERS DSV4_BENCH_DECODE=32 \
-      DSV4_BENCH_MODEL=$MODEL DSV4_BENCH_AB=1 $S timeout 240 build-gpu/dsv4_cuda_tests \
+      DSV4_BENCH_MODEL=$MODEL DSV4_BENCH_AB=1 $S timeout ${AB_TIMEOUT:-240} build-gpu/dsv4_cuda_tests \
       --gtest_filter='CudaBench.Flash*' > "$OUT/ab.tmp" 2>&1
   cat "$OUT/ab.tmp" >> "$OUT/ab.log"
   line=$(grep -E '^ctx 1M lazy' "$OUT/ab.tmp" | tail -1)

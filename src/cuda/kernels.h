@@ -446,6 +446,9 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 // indexer_scores'). indexer_tc_ok: the shapes it takes (up to 64 heads of 64 or 128) and
 // DSV4_IDX_TC (default 1).
 bool indexer_tc_ok(uint32_t NH, uint32_t DI);
+// Tests: indexer_scores_tc's query rows a block (1 ... 32; DSV4_IDX_TC_ROWS, default 16), -1
+// back to the default. The same bits.
+void indexer_tc_rows_override(int rows);
 void indexer_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, uint32_t DI, const DevRow* rows,
                        const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
                        float* score, uint64_t ld, cudaStream_t s, uint64_t tc_from = 0);
@@ -476,8 +479,8 @@ void topk_filter_override(int on);
 // The same bytes.
 void topk_reg_override(int on);
 // Tests: 1 lets topk_reg_kernel take rows of decode-sized rounds (up to 64 rows) of score
-// matrices up to 262,144 keys wide by clusters of 2, 4 or 8 blocks (DSV4_TOPK_CLUSTER=1), 0 not,
-// -1 back to the default (1). The same bytes.
+// matrices up to 262,144 keys wide by clusters of 2, 4 or 8 blocks (DSV4_TOPK_CLUSTER=1), 2
+// rows of every round, 0 none, -1 back to the default (1). The same bytes.
 void topk_cluster_override(int on);
 // Tests: the fused indexer's tiles of 16 keys a block (DSV4_IDX_FUSED_TILES: N > 0, or 0 for
 // about 128 blocks a row), -1 back to the default (1). The same bits.

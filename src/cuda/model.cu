@@ -1385,10 +1385,11 @@ __global__ void __launch_bounds__(NTH) indexer_scores_tiled_kernel(const float* 
 // the 8 lanes of a key), whatever the block, batch or chunk: the chunkings of a prompt stay
 // bit-identical.
 // A block: kTcKeys = 256 index rows of one session staged as BF16 (8 warps of 32 keys), and
-// up to kTcRows query rows in turn, each row's BF16 queries (indexer_q_prep's qb: half the
+// up to RB query rows in turn (idx_tc_rows: DSV4_IDX_TC_ROWS, 16 by default, up to kTcRowsMax:
+// more rows a block stage each key block fewer times; the same bits whatever RB), each row's BF16 queries (indexer_q_prep's qb: half the
 // bytes of the floats, no conversion here) copied by cp.async one row ahead; MT m-tiles of 16
 // heads (heads past NH are zero, weight 0).
-constexpr uint32_t kTcKeys = 256, kTcRows = 16, kTcThreads = 256;
+constexpr uint32_t kTcKeys = 256, kTcRowsMax = 32, kTcThreads = 256;   // (rows a block: bits of one uint32_t)
 template <uint32_t DI>
 constexpr uint32_t tc_pitch() { return DI + 8; }   // bf16 a staged row: 16 bytes of padding, ldmatrix rows on distinct banks
 template <uint32_t DI, uint32_t MT>
@@ -1412,7 +1413,7 @@ template <uint32_t DI, uint32_t MT>
 __global__ void __launch_bounds__(kTcThreads, 2)
     indexer_scores_tc_kernel(const uint16_t* qb, const float* wi, uint32_t NH, const DevRow* rows,
                              const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint32_t R,
-                             float* score, uint64_t ld, uint64_t tc_from) {
+                             float* score, uint64_t ld, uint64_t tc_from, uint32_t RB) {
     static_assert(DI % 16 == 0 && MT >= 1 && MT <= 4, "k16 steps, up to 64 heads");
     constexpr uint32_t KP = tc_pitch<DI>(), HP = 16 * MT, D4 = DI / 4, C8 = DI / 8;   // C8: 16-byte chunks a head
     pdl_begin();
@@ -1422,7 +1423,7 @@ __global__ void __launch_bounds__(kTcThreads, 2)
     float* w_s = reinterpret_cast<float*>(tc_sm + (kTcKeys + 2 * HP) * KP * 2);   // [2][HP]
     const uint32_t t = threadIdx.x, lane = t & 31, w = t >> 5, gid = lane >> 2, tig = lane & 3;
     const uint64_t c0 = uint64_t(blockIdx.x) * kTcKeys;
-    const uint32_t r0 = blockIdx.y * kTcRows, nr = min(kTcRows, R - r0);
+    const uint32_t r0 = blockIdx.y * RB, nr = min(RB, R - r0);   // (RB <= kTcRowsMax)
     // the block's rows that score keys of this chunk (every thread forms the same mask; rows
     // below tc_from are the FP32 kernels')
     uint32_t act = 0;
@@ -3225,6 +3226,15 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 }
 
 namespace {
+// Query rows a block of indexer_scores_tc_kernel: DSV4_IDX_TC_ROWS (1 ... 32, default 16; each
+// block stages its 256 index rows once for its rows, so a long prompt's chunk, 8 blocks of rows
+// for every 256 keys at 128 rows, restages each key block R / RB times); indexer_tc_rows_override
+// (tests) wins. The same bits: a score is its own row's, whatever the block.
+int g_idx_tc_rows_override = -1;
+uint32_t idx_tc_rows() {
+    static const uint32_t env = uint32_t(std::clamp(env_int("DSV4_IDX_TC_ROWS", 16), 1, int(kTcRowsMax)));
+    return g_idx_tc_rows_override > 0 ? std::min(uint32_t(g_idx_tc_rows_override), kTcRowsMax) : env;
+}
 template <uint32_t DI, uint32_t MT>
 void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
                       const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t top_k, uint64_t max_vis,
@@ -3237,14 +3247,17 @@ void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t 
         return true;
     }();
     (void)raised;
-    const dim3 grid(uint32_t((max_vis + kTcKeys - 1) / kTcKeys), (R + kTcRows - 1) / kTcRows);
-    kernel<<<grid, kTcThreads, smem, s>>>(qb, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld, tc_from);
+    const uint32_t RB = idx_tc_rows();
+    const dim3 grid(uint32_t((max_vis + kTcKeys - 1) / kTcKeys), (R + RB - 1) / RB);
+    kernel<<<grid, kTcThreads, smem, s>>>(qb, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld, tc_from, RB);
     check_launch("indexer scores (tensor cores)");
 }
 }  // namespace
 
 // DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
 // indexer_scores, decode's bits).
+void indexer_tc_rows_override(int rows) { g_idx_tc_rows_override = rows; }
+
 bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
     static const bool on = env_switch("DSV4_IDX_TC", true);
     return on && NH >= 1 && NH <= 64 && (DI == 64 || DI == 128);
@@ -3310,16 +3323,17 @@ bool topk_reg_on() {
     static const bool on = env_switch("DSV4_TOPK_REG", true);
     return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
 }
-// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER (on;
-// topk_cluster_override, tests, wins) clusters of up to 8 blocks for decode-sized rounds (a
-// cluster a row; run 137, 4 ratio-4 layers: decode +5 % holding a 128K conversation, +12 % at
-// 256K, 3.2x at 1M, where topk_select_kernel's staged chunks held 250,000 keys a row; prompt
-// rounds of 2,048 rows keep topk_select_kernel past 32,768 keys: not measured there), else 32,768.
+// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER (1 by
+// default; topk_cluster_override, tests, wins) clusters of up to 8 blocks for decode-sized
+// rounds (a cluster a row; run 137, 4 ratio-4 layers: decode +5 % holding a 128K conversation,
+// +12 % at 256K, 3.2x at 1M, where topk_select_kernel's staged chunks held 250,000 keys a row),
+// with 2 for prompt rounds too (a long prompt's late chunks: 2,048 rows of 32,768+ keys; not yet
+// measured), else 32,768 (0: never).
 int g_topk_cluster_override = -1;
 uint64_t topk_reg_max(uint32_t R) {
-    static const bool env = env_switch("DSV4_TOPK_CLUSTER", true);
-    const bool on = g_topk_cluster_override >= 0 ? g_topk_cluster_override != 0 : env;
-    return on && R <= kRegClusterRows ? uint64_t(kRegMax) * kRegClusterMax : kRegMax;
+    static const int env = env_int("DSV4_TOPK_CLUSTER", 1);
+    const int mode = g_topk_cluster_override >= 0 ? g_topk_cluster_override : env;
+    return mode >= 2 || (mode == 1 && R <= kRegClusterRows) ? uint64_t(kRegMax) * kRegClusterMax : kRegMax;
 }
 template <uint32_t CL>
 void launch_topk_reg_cluster(const float* score, uint64_t width, uint32_t R, const DevRow* rows, uint32_t ratio,

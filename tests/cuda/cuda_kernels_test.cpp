@@ -857,8 +857,27 @@ std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
 // keys among them; topk_select at widths 16,384 and 32,768). Form 9: the same with rows up to
 // 262,144 keys by clusters of 2, 4 and 8 such blocks (DSV4_TOPK_CLUSTER: rows of 40,000,
 // 65,536, 70,000, 90,001, 131,072, 200,003 and 262,144 keys; topk_select at widths 65,536 and
-// 262,144).
+// 262,144). Then the clusters for every round (DSV4_TOPK_CLUSTER=2: a prompt round's 70 rows at
+// width 65,536, past the decode-sized rounds' 64).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
+    // topk_select (k 512, ratio 4) on rows of one score matrix ld keys wide, row r seeing nv[r]
+    // keys (values in sixteenths: ties), against the sort
+    auto select_rows = [](uint32_t ld, const std::vector<uint32_t>& nv, uint64_t seed, auto what) {
+        const uint32_t k = 512, R = uint32_t(nv.size()), ratio = 4;
+        auto s = random_floats(uint64_t(R) * ld, seed, -3.0f, 3.0f);
+        for (auto& v : s) v = std::round(v * 16.0f) / 16.0f;
+        std::vector<cuda::DevRow> rows(R);
+        for (uint32_t r = 0; r < R; ++r) rows[r] = {int64_t(ratio * nv[r] - 1 + r % ratio), 0, int32_t(r)};
+        DevVec<float> ds(s);
+        DevVec<cuda::DevRow> drows(rows);
+        DevVec<uint32_t> sel(std::vector<uint32_t>(R * k, 0xdeadbeefu));
+        cuda::topk_select(ds.get(), ld, R, drows.get(), ratio, k, sel.get(), nullptr);
+        const auto got = sel.download();
+        for (uint32_t r = 0; r < R; ++r) {
+            const auto want = topk_reference(s.data() + uint64_t(r) * ld, nv[r], k);
+            ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t))) << "row " << r << " " << what();
+        }
+    };
     for (int form = 0; form < 10; ++form) {
         const int stage = form & 1 && form < 9 ? 0 : 1, warp = (form >> 1) & 1, filter = (form >> 2) & 1,
                   reg = form >> 3, cluster = form == 9;
@@ -900,29 +919,24 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
         // forms 8, 9 also at ld 16,384 (16 keys a thread) with rows of 16,000, 513 and 9,001; form
         // 9 at ld 65,536 (40,000, 513, 65,536) and 262,144 (200,003, 513, 262,144)
         for (int width = 0; width < (cluster ? 4 : 1 + reg); ++width) {
-            const uint32_t k = 512, R = 3, ratio = 4;
             const uint32_t ld = width == 1 ? 16384 : width == 2 ? 65536 : width == 3 ? 262144 : 32768;
-            const uint32_t nv[R] = {width == 1   ? 16000u
-                                    : width == 2 ? 40000u
-                                    : width == 3 ? 200003u
-                                                 : 20000u,
-                                    513, width == 1 ? 9001u : width == 0 ? 30001u : ld};
-            auto s = random_floats(uint64_t(R) * ld, 4242, -3.0f, 3.0f);
-            for (auto& v : s) v = std::round(v * 16.0f) / 16.0f;
-            std::vector<cuda::DevRow> rows(R);
-            for (uint32_t r = 0; r < R; ++r) rows[r] = {int64_t(ratio * nv[r] - 1 + r % ratio), 0, int32_t(r)};
-            DevVec<float> ds(s);
-            DevVec<cuda::DevRow> drows(rows);
-            DevVec<uint32_t> sel(std::vector<uint32_t>(R * k, 0xdeadbeefu));
-            cuda::topk_select(ds.get(), ld, R, drows.get(), ratio, k, sel.get(), nullptr);
-            const auto got = sel.download();
-            for (uint32_t r = 0; r < R; ++r) {
-                const auto want = topk_reference(s.data() + uint64_t(r) * ld, nv[r], k);
-                ASSERT_EQ(0, std::memcmp(want.data(), got.data() + r * k, k * sizeof(uint32_t)))
-                    << "row " << r << " ld " << ld << " stage " << stage << " warp " << warp << " filter " << filter
-                    << " reg " << reg << " cluster " << cluster;
-            }
+            const std::vector<uint32_t> nv = {width == 1   ? 16000u
+                                              : width == 2 ? 40000u
+                                              : width == 3 ? 200003u
+                                                           : 20000u,
+                                              513, width == 1 ? 9001u : width == 0 ? 30001u : ld};
+            select_rows(ld, nv, 4242, [&] {
+                return "ld " + std::to_string(ld) + " stage " + std::to_string(stage) + " warp " +
+                       std::to_string(warp) + " filter " + std::to_string(filter) + " reg " + std::to_string(reg) +
+                       " cluster " + std::to_string(cluster);
+            });
         }
+    }
+    {   // a prompt round's 70 rows
+        cuda::topk_cluster_override(2);
+        std::vector<uint32_t> nv(70);
+        for (uint32_t r = 0; r < nv.size(); ++r) nv[r] = r % 3 == 0 ? 40000 + 97 * r : r % 3 == 1 ? 513 + r : 65536;
+        select_rows(65536, nv, 4343, [] { return std::string("a 70-row round, clusters in every round"); });
     }
     cuda::topk_stage_override(-1);
     cuda::topk_warp_override(-1);
@@ -1184,6 +1198,16 @@ TEST_F(CudaKernels, IndexerTensorCoreScoresMatchFp32) {
                                     s1.get(), ld, nullptr);
             const auto a = s1.download();
             ASSERT_EQ(0, std::memcmp(a.data(), tc.data() + uint64_t(r) * ld, ld * sizeof(float))) << "row " << r;
+        }
+        // the batch by other numbers of rows a block (DSV4_IDX_TC_ROWS; 16 above): the same bits
+        for (int rb : {32, 5, 1}) {
+            cuda::indexer_tc_rows_override(rb);
+            DevVec<float> s_rb(init);
+            cuda::indexer_scores_tc(dqb.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k,
+                                    max_vis, s_rb.get(), ld, nullptr);
+            cuda::indexer_tc_rows_override(-1);
+            const auto a = s_rb.download();
+            ASSERT_EQ(0, std::memcmp(a.data(), tc.data(), tc.size() * sizeof(float))) << rb << " rows a block";
         }
         // A decode round split by the rows' own lengths (DSV4_IDX_TC_DECODE): the queries
         // prepared as floats and BF16 at once (keep_qi), the rows below tc_from by the FP32
