@@ -53,7 +53,8 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # NCU_DETAIL=REGEX (with --ncu): instead of the per-kernel table, Nsight Compute's sections
 # (speed of light, occupancy, warp stalls, memory) for the first NCU_COUNT (8) kernels (of the
 # decode steps, or of the prefill chunk) whose names match REGEX: why a kernel takes the time
-# it takes. NCU_ARGS replaces those sections (e.g. --metrics regex:...).
+# it takes. NCU_ARGS replaces those sections (e.g. --metrics regex:...); NCU_TESTS the benchmarks
+# run under it (CudaBench.Flash*; CudaBench.FlashDecodePrefillKv alone for a long context).
 # NCU_SOURCE=1 (with NCU_DETAIL): the first matching kernel's SASS instruction by instruction
 # instead (Nsight Compute's source counters: instructions executed and warp stall samples a
 # SASS line): the 40 lines with the most stall samples, and the executed instructions and
@@ -106,7 +107,7 @@ if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
     -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" ${NCU_ARGS:---section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats} \
-    "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.Flash*" > "$LOG/ncu_detail.txt" 2>&1
+    "$BUILD/dsv4_cuda_tests" --gtest_filter="${NCU_TESTS:-CudaBench.Flash*}" > "$LOG/ncu_detail.txt" 2>&1
   echo "ncu rc $?"
   grep -vE "^ *(----|==PROF==)" "$LOG/ncu_detail.txt" | grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size|Waves|Stall|Warp Cycles|Eligible|Issued|Shared Memory Config|Dynamic Shared|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps|Theoretical" | head -${NCU_LINES:-400}
   exit 0

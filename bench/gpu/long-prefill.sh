@@ -21,15 +21,13 @@ C64="$R DSV4_BENCH_CONTEXT=65536" C256="$R DSV4_BENCH_CONTEXT=262144"
 SETTINGS="$C64;$C64 $BOTH;$C256;$C256 DSV4_IDX_TC_ROWS=32;$C256 DSV4_TOPK_CLUSTER=2;$C256 $BOTH"
 GTEST_FILTER=${GTEST_FILTER:-'*TopK*:*IndexerTensorCore*:*CudaConsistency*'} DSV4_AB_LAYERS=4 AB_TIMEOUT=120 \
   bench/gpu/ab43.sh "${1:-$SETTINGS}"
-[[ -d .deps/usr ]] && export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-# (a kernel's name, its grid and its duration a line; 4 layers: a call a layer)
+# (scripts/gpu.sh's Nsight sections, squeezed to a kernel's name, its grid and its duration a
+# line; 4 layers: a call a layer)
 for S in "" "$BOTH"; do
   echo "== Nsight Compute, the last chunk of a 256K prompt, 4 ratio-4 layers: ${S:-defaults}"
-  env TMPDIR=/dev/shm DSV4_CUDA_BENCH=1 DSV4_NCU=prefill DSV4_BENCH_LAYERS=4 $C256 DSV4_BENCH_DECODE=8 $S \
-    timeout 150 "$NCU" --profile-from-start off --clock-control none --cache-control none \
-    -k 'regex:indexer_scores_tc|topk|attn' -c 6 --section SpeedOfLight \
-    build-gpu/dsv4_cuda_tests --gtest_filter=CudaBench.FlashDecodePrefillKv 2>&1 |
+  env $C256 $S NCU_STEP=prefill NCU_DETAIL='indexer_scores_tc|topk|attn' NCU_COUNT=6 NCU_ARGS='--section SpeedOfLight' \
+    NCU_TESTS=CudaBench.FlashDecodePrefillKv NCU_CACHE=none BENCH_TIMEOUT=150 DSV4_BENCH_LAYERS=4 DSV4_BENCH_DECODE=8 \
+    OUT=${OUT:-build-gpu/logs}/ncu${S:+-both} scripts/gpu.sh --ncu 2>&1 |
     grep -E "^  [a-z_v]|Duration" | sed -E 's/\(const.*\) \(/ (/; s/, Context.*//' | paste - - | awk '{$1=$1};1' | cut -c1-150
 done
 [[ -z "${LONG43:-}" ]] && exit 0

@@ -1386,9 +1386,9 @@ __global__ void __launch_bounds__(NTH) indexer_scores_tiled_kernel(const float* 
 // bit-identical.
 // A block: kTcKeys = 256 index rows of one session staged as BF16 (8 warps of 32 keys), and
 // up to RB query rows in turn (idx_tc_rows: DSV4_IDX_TC_ROWS, 16 by default, up to kTcRowsMax:
-// more rows a block stage each key block fewer times; the same bits whatever RB), each row's BF16 queries (indexer_q_prep's qb: half the
-// bytes of the floats, no conversion here) copied by cp.async one row ahead; MT m-tiles of 16
-// heads (heads past NH are zero, weight 0).
+// more rows a block stage each key block fewer times; the same bits whatever RB), each row's
+// BF16 queries (indexer_q_prep's qb: half the bytes of the floats, no conversion here) copied
+// by cp.async one row ahead; MT m-tiles of 16 heads (heads past NH are zero, weight 0).
 constexpr uint32_t kTcKeys = 256, kTcRowsMax = 32, kTcThreads = 256;   // (rows a block: bits of one uint32_t)
 template <uint32_t DI>
 constexpr uint32_t tc_pitch() { return DI + 8; }   // bf16 a staged row: 16 bytes of padding, ldmatrix rows on distinct banks
@@ -3254,10 +3254,10 @@ void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t 
 }
 }  // namespace
 
-// DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
-// indexer_scores, decode's bits).
 void indexer_tc_rows_override(int rows) { g_idx_tc_rows_override = rows; }
 
+// DSV4_IDX_TC=0 keeps prompt rounds' indexer scores on the FP32 kernels (indexer_fused or
+// indexer_scores, decode's bits).
 bool indexer_tc_ok(uint32_t NH, uint32_t DI) {
     static const bool on = env_switch("DSV4_IDX_TC", true);
     return on && NH >= 1 && NH <= 64 && (DI == 64 || DI == 128);

@@ -925,18 +925,19 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
                                               : width == 3 ? 200003u
                                                            : 20000u,
                                               513, width == 1 ? 9001u : width == 0 ? 30001u : ld};
-            select_rows(ld, nv, 4242, [&] {
+            ASSERT_NO_FATAL_FAILURE(select_rows(ld, nv, 4242, [&] {
                 return "ld " + std::to_string(ld) + " stage " + std::to_string(stage) + " warp " +
                        std::to_string(warp) + " filter " + std::to_string(filter) + " reg " + std::to_string(reg) +
                        " cluster " + std::to_string(cluster);
-            });
+            }));
         }
     }
     {   // a prompt round's 70 rows
         cuda::topk_cluster_override(2);
         std::vector<uint32_t> nv(70);
         for (uint32_t r = 0; r < nv.size(); ++r) nv[r] = r % 3 == 0 ? 40000 + 97 * r : r % 3 == 1 ? 513 + r : 65536;
-        select_rows(65536, nv, 4343, [] { return std::string("a 70-row round, clusters in every round"); });
+        ASSERT_NO_FATAL_FAILURE(
+            select_rows(65536, nv, 4343, [] { return std::string("a 70-row round, clusters in every round"); }));
     }
     cuda::topk_stage_override(-1);
     cuda::topk_warp_override(-1);
