@@ -45,6 +45,8 @@ void ModelOptions::add_to(CLI::App& app, bool model_required) {
     app.add_option("-c,--ctx", ctx, "logical context of the session in tokens")->check(CLI::PositiveNumber);
     app.add_option("--chunk", chunk, "prefill chunk in tokens (default: 512 on the CPU, 2048 on CUDA)")
         ->check(CLI::Range(1u, 1u << 20));
+    app.add_flag("--fast-prefill", fast_prefill,
+                 "CUDA: prompts' Q8_0 products through cuBLAS in FP16 (faster; not the CPU's bits)");
     app.add_flag("--kv-eager", kv_eager, "commit all KV memory at session creation (for comparison)");
     app.add_option("--kv-initial-rows", kv_initial_rows, "compressed KV rows per stream committed at creation");
     app.add_option("--kv-budget", kv_budget, "process-wide KV budget in bytes (e.g. 8G); 0 = none");
@@ -57,6 +59,7 @@ runtime::EngineOptions ModelOptions::engine_options() const {
     o.backend_opt.numerics = parse_numerics(numerics);
     o.backend_opt.threads = threads;
     o.backend_opt.prefill_chunk = chunk;
+    o.backend_opt.fast_prefill = fast_prefill;
     o.kv_opt.eager = kv_eager;
     o.kv_opt.initial_rows = kv_initial_rows;
     o.kv_budget = parse_bytes("--kv-budget", kv_budget);

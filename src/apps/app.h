@@ -20,6 +20,7 @@ struct ModelOptions {
     uint64_t ctx = 4096;
     uint32_t chunk = 0;   // 0: the backend's default (kCpuPrefillChunk / kCudaPrefillChunk)
     bool kv_eager = false;
+    bool fast_prefill = false;
     uint64_t kv_initial_rows = 4096;
     std::string kv_budget;          // bytes, with optional K/M/G suffix
     std::string stats_json;

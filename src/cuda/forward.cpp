@@ -328,10 +328,15 @@ public:
         if (pinned_) cudaFreeHost(pinned_);
         if (stream_) {
             cudaStreamSynchronize(stream_);
+            release_cublas(stream_);
             cudaStreamDestroy(stream_);
         }
         for (auto& sd : side_)
-            if (sd) cudaStreamDestroy(sd);
+            if (sd) {
+                cudaStreamSynchronize(sd);
+                release_cublas(sd);
+                cudaStreamDestroy(sd);
+            }
         for (auto& e : branch_ev_) cudaEventDestroy(e);
     }
 
@@ -1137,6 +1142,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && is_prompt(inputs[i]));
         const bool flat = prefill_flat() && prompt;
         gemm_prefill_order(flat);
+        gemm_q8_0_cublas_round(opt_.fast_prefill ? kQ8CublasRows : 0);
         gemm_decode_round(!prompt);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.

@@ -1385,7 +1385,7 @@ __global__ void __launch_bounds__(NTH) indexer_scores_tiled_kernel(const float* 
 // the 8 lanes of a key), whatever the block, batch or chunk: the chunkings of a prompt stay
 // bit-identical.
 // A block: kTcKeys = 256 index rows of one session staged as BF16 (8 warps of 32 keys), and
-// up to RB query rows in turn (idx_tc_rows: DSV4_IDX_TC_ROWS, 16 by default, up to kTcRowsMax:
+// up to RB query rows in turn (idx_tc_rows: DSV4_IDX_TC_ROWS, 16 or 32 by the width, up to kTcRowsMax:
 // more rows a block stage each key block fewer times; the same bits whatever RB), each row's
 // BF16 queries (indexer_q_prep's qb: half the bytes of the floats, no conversion here) copied
 // by cp.async one row ahead; MT m-tiles of 16 heads (heads past NH are zero, weight 0).
@@ -3226,14 +3226,20 @@ void indexer_scores(const float* qi, const float* wi, uint32_t R, uint32_t NH, u
 }
 
 namespace {
-// Query rows a block of indexer_scores_tc_kernel: DSV4_IDX_TC_ROWS (1 ... 32, default 16; each
-// block stages its 256 index rows once for its rows, so a long prompt's chunk, 8 blocks of rows
-// for every 256 keys at 128 rows, restages each key block R / RB times); indexer_tc_rows_override
-// (tests) wins. The same bits: a score is its own row's, whatever the block.
+// Query rows a block of indexer_scores_tc_kernel for a score matrix max_vis keys wide:
+// DSV4_IDX_TC_ROWS (1 ... 32), else 32 from kTcWideRows keys (each block stages its 256 index
+// rows once for its rows: a long prompt's chunk restages every key block R / RB times; run 143,
+// the last chunk of a 256K prompt, 65,536 keys: 6.64 against 6.89 ms a layer) and 16 below
+// (run 144, 43 layers on a 64K prompt, up to 16,384 keys: 4,021 against 4,036 tok/s, no gain;
+// a short prompt's few key blocks keep twice the blocks to spread over the SMs);
+// indexer_tc_rows_override (tests) wins. The same bits: a score is its own row's, whatever the block.
+constexpr uint64_t kTcWideRows = 128 * kTcKeys;
 int g_idx_tc_rows_override = -1;
-uint32_t idx_tc_rows() {
-    static const uint32_t env = uint32_t(std::clamp(env_int("DSV4_IDX_TC_ROWS", 16), 1, int(kTcRowsMax)));
-    return g_idx_tc_rows_override > 0 ? std::min(uint32_t(g_idx_tc_rows_override), kTcRowsMax) : env;
+uint32_t idx_tc_rows(uint64_t max_vis) {
+    static const int env = env_int("DSV4_IDX_TC_ROWS", 0);
+    const int rows = g_idx_tc_rows_override > 0 ? g_idx_tc_rows_override : env;
+    if (rows > 0) return std::min(uint32_t(rows), kTcRowsMax);
+    return max_vis >= kTcWideRows ? kTcRowsMax : 16;
 }
 template <uint32_t DI, uint32_t MT>
 void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t NH, const DevRow* rows,
@@ -3247,7 +3253,7 @@ void launch_scores_tc(const uint16_t* qb, const float* wi, uint32_t R, uint32_t 
         return true;
     }();
     (void)raised;
-    const uint32_t RB = idx_tc_rows();
+    const uint32_t RB = idx_tc_rows(max_vis);
     const dim3 grid(uint32_t((max_vis + kTcKeys - 1) / kTcKeys), (R + RB - 1) / RB);
     kernel<<<grid, kTcThreads, smem, s>>>(qb, wi, NH, rows, lkv, n_layer, il, top_k, R, score, ld, tc_from, RB);
     check_launch("indexer scores (tensor cores)");
@@ -3323,15 +3329,15 @@ bool topk_reg_on() {
     static const bool on = env_switch("DSV4_TOPK_REG", true);
     return g_topk_reg_override >= 0 ? g_topk_reg_override != 0 : on;
 }
-// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER (1 by
-// default; topk_cluster_override, tests, wins) clusters of up to 8 blocks for decode-sized
-// rounds (a cluster a row; run 137, 4 ratio-4 layers: decode +5 % holding a 128K conversation,
-// +12 % at 256K, 3.2x at 1M, where topk_select_kernel's staged chunks held 250,000 keys a row),
-// with 2 for prompt rounds too (a long prompt's late chunks: 2,048 rows of 32,768+ keys; not yet
-// measured), else 32,768 (0: never).
+// The widest score matrix topk_reg_kernel takes for R rows: with DSV4_TOPK_CLUSTER (2 by
+// default; topk_cluster_override, tests, wins) clusters of up to 8 blocks for every round, 1 for
+// decode-sized rounds only (a cluster a row; run 137, 4 ratio-4 layers: decode +5 % holding a
+// 128K conversation, +12 % at 256K, 3.2x at 1M, where topk_select_kernel's staged chunks held
+// 250,000 keys a row; run 143: a 256K prompt's last chunk, 2,048 rows of 65,536 keys, 613
+// against 862 us a layer), else 32,768 (0: never).
 int g_topk_cluster_override = -1;
 uint64_t topk_reg_max(uint32_t R) {
-    static const int env = env_int("DSV4_TOPK_CLUSTER", 1);
+    static const int env = env_int("DSV4_TOPK_CLUSTER", 2);
     const int mode = g_topk_cluster_override >= 0 ? g_topk_cluster_override : env;
     return mode >= 2 || (mode == 1 && R <= kRegClusterRows) ? uint64_t(kRegMax) * kRegClusterMax : kRegMax;
 }

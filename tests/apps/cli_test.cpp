@@ -17,14 +17,15 @@ struct Result {
     std::string out, err;
 };
 
+std::string slurp(const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
 Result run(const std::string& args) {
     const std::string o = test::tmp_dir() + "/cli.out", e = test::tmp_dir() + "/cli.err";
     const std::string cmd = std::string(DSV4_BINARY) + " " + args + " > " + o + " 2> " + e;
     const int st = std::system(cmd.c_str());
-    auto slurp = [](const std::string& p) {
-        std::ifstream f(p);
-        return std::string((std::istreambuf_iterator<char>(f)), {});
-    };
     return {WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st), slurp(o), slurp(e)};
 }
 
@@ -45,6 +46,19 @@ TEST(Cli, LogitsWritesRawFloatsAndStats) {
         EXPECT_TRUE(j.contains(k)) << k;
     EXPECT_LE(j["kv_committed_bytes"].get<uint64_t>(), j["kv_reserved_bytes"].get<uint64_t>());
     EXPECT_LE(j["kv_live_bytes"].get<uint64_t>(), j["kv_committed_bytes"].get<uint64_t>());
+}
+
+TEST(Cli, FastPrefillIsACudaOptionTheCpuIgnores) {
+    // --fast-prefill (BackendOptions::fast_prefill) changes only the CUDA backend's prompt
+    // products: on the CPU the logits stay the same bytes.
+    const std::string a = test::tmp_dir() + "/fp-a.bin", b = test::tmp_dir() + "/fp-b.bin";
+    const std::string args = "logits --backend cpu -m " + tiny() + " --tokens 1,2,3,4,5,6,7 --out ";
+    ASSERT_EQ(run(args + a).code, 0);
+    Result r = run(args + b + " --fast-prefill");
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string x = slurp(a), y = slurp(b);
+    EXPECT_EQ(x.size(), 7u * 283u * sizeof(float));
+    EXPECT_TRUE(x == y);
 }
 
 TEST(Cli, BadInputIsOneClearLineAndNonZero) {

@@ -615,3 +615,104 @@ TEST(CudaBench, Q8_0PrefillGemmOldNew) {
     }
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
+
+// What the CPU's bits cost a prompt round's Q8_0 products: gemm.cu's flat kernel (the prompt
+// order, the default) against the same product through cuBLAS in FP16 (both operands
+// dequantised once, gemm_cublas.cu), on the flash shapes at R rows: device µs (median of 9),
+// the dequantisations apart (a weight's could be made once at load, for twice its memory), the
+// whole path as gemm_q8_0 takes it (DSV4_Q8_CUBLAS), and each result's largest error against a double reference over 512 sampled outputs, relative to
+// the sum of the products' magnitudes.
+TEST(CudaBench, Q8_0PrefillCublasFp16) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    auto median_us = [&](auto&& launch) {
+        launch();   // warm-up (and any one-time set-up)
+        cudaDeviceSynchronize();
+        std::vector<float> t;
+        for (int i = 0; i < 9; ++i) {
+            cudaEventRecord(e0);
+            launch();
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float ms = 0;
+            cudaEventElapsedTime(&ms, e0, e1);
+            t.push_back(ms * 1000);
+        }
+        std::sort(t.begin(), t.end());
+        return double(t[t.size() / 2]);
+    };
+    struct Shape {
+        const char* name;
+        uint64_t K, N, rpg;
+    };
+    const uint32_t R = env_u32("DSV4_BENCH_ROWS", 2048);
+    const bool order = cuda::gemm_prefill_order();
+    cuda::gemm_prefill_order(true);
+    std::printf("\n== Q8_0 prompt products, R = %u rows: flat kernel vs cuBLAS FP16 (device us, median of 9) ==\n", R);
+    std::printf("%-12s %6s %6s %5s %9s %7s %9s %7s %8s %8s %8s %7s %9s %9s\n", "product", "K", "N", "rpg", "flat us",
+                "TOPS", "cublas us", "TFLOPS", "deq w us", "deq a us", "path us", "speed", "err flat", "err f16");
+    double t_flat_all = 0, t_cublas_all = 0, t_path_all = 0;
+    for (const Shape sh : {Shape{"q_b", 1024, 32768, 0}, Shape{"shared gate", 4096, 2048, 0},
+                           Shape{"shared down", 2048, 4096, 0}, Shape{"out_a", 4096, 8192, 1024},
+                           Shape{"out_b", 8192, 4096, 0}}) {
+        const uint64_t N = sh.N, K = sh.K, AK = sh.rpg ? N / sh.rpg * K : K;
+        const SynthQ8_0 sw(N, K, true);
+        std::vector<int8_t> aq(uint64_t(R) * AK);
+        std::vector<float> ad(uint64_t(R) * AK / 32);
+        for (size_t i = 0; i < aq.size(); ++i) aq[i] = int8_t(int((i * 2246822519u) >> 24) % 255 - 127);
+        for (size_t i = 0; i < ad.size(); ++i) ad[i] = 0.001f * float(1 + i % 97) * (i % 3 ? 1.0f : -1.0f);
+        DevVec<int8_t> daq(aq);
+        DevVec<float> dad(ad);
+        cuda::DevAct a;
+        a.kind = cuda::ActKind::Q8_0;
+        a.K = AK;
+        a.q = daq.get();
+        a.d = dad.get();
+        DevVec<float> y_flat(uint64_t(R) * N), y_f16(uint64_t(R) * N);
+        DevVec<uint16_t> wh(N * K), xh(uint64_t(R) * AK);
+        const double t_flat = median_us([&] { cuda::gemm_q8_0(sw.w, a, R, y_flat.get(), N, N, 0, sh.rpg, nullptr); });
+        const double t_deq_w = median_us([&] { cuda::dequant_q8_0_weight_f16(sw.w, 0, N, wh.get(), nullptr); });
+        const double t_deq_a = median_us([&] { cuda::dequant_q8_0_act_f16(a, R, xh.get(), nullptr); });
+        const double t_gemm = median_us(
+            [&] { cuda::gemm_f16_cublas(wh.get(), xh.get(), R, N, K, AK, sh.rpg, y_f16.get(), N, nullptr); });
+        cuda::gemm_q8_0_cublas_override(1);   // the whole path: both dequantisations and the GEMM
+        const double t_path = median_us([&] { cuda::gemm_q8_0(sw.w, a, R, y_f16.get(), N, N, 0, sh.rpg, nullptr); });
+        cuda::gemm_q8_0_cublas_override(-1);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess) << sh.name;
+        // errors over sampled outputs against doubles of the exact Q8_0 values
+        const auto wq = sw.q.download();
+        const auto wd = sw.d.download();
+        const auto yf = y_flat.download(), yh = y_f16.download();
+        double err_flat = 0, err_f16 = 0;
+        for (uint32_t s = 0; s < 512; ++s) {
+            const uint64_t r = (s * 2654435761u) % R, n = (s * 40503u + 7) % N, a0 = sh.rpg ? n / sh.rpg * K : 0;
+            double ref = 0, mag = 0;
+            for (uint64_t k = 0; k < K; ++k) {
+                const double w = double(wq[n * K + k]) * double(quant::fp16_to_fp32(wd[(n * K + k) / 32]));
+                const double x = double(aq[r * AK + a0 + k]) * double(ad[(r * AK + a0 + k) / 32]);
+                ref += w * x;
+                mag += std::fabs(w * x);
+            }
+            err_flat = std::max(err_flat, std::fabs(yf[r * N + n] - ref) / mag);
+            err_f16 = std::max(err_f16, std::fabs(yh[r * N + n] - ref) / mag);
+        }
+        const double ops = 2.0 * R * N * K;
+        std::printf("%-12s %6llu %6llu %5llu %9.1f %7.1f %9.1f %7.1f %8.1f %8.1f %8.1f %6.2fx %9.2e %9.2e\n",
+                    sh.name, (unsigned long long)K, (unsigned long long)N, (unsigned long long)sh.rpg, t_flat,
+                    ops / t_flat / 1e6, t_gemm, ops / t_gemm / 1e6, t_deq_w, t_deq_a, t_path, t_flat / t_path,
+                    err_flat, err_f16);
+        t_flat_all += t_flat;
+        t_cublas_all += t_gemm;
+        t_path_all += t_path;
+        EXPECT_LT(err_f16, 1e-3) << sh.name;   // FP16 operands: ~2^-12 a value, most of it averaging out
+        EXPECT_LT(err_flat, 1e-5) << sh.name;
+    }
+    std::printf("all five: flat %.1f us; cuBLAS FP16 GEMMs %.1f us, the whole path (DSV4_Q8_CUBLAS: both operands "
+                "dequantised, then the GEMM) %.1f us (%.2fx)\n",
+                t_flat_all, t_cublas_all, t_path_all, t_flat_all / t_path_all);
+    cuda::gemm_prefill_order(order);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}

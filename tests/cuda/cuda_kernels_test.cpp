@@ -857,8 +857,8 @@ std::vector<uint32_t> topk_reference(const float* s, uint32_t n, uint32_t k) {
 // keys among them; topk_select at widths 16,384 and 32,768). Form 9: the same with rows up to
 // 262,144 keys by clusters of 2, 4 and 8 such blocks (DSV4_TOPK_CLUSTER: rows of 40,000,
 // 65,536, 70,000, 90,001, 131,072, 200,003 and 262,144 keys; topk_select at widths 65,536 and
-// 262,144). Then the clusters for every round (DSV4_TOPK_CLUSTER=2: a prompt round's 70 rows at
-// width 65,536, past the decode-sized rounds' 64).
+// 262,144). Then a prompt round's 70 rows at width 65,536 (past the decode-sized rounds' 64) by
+// clusters (DSV4_TOPK_CLUSTER=2, the default) and by topk_select_kernel (=1).
 TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
     // topk_select (k 512, ratio 4) on rows of one score matrix ld keys wide, row r seeing nv[r]
     // keys (values in sixteenths: ties), against the sort
@@ -932,12 +932,13 @@ TEST_F(CudaKernels, TopKTiesGoToTheLowerIndex) {
             }));
         }
     }
-    {   // a prompt round's 70 rows
-        cuda::topk_cluster_override(2);
+    for (int mode : {2, 1}) {   // a prompt round's 70 rows: by clusters (the default), by topk_select_kernel
+        cuda::topk_cluster_override(mode);
         std::vector<uint32_t> nv(70);
         for (uint32_t r = 0; r < nv.size(); ++r) nv[r] = r % 3 == 0 ? 40000 + 97 * r : r % 3 == 1 ? 513 + r : 65536;
-        ASSERT_NO_FATAL_FAILURE(
-            select_rows(65536, nv, 4343, [] { return std::string("a 70-row round, clusters in every round"); }));
+        ASSERT_NO_FATAL_FAILURE(select_rows(65536, nv, 4343, [&] {
+            return "a 70-row round, DSV4_TOPK_CLUSTER=" + std::to_string(mode);
+        }));
     }
     cuda::topk_stage_override(-1);
     cuda::topk_warp_override(-1);
@@ -1200,8 +1201,9 @@ TEST_F(CudaKernels, IndexerTensorCoreScoresMatchFp32) {
             const auto a = s1.download();
             ASSERT_EQ(0, std::memcmp(a.data(), tc.data() + uint64_t(r) * ld, ld * sizeof(float))) << "row " << r;
         }
-        // the batch by other numbers of rows a block (DSV4_IDX_TC_ROWS; 16 above): the same bits
-        for (int rb : {32, 5, 1}) {
+        // the batch by each number of rows a block (DSV4_IDX_TC_ROWS; above: the width's
+        // default, 16 or 32): the same bits
+        for (int rb : {16, 32, 5, 1}) {
             cuda::indexer_tc_rows_override(rb);
             DevVec<float> s_rb(init);
             cuda::indexer_scores_tc(dqb.get(), dw.get(), R, NH, DI, drows.get(), dlkv.get(), n_layer, il, top_k,
@@ -2185,6 +2187,95 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
                 << "K " << c.K << " N " << c.N << " row " << r;
         }
     }
+}
+
+TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
+    // A prompt round's Q8_0 products through cuBLAS (DSV4_Q8_CUBLAS, opt-in): both operands
+    // dequantised to FP16 (each value within 2^-12 of the exact q·d), one FP16 GEMM with FP32
+    // accumulation. Every output within 2^-10 of Σ|w·x| of a double reference of the exact Q8_0
+    // values (two FP16 roundings a product, the sums' own: reported, the worst ratio), for the
+    // model's shapes, N with tails, the grouped product (also a slice of its groups: row0 past
+    // the first group), a strided output whose padding stays untouched, and (the last case) an
+    // activation scaled by 2^-40, far below FP16's smallest normal (2^-14): the path's power of
+    // two must bring it back. gemm_q8_0 takes this path from the override's rows on (the same
+    // bits as the direct call) and keeps the flat kernel below them; a group layout the path
+    // does not take (row0 inside a group) falls back.
+    double worst = 0;
+    const Q8_0Case cases[] = {Q8_0Case{1024, 4096, 0, 300}, Q8_0Case{4096, 1100, 0, 257},
+                              Q8_0Case{4096, 2048, 1024, 260}, Q8_0Case{2048, 512, 128, 300},
+                              Q8_0Case{96, 200, 0, 290}, Q8_0Case{1024, 512, 0, 280}};
+    for (const Q8_0Case& c : cases) {
+        const Q8_0Problem pr(c, 2026 + c.K + c.N, 12 + c.R);
+        const uint64_t AK = pr.AK, nb = c.K / 32;
+        std::vector<int8_t> aq(c.R * AK);
+        std::vector<float> ad(c.R * AK / 32);
+        ASSERT_EQ(cudaMemcpy(aq.data(), pr.a.q, aq.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(ad.data(), pr.a.d, ad.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        if (&c == &cases[5]) {
+            for (float& v : ad) v = std::ldexp(v, -40);
+            ASSERT_EQ(cudaMemcpy(const_cast<float*>(pr.a.d), ad.data(), ad.size() * 4, cudaMemcpyHostToDevice),
+                      cudaSuccess);
+        }
+        const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
+        auto check_rows = [&](const std::vector<float>& y, uint32_t R, uint64_t ld, uint64_t n0, const char* what) {
+            for (uint32_t r = 0; r < R; ++r)
+                for (uint64_t j = 0; j < ld; ++j) {
+                    const uint64_t n = n0 + j;
+                    if (n >= c.N) {   // padding past the product's columns
+                        ASSERT_EQ(y[r * ld + j], 7.0f) << what << " padding, row " << r;
+                        continue;
+                    }
+                    const uint64_t g = c.rpg ? n / c.rpg : 0;
+                    const uint8_t* wr = pr.hw.bytes.data() + n * rb;
+                    double ref = 0, mag = 0;
+                    for (uint64_t b = 0; b < nb; ++b) {
+                        const uint8_t* blk = wr + b * 34;
+                        const double dw = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
+                        const uint64_t at = r * AK + g * c.K + b * 32;
+                        for (int i = 0; i < 32; ++i) {
+                            const double t = dw * int8_t(blk[2 + i]) * double(ad[at / 32]) * aq[at + i];
+                            ref += t;
+                            mag += std::fabs(t);
+                        }
+                    }
+                    const double err = std::fabs(y[r * ld + j] - ref) / (mag + 1e-30);
+                    worst = std::max(worst, err);
+                    ASSERT_LE(err, 0x1p-10) << what << " K " << c.K << " N " << c.N << " row " << r << " col " << n;
+                }
+        };
+        cuda::gemm_prefill_order(true);
+        DevVec<float> direct(std::vector<float>(c.R * c.N, std::nanf("")));
+        ASSERT_TRUE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, direct.get(), c.N, c.N, 0, c.rpg, nullptr));
+        cuda::gemm_q8_0_cublas_override(int(c.R));
+        DevVec<float> via(std::vector<float>(c.R * c.N, std::nanf("")));
+        cuda::gemm_q8_0(pr.dw.w, pr.a, c.R, via.get(), c.N, c.N, 0, c.rpg, nullptr);
+        const uint32_t R2 = c.R - 1;   // below the override's rows: the flat kernel
+        DevVec<float> below(std::vector<float>(R2 * c.N, std::nanf("")));
+        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, below.get(), c.N, c.N, 0, c.rpg, nullptr);
+        cuda::gemm_q8_0_cublas_override(1);
+        DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
+        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
+        if (c.rpg) {   // the groups from the second on, and a slice that starts inside a group
+            DevVec<float> part(std::vector<float>(c.R * (c.N - c.rpg), std::nanf("")));
+            ASSERT_TRUE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, part.get(), c.N - c.rpg, c.N - c.rpg, c.rpg, c.rpg,
+                                               nullptr));
+            ASSERT_FALSE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, part.get(), c.N - c.rpg, c.rpg, c.rpg / 2, c.rpg,
+                                                nullptr));
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            ASSERT_NO_FATAL_FAILURE(check_rows(part.download(), c.R, c.N - c.rpg, c.rpg, "groups past the first"));
+        }
+        cuda::gemm_q8_0_cublas_override(-1);
+        DevVec<float> flat(std::vector<float>(R2 * c.N, std::nanf("")));
+        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, flat.get(), c.N, c.N, 0, c.rpg, nullptr);
+        cuda::gemm_prefill_order(false);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto y = direct.download();
+        ASSERT_NO_FATAL_FAILURE(check_rows(y, c.R, c.N, 0, "direct"));
+        ASSERT_TRUE(via.download() == y) << "gemm_q8_0 from the override's rows";
+        ASSERT_TRUE(below.download() == flat.download()) << "gemm_q8_0 below the override's rows";
+        ASSERT_NO_FATAL_FAILURE(check_rows(wide.download(), R2, c.N + 8, 0, "strided"));
+    }
+    std::printf("Q8_0 through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
 }
 
 TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {

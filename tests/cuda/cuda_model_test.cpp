@@ -119,6 +119,45 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaVsCpu,
                                            LogitCase{"small", "f32", Numerics::Official, 600}),
                          [](const auto& info) { return case_name(info.param); });
 
+// BackendOptions::fast_prefill (`--fast-prefill`): a prompt round's Q8_0 products of 256 rows or
+// more through cuBLAS in FP16. Not the CPU's bits, so held to the quantised models' tolerance
+// above (median, argmax, no unrelated position) on the small flash model in one 600-token round;
+// the products must have taken that path, and a decode step after the prompt (the exact
+// kernels again) must agree with the CPU's next logits as well.
+TEST(CudaVsCpuFastPrefill, Q8_0ProductsThroughCublas) {
+    DSV4_REQUIRE_CUDA();
+    const auto m = model::Model::load(small("flash"));
+    BackendOptions o;
+    o.numerics = Numerics::Official;
+    o.prefill_chunk = 1024;
+    auto cpu = make_cpu_backend(*m, o);
+    o.fast_prefill = true;
+    std::string why;
+    auto gpu = make_cuda_backend(*m, o, &why);
+    ASSERT_TRUE(gpu) << why;
+    const size_t V = m->config.n_vocab;
+    auto toks = random_tokens(601, 0, int32_t(V), 3);
+    const int32_t next = toks.back();
+    toks.pop_back();
+    kv::Budget budget;
+    auto kc = session(*cpu, 4096, &budget);
+    auto kg = session(*gpu, 4096, &budget);
+    const uint64_t calls = cuda::gemm_q8_0_cublas_calls();
+    const auto ref = all_logits(*cpu, *kc, toks);
+    const auto got = all_logits(*gpu, *kg, toks);
+    EXPECT_GT(cuda::gemm_q8_0_cublas_calls(), calls) << "the prompt's Q8_0 products did not take cuBLAS";
+    const Diff d = compare_logits(got, ref, V);
+    std::printf("[cuda-vs-cpu] small_flash fast prefill      positions %zu  max rel %.3g (pos %zu)  median rel %.3g"
+                "  argmax agree %zu/%zu\n",
+                d.positions, d.max_rel, d.worst_pos, d.median_rel, d.argmax_same, d.positions);
+    EXPECT_LT(d.median_rel, 5e-2);
+    EXPECT_LT(d.max_rel, 1.0);
+    EXPECT_GE(d.argmax_same * 100, d.positions * 90);
+    const std::vector<int32_t> one{next};
+    const Diff d1 = compare_logits(all_logits(*gpu, *kg, one), all_logits(*cpu, *kc, one), V);
+    EXPECT_LT(d1.max_rel, 1.0) << "the decode step after the prompt";
+}
+
 // Flash widths with few layers and experts: the K-quant, IQ2_XXS and MXFP4 kernels inside
 // the whole model (rows of 4096 and 2048 values). Opt-in (a ~1 GB model): DSV4_CUDA_FLASH=1.
 TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {

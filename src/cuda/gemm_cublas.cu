@@ -1,0 +1,231 @@
+// Q8_0 products of prompt rounds through cuBLAS in FP16 (DSV4_Q8_CUBLAS=1, opt-in: other bits).
+// gemm.cu's flat kernel keeps the CPU's arithmetic: an int8 MMA a 32-value block, then the
+// block's float step (its two scales' product times the integer sum, added in k order), which
+// bounds it by issue, not by the tensor cores (~240 int8 TOPS on the flash shapes, run 145).
+// Here both operands are dequantised to FP16, each scaled by a power of two into FP16's normal
+// range (q·d rounded to 11 bits: a relative error up to 2^-12 a value where the CPU's values are
+// exact), and one cuBLAS FP16 GEMM with FP32 accumulation takes the whole product in its own
+// order (520–720 TFLOPS, run 145), alpha undoing the two factors: results within ~5e-5 of the sum
+// of the products' magnitudes, but not the CPU's bits, and not the same bits for every chunking
+// of a prompt (cuBLAS picks its kernel by the rows' count).
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.h"
+
+namespace dsv4::cuda {
+namespace {
+
+// FP16 holds magnitudes from 2^-14 (below: subnormals, fewer bits) to 65,504, so each operand
+// is scaled by a power of two first: its largest value, 127 times its largest block scale, to
+// [2^13, 2^14) (the sums run in FP32: no overflow there), and the GEMM's alpha divides both
+// factors out again, exactly. The scales' largest magnitudes meet by atomicMax on their bits
+// (non-negative floats order as their bits do) in `top` (zeroed before).
+__device__ __forceinline__ float half_bits_to_float(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ float scale_value(uint16_t b) { return half_bits_to_float(b); }
+__device__ __forceinline__ float scale_value(float v) { return v; }
+
+template <typename Scale>
+__global__ void scale_top_kernel(const Scale* __restrict__ d, uint64_t n, unsigned* __restrict__ top) {
+    float m = 0.0f;
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+        m = fmaxf(m, fabsf(scale_value(d[i])));   // (a NaN scale: fmaxf keeps m)
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
+}
+
+// The power of two that takes 127·top into [2^13, 2^14) (1 for a zero or non-finite top), kept
+// within 2^±60 so that alpha, the inverse of two of them, stays a normal float.
+__device__ __forceinline__ float f16_factor(unsigned top_bits) {
+    const float top = __uint_as_float(top_bits) * 127.0f;
+    if (!(top > 0.0f) || !isfinite(top)) return 1.0f;
+    int e;
+    frexpf(top, &e);   // top = f · 2^e, f in [0.5, 1)
+    return ldexpf(1.0f, min(60, max(-60, 14 - e)));
+}
+
+// Each thread 8 values of a row of 32-value blocks: out = half(q · d · factor(top[which])). With
+// alpha: thread 0 also writes 1 / (factor(top[0]) · factor(top[1])), the GEMM's alpha.
+template <typename Scale>
+__global__ void dequant_blocks_f16_kernel(const int8_t* __restrict__ q, const Scale* __restrict__ d, uint64_t n8,
+                                          __half* __restrict__ out, const unsigned* __restrict__ top, int which,
+                                          float* __restrict__ alpha) {
+    const float f = top ? f16_factor(top[which]) : 1.0f;
+    if (alpha && blockIdx.x == 0 && threadIdx.x == 0) *alpha = 1.0f / (f16_factor(top[0]) * f16_factor(top[1]));
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n8; i += uint64_t(gridDim.x) * blockDim.x) {
+        const float sc = scale_value(d[i / 4]) * f;   // 4 groups of 8 a block of 32 (f: a power of two, exact)
+        const int2 v = reinterpret_cast<const int2*>(q)[i];
+        __half2 h[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int w = j < 2 ? v.x : v.y, sh = 16 * (j & 1);
+            h[j] = __floats2half2_rn(float(int8_t(w >> sh)) * sc, float(int8_t(w >> (sh + 8))) * sc);
+        }
+        reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<uint4*>(h);
+    }
+}
+
+uint32_t grid_for(uint64_t n) { return uint32_t(std::max<uint64_t>(1, std::min<uint64_t>((n + 255) / 256, 132 * 16))); }
+
+template <typename Scale>
+void launch_dequant(const int8_t* q, const Scale* d, uint64_t n, __half* out, const unsigned* top, int which,
+                    float* alpha, cudaStream_t s) {
+    dequant_blocks_f16_kernel<<<grid_for(n / 8), 256, 0, s>>>(q, d, n / 8, out, top, which, alpha);
+    check_launch("dequantise Q8_0 to FP16");
+}
+
+void check_cublas(cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS)
+        throw std::runtime_error(std::string("cuBLAS: ") + what + " failed: " + cublasGetStatusString(st));
+}
+
+// A handle and FP16 scratch for each stream: cuBLAS's default workspace belongs to its handle,
+// and the scratch is reused call after call in the stream's order, so a stream's products never
+// share either with another stream's running at the same time (the forward pass's branches).
+struct StreamState {
+    cublasHandle_t h = nullptr;
+    uint16_t* w = nullptr;   // dequantised weight rows
+    uint16_t* x = nullptr;   // dequantised activation rows
+    uint64_t w_cap = 0, x_cap = 0;
+    // device: the operands' top scale bits (weight, activation), alpha, beta (0)
+    unsigned* top = nullptr;
+    float* alpha = nullptr;
+    float* beta = nullptr;
+};
+std::mutex g_mu;
+std::unordered_map<cudaStream_t, StreamState> g_streams;
+std::atomic<uint64_t> g_calls{0};
+
+// The stream's state, made on its first use; nullptr when the device refuses its constants or
+// cuBLAS its handle (the caller falls back to the flat kernel).
+StreamState* stream_state(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    StreamState& st = g_streams[s];
+    if (st.h) return &st;
+    void* consts = nullptr;
+    if (cudaMalloc(&consts, 16) != cudaSuccess || cudaMemset(consts, 0, 16) != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (consts) cudaFree(consts);
+        return nullptr;
+    }
+    cublasHandle_t h = nullptr;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS || cublasSetStream(h, s) != CUBLAS_STATUS_SUCCESS) {
+        if (h) cublasDestroy(h);
+        cudaFree(consts);
+        return nullptr;
+    }
+    st.h = h;
+    st.top = static_cast<unsigned*>(consts);
+    st.alpha = static_cast<float*>(consts) + 2;
+    st.beta = static_cast<float*>(consts) + 3;
+    return &st;
+}
+
+// Grows a scratch buffer to n halves; false when the device has no room (the caller falls back
+// to the flat kernel).
+bool grow(uint16_t*& buf, uint64_t& cap, uint64_t n) {
+    if (n <= cap) return true;
+    if (buf) cudaFree(buf);
+    buf = nullptr;
+    cap = 0;
+    if (cudaMalloc(&buf, n * sizeof(uint16_t)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        buf = nullptr;
+        return false;
+    }
+    cap = n;
+    return true;
+}
+
+}  // namespace
+
+void dequant_q8_0_weight_f16(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, cudaStream_t s) {
+    if (W.type != T_Q8_0 || W.K % 32 != 0) throw_mismatch("dequant_q8_0_weight_f16", W.type, W.K, W.K);
+    launch_dequant(W.qs + row0 * W.K, W.d + row0 * W.K / 32, N * W.K, reinterpret_cast<__half*>(out), nullptr, 0,
+                   nullptr, s);
+}
+
+void dequant_q8_0_act_f16(const DevAct& a, uint32_t R, uint16_t* out, cudaStream_t s) {
+    if (a.kind != ActKind::Q8_0 || a.K % 32 != 0) throw_mismatch("dequant_q8_0_act_f16", T_Q8_0, a.K, a.K);
+    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(out), nullptr, 0, nullptr, s);
+}
+
+void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
+                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha) {
+    StreamState* st = stream_state(s);
+    if (!st) throw std::runtime_error("cuBLAS: no handle for the stream (device memory or cuBLAS set-up)");
+    const cublasHandle_t h = st->h;
+    const float one = 1.0f, zero = 0.0f;
+    // alpha on the device (the operands' factors, known only there) or 1 from the host
+    check_cublas(cublasSetPointerMode(h, alpha ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
+                 "cublasSetPointerMode");
+    const float* al = alpha ? alpha : &one;
+    const float* be = alpha ? st->beta : &zero;
+    // Row-major y[R][N] = x[R][K] · w[N][K]ᵀ is, column-major, yᵀ (N × R) = op_T(w) · x.
+    if (rpg == 0)
+        check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(R), int(K), al, w, CUDA_R_16F, int(K), x,
+                                  CUDA_R_16F, int(AK), be, y, CUDA_R_32F, int(y_stride), CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     "FP16 GEMM");
+    else   // group g: weight rows [g·rpg, (g+1)·rpg), activation columns [g·K, (g+1)·K)
+        check_cublas(cublasGemmStridedBatchedEx(
+                         h, CUBLAS_OP_T, CUBLAS_OP_N, int(rpg), int(R), int(K), al, w, CUDA_R_16F, int(K),
+                         static_cast<long long>(rpg * K), x, CUDA_R_16F, int(AK), static_cast<long long>(K), be, y,
+                         CUDA_R_32F, int(y_stride), static_cast<long long>(rpg), int(N / rpg), CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
+                     "grouped FP16 GEMM");
+}
+
+bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                      uint64_t row0, uint64_t rpg, cudaStream_t s) {
+    const uint64_t K = W.K;
+    if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || K % 32 || a.K % 32 || R == 0 || N == 0) return false;
+    if (rpg ? row0 % rpg || N % rpg || (row0 + N) / rpg * K > a.K : a.K != K) return false;
+    // cuBLAS's int-sized arguments; the dequantisation's 8-byte loads of codes
+    if (N > (1u << 30) || K > (1u << 30) || a.K > (1u << 30) || y_stride > (1u << 30)) return false;
+    if (reinterpret_cast<uintptr_t>(W.qs) % 8 || reinterpret_cast<uintptr_t>(a.q) % 8) return false;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return false;
+    StreamState* sp = stream_state(s);
+    if (!sp) return false;
+    StreamState& st = *sp;
+    if (!grow(st.w, st.w_cap, N * K) || !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
+    // the operands' top scales, then each dequantised by its power of two (the activation's
+    // launch also writes alpha), then the GEMM
+    const uint64_t nw = N * K / 32, nx = uint64_t(R) * a.K / 32;
+    check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
+    scale_top_kernel<<<grid_for(nw), 256, 0, s>>>(W.d + row0 * K / 32, nw, st.top);
+    scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
+    check_launch("cuBLAS path: top scales");
+    launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(st.w), st.top, 0, nullptr,
+                   s);
+    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top, 1, st.alpha, s);
+    const uint64_t xoff = rpg ? row0 / rpg * K : 0;
+    gemm_f16_cublas(st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, s, st.alpha);
+    ++g_calls;
+    return true;
+}
+
+uint64_t gemm_q8_0_cublas_calls() { return g_calls.load(); }
+
+void release_cublas(cudaStream_t s) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    const auto it = g_streams.find(s);
+    if (it == g_streams.end()) return;
+    StreamState& st = it->second;
+    if (st.h) cublasDestroy(st.h);
+    for (void* p : {static_cast<void*>(st.w), static_cast<void*>(st.x), static_cast<void*>(st.top)})
+        if (p) cudaFree(p);
+    g_streams.erase(it);
+}
+
+}  // namespace dsv4::cuda
