@@ -1142,7 +1142,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && is_prompt(inputs[i]));
         const bool flat = prefill_flat() && prompt;
         gemm_prefill_order(flat);
-        gemm_q8_0_cublas_round(opt_.fast_prefill ? kQ8CublasRows : 0);
+        gemm_cublas_round(opt_.fast_prefill ? kCublasRows : 0);
         gemm_decode_round(!prompt);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.

@@ -2008,17 +2008,21 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaS
 }
 }  // namespace
 
-// Rows from which a prompt round's Q8_0 products take cuBLAS (0: never; kernels.h).
-int g_q8_cublas_override = -1;
-thread_local uint32_t g_q8_cublas_round = 0;
-uint32_t q8_cublas_rows() {
-    static const uint32_t env = env_switch("DSV4_Q8_CUBLAS", false)
-                                    ? uint32_t(std::max(1, env_int("DSV4_Q8_CUBLAS_ROWS", int(kQ8CublasRows))))
-                                    : 0;
-    return g_q8_cublas_override >= 0 ? uint32_t(g_q8_cublas_override) : g_q8_cublas_round ? g_q8_cublas_round : env;
+// Rows from which a prompt round's Q8_0 (kind 0) or F16 (kind 1) products take cuBLAS (0:
+// never; kernels.h).
+int g_cublas_override[2] = {-1, -1};
+thread_local uint32_t g_cublas_round = 0;
+uint32_t cublas_rows(int kind) {
+    static const uint32_t rows = uint32_t(std::max(1, env_int("DSV4_CUBLAS_ROWS", int(kCublasRows))));
+    static const uint32_t env[2] = {env_switch("DSV4_Q8_CUBLAS", false) ? rows : 0,
+                                    env_switch("DSV4_F16_CUBLAS", false) ? rows : 0};
+    if (!g_flat_round) return 0;
+    if (g_cublas_override[kind] >= 0) return uint32_t(g_cublas_override[kind]);
+    return kind == 0 && g_cublas_round ? g_cublas_round : env[kind];
 }
-void gemm_q8_0_cublas_override(int min_rows) { g_q8_cublas_override = min_rows; }
-void gemm_q8_0_cublas_round(uint32_t min_rows) { g_q8_cublas_round = min_rows; }
+void gemm_q8_0_cublas_override(int min_rows) { g_cublas_override[0] = min_rows; }
+void gemm_float_cublas_override(int min_rows) { g_cublas_override[1] = min_rows; }
+void gemm_cublas_round(uint32_t min_rows) { g_cublas_round = min_rows; }
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
@@ -2037,8 +2041,8 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
     if (R == 0 || N == 0) return;
     if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || (rpg && rpg % kBM))
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
-    const uint32_t cublas_rows = g_flat_round ? q8_cublas_rows() : 0;
-    if (cublas_rows && R >= cublas_rows && gemm_q8_0_cublas(W, a, R, y, y_stride, N, row0, rpg, s)) return;
+    const uint32_t cb_rows = cublas_rows(0);
+    if (cb_rows && R >= cb_rows && gemm_q8_0_cublas(W, a, R, y, y_stride, N, row0, rpg, s)) return;
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     if (flat_ok(W, a, row0, rpg) && (N + kFlatBM - 1) / kFlatBM < 65536) {
         const int bn = flat_bn();
@@ -2571,6 +2575,8 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
                 uint64_t row0, uint64_t rpg, cudaStream_t s) {
     if (R == 0 || N == 0) return;
     if (!gemm_float_eligible(W, a, R, N, row0, rpg, false)) throw_mismatch("gemm_float", W.type, W.K, a.K);
+    const uint32_t cb_rows = cublas_rows(1);
+    if (cb_rows && R >= cb_rows && gemm_float_cublas(W, a, R, y, y_stride, N, row0, rpg, s)) return;
     FGemm p{};
     p.w = W.data;
     p.row_bytes = W.row_bytes;

@@ -1,4 +1,6 @@
-// Q8_0 products of prompt rounds through cuBLAS in FP16 (DSV4_Q8_CUBLAS=1, opt-in: other bits).
+// Q8_0 and F16 products of prompt rounds through cuBLAS in FP16 (opt-in, other bits: the Q8_0
+// ones by --fast-prefill or DSV4_Q8_CUBLAS=1, the F16 ones, not yet measured, by
+// DSV4_F16_CUBLAS=1).
 // gemm.cu's flat kernel keeps the CPU's arithmetic: an int8 MMA a 32-value block, then the
 // block's float step (its two scales' product times the integer sum, added in k order), which
 // bounds it by issue, not by the tensor cores (~240 int8 TOPS on the flash shapes, run 145).
@@ -7,7 +9,10 @@
 // exact), and one cuBLAS FP16 GEMM with FP32 accumulation takes the whole product in its own
 // order (520–720 TFLOPS, run 145), alpha undoing the two factors: results within ~5e-5 of the sum
 // of the products' magnitudes, but not the CPU's bits, and not the same bits for every chunking
-// of a prompt (cuBLAS picks its kernel by the rows' count).
+// of a prompt (cuBLAS picks its kernel by the rows' count). F16 weights (the compressor's and
+// the indexer's projections) go in as they are, against their float activation scaled and
+// rounded to FP16 likewise, where gemm.cu's flat float kernel takes 2xTF32 products
+// (FP32-accurate).
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 
@@ -43,10 +48,11 @@ __global__ void scale_top_kernel(const Scale* __restrict__ d, uint64_t n, unsign
     if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
 }
 
-// The power of two that takes 127·top into [2^13, 2^14) (1 for a zero or non-finite top), kept
-// within 2^±60 so that alpha, the inverse of two of them, stays a normal float.
-__device__ __forceinline__ float f16_factor(unsigned top_bits) {
-    const float top = __uint_as_float(top_bits) * 127.0f;
+// The power of two that takes mul·top into [2^13, 2^14) (1 for a zero or non-finite top), kept
+// within 2^±60 so that alpha, the inverse of two of them, stays a normal float. mul: 127 for the
+// largest block scale of Q8_0 codes, 1 for the largest value of floats.
+__device__ __forceinline__ float f16_factor(unsigned top_bits, float mul = 127.0f) {
+    const float top = __uint_as_float(top_bits) * mul;
     if (!(top > 0.0f) || !isfinite(top)) return 1.0f;
     int e;
     frexpf(top, &e);   // top = f · 2^e, f in [0.5, 1)
@@ -81,6 +87,33 @@ void launch_dequant(const int8_t* q, const Scale* d, uint64_t n, __half* out, co
                     float* alpha, cudaStream_t s) {
     dequant_blocks_f16_kernel<<<grid_for(n / 8), 256, 0, s>>>(q, d, n / 8, out, top, which, alpha);
     check_launch("dequantise Q8_0 to FP16");
+}
+
+// Float activation rows (R rows of K values, `stride` apart) to FP16 [R][K]: the largest
+// magnitude into top (atomicMax as above), then each value times f16_factor(top, 1), thread 0
+// writing alpha = 1 / that factor (the weights are FP16 already: factor 1). Blocks walk rows
+// (y) and 256-value spans of a row (x): no division an element.
+__global__ void float_top_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
+                                 unsigned* __restrict__ top) {
+    float m = 0.0f;
+    for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
+        for (uint64_t k = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; k < K; k += uint64_t(gridDim.x) * blockDim.x)
+            m = fmaxf(m, fabsf(x[r * stride + k]));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
+}
+__global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
+                                    __half* __restrict__ out, const unsigned* __restrict__ top,
+                                    float* __restrict__ alpha) {
+    const float f = f16_factor(*top, 1.0f);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *alpha = 1.0f / f;
+    for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
+        for (uint64_t k = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; k < K; k += uint64_t(gridDim.x) * blockDim.x)
+            out[r * K + k] = __float2half_rn(x[r * stride + k] * f);
+}
+dim3 rows_grid(uint32_t R, uint64_t K) {
+    return dim3(uint32_t(std::min<uint64_t>((K + 255) / 256, 16)), std::min<uint32_t>(R, 65535));
 }
 
 void check_cublas(cublasStatus_t st, const char* what) {
@@ -160,7 +193,8 @@ void dequant_q8_0_act_f16(const DevAct& a, uint32_t R, uint16_t* out, cudaStream
 }
 
 void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
-                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha) {
+                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha, uint64_t ldw) {
+    if (ldw == 0) ldw = K;
     StreamState* st = stream_state(s);
     if (!st) throw std::runtime_error("cuBLAS: no handle for the stream (device memory or cuBLAS set-up)");
     const cublasHandle_t h = st->h;
@@ -172,14 +206,14 @@ void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t 
     const float* be = alpha ? st->beta : &zero;
     // Row-major y[R][N] = x[R][K] · w[N][K]ᵀ is, column-major, yᵀ (N × R) = op_T(w) · x.
     if (rpg == 0)
-        check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(R), int(K), al, w, CUDA_R_16F, int(K), x,
+        check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(R), int(K), al, w, CUDA_R_16F, int(ldw), x,
                                   CUDA_R_16F, int(AK), be, y, CUDA_R_32F, int(y_stride), CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT),
                      "FP16 GEMM");
     else   // group g: weight rows [g·rpg, (g+1)·rpg), activation columns [g·K, (g+1)·K)
         check_cublas(cublasGemmStridedBatchedEx(
-                         h, CUBLAS_OP_T, CUBLAS_OP_N, int(rpg), int(R), int(K), al, w, CUDA_R_16F, int(K),
-                         static_cast<long long>(rpg * K), x, CUDA_R_16F, int(AK), static_cast<long long>(K), be, y,
+                         h, CUBLAS_OP_T, CUBLAS_OP_N, int(rpg), int(R), int(K), al, w, CUDA_R_16F, int(ldw),
+                         static_cast<long long>(rpg * ldw), x, CUDA_R_16F, int(AK), static_cast<long long>(K), be, y,
                          CUDA_R_32F, int(y_stride), static_cast<long long>(rpg), int(N / rpg), CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
                      "grouped FP16 GEMM");
@@ -215,7 +249,33 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
     return true;
 }
 
-uint64_t gemm_q8_0_cublas_calls() { return g_calls.load(); }
+uint64_t gemm_cublas_calls() { return g_calls.load(); }
+
+bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                       uint64_t row0, uint64_t rpg, cudaStream_t s) {
+    const uint64_t K = W.K, ldw = W.row_bytes / 2;
+    if (W.type != T_F16 || a.kind != ActKind::F32 || R == 0 || N == 0 || K == 0 || W.row_bytes % 2 || ldw < K)
+        return false;
+    if (rpg ? row0 % rpg || N % rpg || (row0 + N) / rpg * K > a.K : a.K != K) return false;
+    if (a.f_stride < a.K || N > (1u << 30) || ldw > (1u << 30) || a.K > (1u << 30) || y_stride > (1u << 30))
+        return false;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return false;
+    StreamState* sp = stream_state(s);
+    if (!sp) return false;
+    StreamState& st = *sp;
+    if (!grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
+    check(cudaMemsetAsync(st.top + 1, 0, sizeof(unsigned), s), "cuBLAS path: scales");
+    float_top_kernel<<<rows_grid(R, a.K), 256, 0, s>>>(a.f, a.f_stride, a.K, R, st.top + 1);
+    float_to_f16_kernel<<<rows_grid(R, a.K), 256, 0, s>>>(a.f, a.f_stride, a.K, R, reinterpret_cast<__half*>(st.x),
+                                                          st.top + 1, st.alpha);
+    check_launch("cuBLAS path: the activation to FP16");
+    const uint16_t* w = reinterpret_cast<const uint16_t*>(W.data + row0 * W.row_bytes);
+    const uint64_t xoff = rpg ? row0 / rpg * K : 0;
+    gemm_f16_cublas(w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, s, st.alpha, ldw);
+    ++g_calls;
+    return true;
+}
 
 void release_cublas(cudaStream_t s) {
     std::lock_guard<std::mutex> lock(g_mu);

@@ -178,34 +178,42 @@ uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert);
 bool gemm_q8_0_eligible(const DevWeight& W, uint32_t R, uint64_t N, uint64_t rpg, bool expert);
 void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                uint64_t row0, uint64_t rpg, cudaStream_t s);
-// Q8_0 products through cuBLAS (gemm_cublas.cu): weight rows [row0, row0 + N) or an
+// Products through cuBLAS (gemm_cublas.cu): Q8_0 weight rows [row0, row0 + N) or an
 // activation's Q8_0 codes dequantised to FP16 ([N][K], [R][a.K], unscaled), and y[R][N] (row
-// stride y_stride) = alpha · x · wᵀ by one FP16 GEMM with FP32 accumulation, x's rows AK values
-// apart, alpha a device float (nullptr: 1); rpg > 0: groups of rpg weight rows, group g against
-// x's columns [g·K, (g+1)·K).
+// stride y_stride) = alpha · x · wᵀ by one FP16 GEMM with FP32 accumulation, w's rows ldw values
+// apart (0: K), x's AK, alpha a device float (nullptr: 1); rpg > 0: groups of rpg weight rows,
+// group g against x's columns [g·K, (g+1)·K).
 void dequant_q8_0_weight_f16(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, cudaStream_t s);
 void dequant_q8_0_act_f16(const DevAct& a, uint32_t R, uint16_t* out, cudaStream_t s);
 void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
-                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha = nullptr);
-// gemm_q8_0's arguments, both operands dequantised into the stream's own scratch (grown by
-// cudaMalloc: never inside a capture), each scaled by a power of two into FP16's normal range,
-// and one such GEMM; false (nothing launched) where it does not apply: a capture, no device
-// memory for the scratch, a group layout it does not take.
+                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha = nullptr,
+                     uint64_t ldw = 0);
+// gemm_q8_0's / gemm_float's arguments through one such GEMM, the operands in the stream's own
+// scratch (grown by cudaMalloc: never inside a capture), each scaled by a power of two into
+// FP16's normal range: Q8_0 both dequantised; F16 weights as they are, the float activation
+// rounded to FP16. False (nothing launched) where it does not apply: a capture, no device memory
+// for the scratch, another weight type (gemm_float_cublas: F16 only), a group layout it does not
+// take.
 bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                       uint64_t row0, uint64_t rpg, cudaStream_t s);
+bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
+                       uint64_t row0, uint64_t rpg, cudaStream_t s);
 // Frees a stream's cuBLAS handle and scratch (before the stream is destroyed).
 void release_cublas(cudaStream_t s);
-// Products gemm_q8_0_cublas has launched in this process (tests: the path was taken).
-uint64_t gemm_q8_0_cublas_calls();
-// A prompt round's Q8_0 products of min_rows rows or more take gemm_q8_0_cublas instead of the
-// flat kernel (~2.1x faster products, run 146; other bits, not chunking-invariant, and a decode
-// row in such a round gets them too): from gemm_q8_0_cublas_override's rows (tests; -1: unset),
-// else from the round's (gemm_q8_0_cublas_round: the backend sets it each round from
-// BackendOptions::fast_prefill, for this host thread's next products), else from
-// DSV4_Q8_CUBLAS_ROWS (256) when DSV4_Q8_CUBLAS=1; 0: never.
-constexpr uint32_t kQ8CublasRows = 256;
+// Products the two have launched in this process (tests: the path was taken).
+uint64_t gemm_cublas_calls();
+// A prompt round's Q8_0 (F16) products of min_rows rows or more take gemm_q8_0_cublas
+// (gemm_float_cublas) instead of the flat kernels (Q8_0: ~2.1x faster products, run 146; other
+// bits, not chunking-invariant, and a decode row in such a round gets them too): from the
+// override's rows (tests; -1: unset), else, Q8_0 only, from the round's (gemm_cublas_round: the
+// backend sets it each round from BackendOptions::fast_prefill, for this host thread's next
+// products), else from DSV4_CUBLAS_ROWS (256) for each kind switched on by DSV4_Q8_CUBLAS=1 /
+// DSV4_F16_CUBLAS=1 (the F16 path is not yet measured on the device: opt-in by its switch
+// alone); 0: never.
+constexpr uint32_t kCublasRows = 256;
 void gemm_q8_0_cublas_override(int min_rows);
-void gemm_q8_0_cublas_round(uint32_t min_rows);
+void gemm_float_cublas_override(int min_rows);
+void gemm_cublas_round(uint32_t min_rows);
 // The order of the Q8_0 products launched next from this host thread: flat (a prompt round,
 // DSV4_PREFILL_FLAT) or decode's. Call it outside stream capture (it raises the kernel's
 // shared memory limit the first time).

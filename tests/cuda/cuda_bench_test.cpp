@@ -713,6 +713,38 @@ TEST(CudaBench, Q8_0PrefillCublasFp16) {
     std::printf("all five: flat %.1f us; cuBLAS FP16 GEMMs %.1f us, the whole path (DSV4_Q8_CUBLAS: both operands "
                 "dequantised, then the GEMM) %.1f us (%.2fx)\n",
                 t_flat_all, t_cublas_all, t_path_all, t_flat_all / t_path_all);
+    // F16 weights (the router's, compressor's and indexer's widths): the flat float kernel (2xTF32)
+    // against gemm_float through cuBLAS (DSV4_F16_CUBLAS: the activation rounded to FP16)
+    std::printf("%-12s %6s %6s %9s %9s %7s\n", "F16 product", "K", "N", "flat us", "path us", "speed");
+    for (const uint64_t N : {256, 1024, 8192}) {
+        const uint64_t K = 4096;
+        std::vector<uint16_t> wh(N * K);
+        for (size_t i = 0; i < wh.size(); ++i)   // halves of magnitude 2^-7 … 2^-6, both signs
+            wh[i] = uint16_t((0x2000 + (i * 2654435761u >> 20) % 0x400) | (i & 1 ? 0x8000 : 0));
+        DevVec<uint16_t> dwh(wh);
+        cuda::DevWeight w;
+        w.type = uint32_t(quant::Type::F16);
+        w.K = K;
+        w.rows = N;
+        w.row_bytes = K * 2;
+        w.data = reinterpret_cast<const uint8_t*>(dwh.get());
+        std::vector<float> x(uint64_t(R) * K);
+        for (size_t i = 0; i < x.size(); ++i) x[i] = float(int((i * 2246822519u) >> 24) % 255 - 127) / 64.0f;
+        DevVec<float> dx(x);
+        cuda::DevAct a;
+        a.kind = cuda::ActKind::F32;
+        a.K = K;
+        a.f = dx.get();
+        a.f_stride = K;
+        DevVec<float> y(uint64_t(R) * N);
+        const double t_flat = median_us([&] { cuda::gemm_float(w, a, R, y.get(), N, N, 0, 0, nullptr); });
+        cuda::gemm_float_cublas_override(1);
+        const double t_path = median_us([&] { cuda::gemm_float(w, a, R, y.get(), N, N, 0, 0, nullptr); });
+        cuda::gemm_float_cublas_override(-1);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        std::printf("%-12s %6llu %6llu %9.1f %9.1f %6.2fx\n", "", (unsigned long long)K, (unsigned long long)N, t_flat,
+                    t_path, t_flat / t_path);
+    }
     cuda::gemm_prefill_order(order);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }

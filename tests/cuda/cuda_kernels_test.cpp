@@ -2189,17 +2189,70 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
     }
 }
 
+// The checks the cuBLAS paths share (Q8_0CublasFp16WithinBound, FloatCublasFp16WithinBound):
+// every checked output (columns `every` apart; padding untouched) within 2^-10 of Σ|w·x| of the
+// double reference ref(r, n, &mag); the path's direct call, and the product as gemm_q8_0 /
+// gemm_float dispatch it (`product(R, y, ld)`): from the override's rows on the direct call's bits,
+// below them the flat kernel's (the same as with the override unset), into a strided output;
+// with groups, the groups past the first alone (row0 = rpg) and a slice starting inside a group,
+// which the path refuses.
+template <typename Direct, typename Product, typename Override, typename Ref>
+void cublas_path_checks(const Q8_0Case& c, uint64_t every, Direct direct_call, Product product, Override set_override,
+                        Ref ref, double& worst) {
+    auto check_rows = [&](const std::vector<float>& y, uint32_t R, uint64_t ld, uint64_t n0, const char* what) {
+        for (uint64_t j = 0; j < ld; ++j) {
+            const uint64_t n = n0 + j;
+            if (n >= c.N) {   // padding past the product's columns
+                for (uint32_t r = 0; r < R; ++r) ASSERT_EQ(y[r * ld + j], 7.0f) << what << " padding, row " << r;
+                continue;
+            }
+            if (n % every) continue;
+            for (uint32_t r = 0; r < R; ++r) {
+                double mag = 0;
+                const double err = std::fabs(y[r * ld + j] - ref(r, n, mag)) / (mag + 1e-300);
+                worst = std::max(worst, err);
+                ASSERT_LE(err, 0x1p-10) << what << " K " << c.K << " N " << c.N << " row " << r << " col " << n;
+            }
+        }
+    };
+    cuda::gemm_prefill_order(true);
+    DevVec<float> direct(std::vector<float>(c.R * c.N, std::nanf("")));
+    ASSERT_TRUE(direct_call(c.R, direct.get(), c.N, c.N, 0));
+    set_override(int(c.R));
+    DevVec<float> via(std::vector<float>(c.R * c.N, std::nanf("")));
+    product(c.R, via.get(), c.N);
+    const uint32_t R2 = c.R - 1;   // below the override's rows: the flat kernel
+    DevVec<float> below(std::vector<float>(R2 * c.N, std::nanf("")));
+    product(R2, below.get(), c.N);
+    set_override(1);
+    DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
+    product(R2, wide.get(), c.N + 8);
+    if (c.rpg) {
+        DevVec<float> part(std::vector<float>(c.R * (c.N - c.rpg), std::nanf("")));
+        ASSERT_TRUE(direct_call(c.R, part.get(), c.N - c.rpg, c.N - c.rpg, c.rpg));
+        ASSERT_FALSE(direct_call(c.R, part.get(), c.N - c.rpg, c.rpg, c.rpg / 2));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_NO_FATAL_FAILURE(check_rows(part.download(), c.R, c.N - c.rpg, c.rpg, "groups past the first"));
+    }
+    set_override(-1);
+    DevVec<float> flat(std::vector<float>(R2 * c.N, std::nanf("")));
+    product(R2, flat.get(), c.N);
+    cuda::gemm_prefill_order(false);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto y = direct.download();
+    ASSERT_NO_FATAL_FAILURE(check_rows(y, c.R, c.N, 0, "direct"));
+    ASSERT_TRUE(via.download() == y) << "the product from the override's rows";
+    ASSERT_TRUE(below.download() == flat.download()) << "the product below the override's rows";
+    ASSERT_NO_FATAL_FAILURE(check_rows(wide.download(), R2, c.N + 8, 0, "strided"));
+}
+
 TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
-    // A prompt round's Q8_0 products through cuBLAS (DSV4_Q8_CUBLAS, opt-in): both operands
-    // dequantised to FP16 (each value within 2^-12 of the exact q·d), one FP16 GEMM with FP32
-    // accumulation. Every output within 2^-10 of Σ|w·x| of a double reference of the exact Q8_0
-    // values (two FP16 roundings a product, the sums' own: reported, the worst ratio), for the
-    // model's shapes, N with tails, the grouped product (also a slice of its groups: row0 past
-    // the first group), a strided output whose padding stays untouched, and (the last case) an
-    // activation scaled by 2^-40, far below FP16's smallest normal (2^-14): the path's power of
-    // two must bring it back. gemm_q8_0 takes this path from the override's rows on (the same
-    // bits as the direct call) and keeps the flat kernel below them; a group layout the path
-    // does not take (row0 inside a group) falls back.
+    // A prompt round's Q8_0 products through cuBLAS (DSV4_Q8_CUBLAS, --fast-prefill): both
+    // operands dequantised to FP16 (each value within 2^-12 of the exact q·d), one FP16 GEMM with
+    // FP32 accumulation: cublas_path_checks against a double reference of the exact Q8_0 values
+    // (two FP16 roundings a product, the sums' own), for the model's shapes, N with tails, the
+    // grouped product and (the last case) an activation scaled by 2^-40, far below FP16's
+    // smallest normal (2^-14): the path's power of two must bring it back.
     double worst = 0;
     const Q8_0Case cases[] = {Q8_0Case{1024, 4096, 0, 300}, Q8_0Case{4096, 1100, 0, 257},
                               Q8_0Case{4096, 2048, 1024, 260}, Q8_0Case{2048, 512, 128, 300},
@@ -2217,65 +2270,79 @@ TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
                       cudaSuccess);
         }
         const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
-        auto check_rows = [&](const std::vector<float>& y, uint32_t R, uint64_t ld, uint64_t n0, const char* what) {
-            for (uint32_t r = 0; r < R; ++r)
-                for (uint64_t j = 0; j < ld; ++j) {
-                    const uint64_t n = n0 + j;
-                    if (n >= c.N) {   // padding past the product's columns
-                        ASSERT_EQ(y[r * ld + j], 7.0f) << what << " padding, row " << r;
-                        continue;
-                    }
-                    const uint64_t g = c.rpg ? n / c.rpg : 0;
-                    const uint8_t* wr = pr.hw.bytes.data() + n * rb;
-                    double ref = 0, mag = 0;
-                    for (uint64_t b = 0; b < nb; ++b) {
-                        const uint8_t* blk = wr + b * 34;
-                        const double dw = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
-                        const uint64_t at = r * AK + g * c.K + b * 32;
-                        for (int i = 0; i < 32; ++i) {
-                            const double t = dw * int8_t(blk[2 + i]) * double(ad[at / 32]) * aq[at + i];
-                            ref += t;
-                            mag += std::fabs(t);
-                        }
-                    }
-                    const double err = std::fabs(y[r * ld + j] - ref) / (mag + 1e-30);
-                    worst = std::max(worst, err);
-                    ASSERT_LE(err, 0x1p-10) << what << " K " << c.K << " N " << c.N << " row " << r << " col " << n;
+        auto ref = [&](uint32_t r, uint64_t n, double& mag) {
+            const uint64_t g = c.rpg ? n / c.rpg : 0;
+            const uint8_t* wr = pr.hw.bytes.data() + n * rb;
+            double sum = 0;
+            for (uint64_t b = 0; b < nb; ++b) {
+                const uint8_t* blk = wr + b * 34;
+                const double dw = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
+                const uint64_t at = r * AK + g * c.K + b * 32;
+                for (int i = 0; i < 32; ++i) {
+                    const double t = dw * int8_t(blk[2 + i]) * double(ad[at / 32]) * aq[at + i];
+                    sum += t;
+                    mag += std::fabs(t);
                 }
+            }
+            return sum;
         };
-        cuda::gemm_prefill_order(true);
-        DevVec<float> direct(std::vector<float>(c.R * c.N, std::nanf("")));
-        ASSERT_TRUE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, direct.get(), c.N, c.N, 0, c.rpg, nullptr));
-        cuda::gemm_q8_0_cublas_override(int(c.R));
-        DevVec<float> via(std::vector<float>(c.R * c.N, std::nanf("")));
-        cuda::gemm_q8_0(pr.dw.w, pr.a, c.R, via.get(), c.N, c.N, 0, c.rpg, nullptr);
-        const uint32_t R2 = c.R - 1;   // below the override's rows: the flat kernel
-        DevVec<float> below(std::vector<float>(R2 * c.N, std::nanf("")));
-        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, below.get(), c.N, c.N, 0, c.rpg, nullptr);
-        cuda::gemm_q8_0_cublas_override(1);
-        DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
-        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
-        if (c.rpg) {   // the groups from the second on, and a slice that starts inside a group
-            DevVec<float> part(std::vector<float>(c.R * (c.N - c.rpg), std::nanf("")));
-            ASSERT_TRUE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, part.get(), c.N - c.rpg, c.N - c.rpg, c.rpg, c.rpg,
-                                               nullptr));
-            ASSERT_FALSE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, part.get(), c.N - c.rpg, c.rpg, c.rpg / 2, c.rpg,
-                                                nullptr));
-            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            ASSERT_NO_FATAL_FAILURE(check_rows(part.download(), c.R, c.N - c.rpg, c.rpg, "groups past the first"));
-        }
-        cuda::gemm_q8_0_cublas_override(-1);
-        DevVec<float> flat(std::vector<float>(R2 * c.N, std::nanf("")));
-        cuda::gemm_q8_0(pr.dw.w, pr.a, R2, flat.get(), c.N, c.N, 0, c.rpg, nullptr);
-        cuda::gemm_prefill_order(false);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        const auto y = direct.download();
-        ASSERT_NO_FATAL_FAILURE(check_rows(y, c.R, c.N, 0, "direct"));
-        ASSERT_TRUE(via.download() == y) << "gemm_q8_0 from the override's rows";
-        ASSERT_TRUE(below.download() == flat.download()) << "gemm_q8_0 below the override's rows";
-        ASSERT_NO_FATAL_FAILURE(check_rows(wide.download(), R2, c.N + 8, 0, "strided"));
+        ASSERT_NO_FATAL_FAILURE(cublas_path_checks(
+            c, 1,
+            [&](uint32_t R, float* y, uint64_t ld, uint64_t N, uint64_t row0) {
+                return cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, R, y, ld, N, row0, c.rpg, nullptr);
+            },
+            [&](uint32_t R, float* y, uint64_t ld) { cuda::gemm_q8_0(pr.dw.w, pr.a, R, y, ld, c.N, 0, c.rpg, nullptr); },
+            cuda::gemm_q8_0_cublas_override, ref, worst));
     }
     std::printf("Q8_0 through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
+}
+
+TEST_F(CudaKernels, FloatCublasFp16WithinBound) {
+    // A prompt round's F16 products through cuBLAS (DSV4_F16_CUBLAS): the weights as they are,
+    // the float activation scaled by a power of two and rounded to FP16 (within 2^-11 of each
+    // value), one FP16 GEMM with FP32 accumulation: cublas_path_checks against a double reference
+    // (every fifth column of the wide products), for the compressor's and indexer's widths, K not
+    // a multiple of 8, the grouped product, activation rows wider than K (a stride), and (the last
+    // case) an activation scaled by 2^-40; BF16 weights fall back.
+    double worst = 0;
+    const Q8_0Case cases[] = {{4096, 1024, 0, 300}, {1000, 200, 0, 260}, {1024, 256, 128, 270}, {512, 300, 0, 257}};
+    for (const Q8_0Case& c : cases) {
+        const uint64_t groups = c.rpg ? c.N / c.rpg : 1, AK = groups * c.K, XS = AK + 4;
+        const HostWeight hw = random_weight(Type::F16, c.K, c.N, 3100 + c.K + c.N);
+        DevWeightHolder dw(hw);
+        auto x = random_floats(c.R * XS, 91 + c.R, -2.0f, 2.0f);
+        for (size_t i = 0; i < x.size(); i += 13) x[i] *= 1e-3f;
+        if (&c == &cases[3])
+            for (float& v : x) v = std::ldexp(v, -40);
+        DevVec<float> dx(x);
+        ActHolder ah(16);
+        const cuda::DevAct a = cuda::quantize_act(uint32_t(Type::F16), dx.get(), XS, c.R, AK, ah.buf, nullptr);
+        const size_t rb = quant::row_bytes(Type::F16, c.K);
+        std::vector<float> wrow(c.K);
+        auto ref = [&](uint32_t r, uint64_t n, double& mag) {
+            quant::dequantize_row(Type::F16, hw.bytes.data() + n * rb, wrow.data(), c.K);
+            const uint64_t g = c.rpg ? n / c.rpg : 0;
+            double sum = 0;
+            for (uint64_t k = 0; k < c.K; ++k) {
+                const double t = double(wrow[k]) * x[r * XS + g * c.K + k];
+                sum += t;
+                mag += std::fabs(t);
+            }
+            return sum;
+        };
+        ASSERT_NO_FATAL_FAILURE(cublas_path_checks(
+            c, c.N > 300 ? 5 : 1,
+            [&](uint32_t R, float* y, uint64_t ld, uint64_t N, uint64_t row0) {
+                return cuda::gemm_float_cublas(dw.w, a, R, y, ld, N, row0, c.rpg, nullptr);
+            },
+            [&](uint32_t R, float* y, uint64_t ld) { cuda::gemm_float(dw.w, a, R, y, ld, c.N, 0, c.rpg, nullptr); },
+            cuda::gemm_float_cublas_override, ref, worst));
+        const HostWeight hb = random_weight(Type::BF16, c.K, c.N, 7);   // BF16 weights: not this path
+        DevWeightHolder db(hb);
+        DevVec<float> yb(c.R * c.N);
+        EXPECT_FALSE(cuda::gemm_float_cublas(db.w, a, c.R, yb.get(), c.N, c.N, 0, c.rpg, nullptr));
+    }
+    std::printf("F16 through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
 }
 
 TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
