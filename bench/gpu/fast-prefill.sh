@@ -6,10 +6,12 @@
 #   2. the products' benchmark (CudaBench.Q8_0PrefillCublasFp16: the five Q8_0 flash products,
 #      flat kernel against the cuBLAS path, then the F16 shapes);
 #   3. the CudaVsCpu / CudaGreedy tests with every prompt round's F16 products through cuBLAS
-#      (DSV4_F16_CUBLAS=1 DSV4_CUBLAS_ROWS=1: the router's logits in FP16 among them);
-#   4. the whole 43-layer model: defaults, the Q8_0 path (--fast-prefill's), both paths.
+#      and the plain FP16 rows attention (DSV4_F16_CUBLAS=1 DSV4_CUBLAS_ROWS=1 DSV4_ATTN_FAST=1:
+#      the router's logits in FP16 among them);
+#   4. the whole 43-layer model: defaults, the Q8_0 path (--fast-prefill's), with the F16 path,
+#      with the plain FP16 attention too.
 #   run(command="bench/gpu/fast-prefill.sh", carry=[".deps"])
-# About 7 minutes on a fresh machine.
+# About 9 minutes on a fresh machine (the device tool's limit is 10: TEST_TIMEOUT, AB_TIMEOUT).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/build-gpu/logs}
@@ -20,8 +22,9 @@ echo "== tests: $(grep -E '^tests passed' "$OUT/quick.log")"
 grep -hE '^\[  FAILED|Failure|worst error|fast prefill' "$OUT/quick.log" "$OUT"/tests/tests.log 2>/dev/null | head -20
 DSV4_CUDA_BENCH=1 timeout 120 build-gpu/dsv4_cuda_tests --gtest_filter='CudaBench.Q8_0PrefillCublas*' 2>&1 |
   sed -n '/== Q8_0 prompt products/,/OK \]/p'
-DSV4_F16_CUBLAS=1 DSV4_CUBLAS_ROWS=1 timeout 240 build-gpu/dsv4_cuda_tests \
+DSV4_F16_CUBLAS=1 DSV4_CUBLAS_ROWS=1 DSV4_ATTN_FAST=1 timeout 240 build-gpu/dsv4_cuda_tests \
   --gtest_filter='*CudaVsCpu*:*CudaGreedy*' > "$OUT/f16_vscpu.log" 2>&1
-echo "== CudaVsCpu, CudaGreedy with DSV4_F16_CUBLAS=1 DSV4_CUBLAS_ROWS=1:"
+echo "== CudaVsCpu, CudaGreedy with DSV4_F16_CUBLAS=1 DSV4_CUBLAS_ROWS=1 DSV4_ATTN_FAST=1:"
 grep -E '^\[cuda|FAILED|Failure|PASSED' "$OUT/f16_vscpu.log" | head -30
-GTEST_FILTER=None.None AB_TIMEOUT=200 bench/gpu/ab43.sh '-;DSV4_Q8_CUBLAS=1;DSV4_Q8_CUBLAS=1 DSV4_F16_CUBLAS=1'
+F='DSV4_Q8_CUBLAS=1 DSV4_F16_CUBLAS=1'
+GTEST_FILTER=None.None AB_TIMEOUT=200 bench/gpu/ab43.sh "-;DSV4_Q8_CUBLAS=1;$F;$F DSV4_ATTN_FAST=1"

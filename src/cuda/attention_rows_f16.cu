@@ -118,7 +118,10 @@ __device__ __forceinline__ void ldsm_x4_h(uint32_t (&r)[4], uint32_t s) {
 //     k16 steps); the softmax adds the four quarters in order;
 //   the online softmax: eight threads a head, two keys each (every thread of the block);
 //   O = O·corr + P·V: warp w takes D / 16 columns (NT / 2 n-tiles) of every head, one k16 step.
-template <uint32_t NT>
+// FAST (DSV4_ATTN_FAST, opt-in): plain FP16 products, the hi halves only, each MMA accumulating
+// in place (no hi·lo terms, no FP32 add a step): ~2^-11 of each operand lost, so not
+// FP32-accurate, but still a row's own operations whatever its batch or chunking.
+template <uint32_t NT, bool FAST>
 __global__ void __launch_bounds__(kF16Threads, 1)
     attn_rows_f16_kernel(const float* __restrict__ q, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
                          uint32_t ratio, uint32_t top_k, const uint32_t* __restrict__ sel,
@@ -292,10 +295,22 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                         }
                     }
                 };
+                if constexpr (FAST) {   // hi·hi only, accumulated in place
+#pragma unroll 2
+                    for (uint32_t kk = 0; kk < NT; ++kk) {
+                        const uint32_t d0 = dq * (D / 4) + 16 * kk;
+                        uint32_t ah[4], b[4];
+                        ldsm_x4_h(ah, qa + 4 * d0);
+                        ldsm_x4_h(b, kh_a + ko + 2 * d0);
+#pragma unroll
+                        for (uint32_t n = 0; n < 2; ++n) mma_f16(sb[n], ah, b[2 * n], b[2 * n + 1]);
+                    }
+                } else {
 #pragma unroll 1
-                for (uint32_t k0 = 0; k0 < NT; k0 += NT / 2) {
-                    if ((kmask >> (dq * NT + k0)) & ((1u << (NT / 2)) - 1u)) khalf(k0, std::true_type{});
-                    else khalf(k0, std::false_type{});
+                    for (uint32_t k0 = 0; k0 < NT; k0 += NT / 2) {
+                        if ((kmask >> (dq * NT + k0)) & ((1u << (NT / 2)) - 1u)) khalf(k0, std::true_type{});
+                        else khalf(k0, std::false_type{});
+                    }
                 }
                 float* part = s_s + dq * (16 * kF16MaxMT) * kF16RS;
 #pragma unroll
@@ -343,7 +358,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
             uint32_t eh, el;
             f16_split2(e[0] * kF16PScale, e[1] * kF16PScale, eh, el);
             *reinterpret_cast<uint32_t*>(ph_s + hs * kF16PS + 2 * kc) = eh;
-            *reinterpret_cast<uint32_t*>(pl_s + hs * kF16PS + 2 * kc) = el;
+            if constexpr (!FAST) *reinterpret_cast<uint32_t*>(pl_s + hs * kF16PS + 2 * kc) = el;
             if (kc == 0) corr_s[hs] = corr;
             if (last) {
                 if (kc == 0 && hs < n_head) {
@@ -406,8 +421,23 @@ __global__ void __launch_bounds__(kF16Threads, 1)
             };
 #pragma unroll
             for (uint32_t c = 0; c < NTW / 2; ++c) {
-                if ((kmask >> ((base + 16 * c) / 16)) & 1u) vchunk(c, std::true_type{});
-                else vchunk(c, std::false_type{});
+                if constexpr (FAST) {   // hi·hi only, accumulated in place
+                    uint32_t vb[4];
+                    ldsm_x4_h<true>(vb, kh_a + vo + 32 * c);
+#pragma unroll
+                    for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+                        if (m >= MT) continue;
+                        uint32_t ah[4];
+                        ldsm_x4_h(ah, ph_a + po + 32 * m * kF16PS);
+#pragma unroll
+                        for (uint32_t tt = 0; tt < 2; ++tt)
+                            mma_f16(ob[m][2 * c + tt], ah, vb[2 * tt], vb[2 * tt + 1]);
+                    }
+                } else if ((kmask >> ((base + 16 * c) / 16)) & 1u) {
+                    vchunk(c, std::true_type{});
+                } else {
+                    vchunk(c, std::false_type{});
+                }
             }
         }
 
@@ -443,13 +473,13 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     }
 }
 
-template <uint32_t NT>
+template <uint32_t NT, bool FAST>
 void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
                      uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
                      uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
                      bool qn, float q_eps, cudaStream_t s) {
     // Once per width (the first call is an eager round, so a graph capture finds it done).
-    constexpr auto kernel = attn_rows_f16_kernel<NT>;
+    constexpr auto kernel = attn_rows_f16_kernel<NT, FAST>;
     static const uint32_t resident = [] {
         const size_t most = f16_smem_bytes(64 * NT, kF16MaxMT);
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)),
@@ -465,11 +495,12 @@ void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32
     check_launch("attention (rows, FP16)");
 }
 
-int g_f16_override = -1;
+int g_f16_override = -1, g_fast_override = -1;
 
 }  // namespace
 
 void attn_rows_f16_override(int on) { g_f16_override = on; }
+void attn_rows_fast_override(int on) { g_fast_override = on; }
 
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
     static const bool env = env_switch("DSV4_ATTN_F16", true);
@@ -481,7 +512,11 @@ void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_he
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
                    float* od, bool qn, float q_eps, cudaStream_t s) {
-    auto* launch = D == 256 ? launch_rows_f16<4> : launch_rows_f16<8>;
+    // DSV4_ATTN_FAST (read once, default 0; attn_rows_fast_override wins): the plain FP16 form
+    static const bool fast_env = env_switch("DSV4_ATTN_FAST", false);
+    const bool fast = g_fast_override >= 0 ? g_fast_override != 0 : fast_env;
+    auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)
+                            : (fast ? launch_rows_f16<8, true> : launch_rows_f16<8, false>);
     launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn, q_eps,
            s);
 }

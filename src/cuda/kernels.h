@@ -568,6 +568,9 @@ void attn_rows_qnorm_override(int on);
 // Tests: prompt rounds' rows kernel on the FP16 tensor cores (1, widths 256 and 512) or the TF32
 // ones (0); -1 DSV4_ATTN_F16's choice (default 1).
 void attn_rows_f16_override(int on);
+// Tests: that kernel in its plain FP16 form (1: hi halves only, other bits, DSV4_ATTN_FAST's
+// opt-in, not yet run on the device) or FP32-accurate (0); -1 the environment's (default 0).
+void attn_rows_fast_override(int on);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.
