@@ -28,9 +28,9 @@ struct BackendOptions {
     // backend's own default (kCpuPrefillChunk / kCudaPrefillChunk below).
     uint32_t prefill_chunk = 0;
     // CUDA: prompt rounds' Q8_0 products of 256 rows or more through cuBLAS in FP16 (run 147:
-    // prefill +11 % on the 43-layer flash model). Within ~2e-4 of
-    // each product's sum of magnitudes, but neither the CPU's bits nor the same bits for every
-    // chunking of a prompt, so off by default. The CPU backend ignores it.
+    // prefill +11 % on the 43-layer flash model). Within ~2e-4 of each product's sum of
+    // magnitudes, but neither the CPU's bits nor the same bits for every chunking of a prompt, so
+    // off by default. The CPU backend ignores it.
     bool fast_prefill = false;
 };
 

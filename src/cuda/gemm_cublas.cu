@@ -38,14 +38,20 @@ __device__ __forceinline__ float half_bits_to_float(uint16_t b) { return __half2
 __device__ __forceinline__ float scale_value(uint16_t b) { return half_bits_to_float(b); }
 __device__ __forceinline__ float scale_value(float v) { return v; }
 
+// A thread's largest magnitude m (NaNs skipped: fmaxf keeps the other operand) into *top: the
+// warp's largest, then one atomicMax a warp.
+__device__ __forceinline__ void store_top(float m, unsigned* top) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
+}
+
 template <typename Scale>
 __global__ void scale_top_kernel(const Scale* __restrict__ d, uint64_t n, unsigned* __restrict__ top) {
     float m = 0.0f;
     for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x)
-        m = fmaxf(m, fabsf(scale_value(d[i])));   // (a NaN scale: fmaxf keeps m)
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
+        m = fmaxf(m, fabsf(scale_value(d[i])));
+    store_top(m, top);
 }
 
 // The power of two that takes mul·top into [2^13, 2^14) (1 for a zero or non-finite top), kept
@@ -99,9 +105,7 @@ __global__ void float_top_kernel(const float* __restrict__ x, uint64_t stride, u
     for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
         for (uint64_t k = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; k < K; k += uint64_t(gridDim.x) * blockDim.x)
             m = fmaxf(m, fabsf(x[r * stride + k]));
-#pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
+    store_top(m, top);
 }
 __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
                                     __half* __restrict__ out, const unsigned* __restrict__ top,
@@ -179,31 +183,16 @@ bool grow(uint16_t*& buf, uint64_t& cap, uint64_t n) {
     return true;
 }
 
-}  // namespace
-
-void dequant_q8_0_weight_f16(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, cudaStream_t s) {
-    if (W.type != T_Q8_0 || W.K % 32 != 0) throw_mismatch("dequant_q8_0_weight_f16", W.type, W.K, W.K);
-    launch_dequant(W.qs + row0 * W.K, W.d + row0 * W.K / 32, N * W.K, reinterpret_cast<__half*>(out), nullptr, 0,
-                   nullptr, s);
-}
-
-void dequant_q8_0_act_f16(const DevAct& a, uint32_t R, uint16_t* out, cudaStream_t s) {
-    if (a.kind != ActKind::Q8_0 || a.K % 32 != 0) throw_mismatch("dequant_q8_0_act_f16", T_Q8_0, a.K, a.K);
-    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(out), nullptr, 0, nullptr, s);
-}
-
-void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
-                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha, uint64_t ldw) {
-    if (ldw == 0) ldw = K;
-    StreamState* st = stream_state(s);
-    if (!st) throw std::runtime_error("cuBLAS: no handle for the stream (device memory or cuBLAS set-up)");
-    const cublasHandle_t h = st->h;
+// y = alpha · x · wᵀ on the stream's handle (gemm_f16_cublas's contract).
+void run_gemm(StreamState& st, const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
+              uint64_t rpg, float* y, uint64_t y_stride, const float* alpha, uint64_t ldw) {
+    const cublasHandle_t h = st.h;
     const float one = 1.0f, zero = 0.0f;
     // alpha on the device (the operands' factors, known only there) or 1 from the host
     check_cublas(cublasSetPointerMode(h, alpha ? CUBLAS_POINTER_MODE_DEVICE : CUBLAS_POINTER_MODE_HOST),
                  "cublasSetPointerMode");
     const float* al = alpha ? alpha : &one;
-    const float* be = alpha ? st->beta : &zero;
+    const float* be = alpha ? st.beta : &zero;
     // Row-major y[R][N] = x[R][K] · w[N][K]ᵀ is, column-major, yᵀ (N × R) = op_T(w) · x.
     if (rpg == 0)
         check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(R), int(K), al, w, CUDA_R_16F, int(ldw), x,
@@ -219,17 +208,45 @@ void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t 
                      "grouped FP16 GEMM");
 }
 
+// The checks both paths make: a group layout they take (rpg: whole groups from row0), cuBLAS's
+// int-sized arguments, no capture on s; then s's state. nullptr: the path does not apply.
+StreamState* path_state(uint32_t R, uint64_t N, uint64_t K, uint64_t AK, uint64_t row0, uint64_t rpg,
+                        uint64_t y_stride, cudaStream_t s) {
+    if (R == 0 || N == 0 || K == 0) return nullptr;
+    if (rpg ? row0 % rpg || N % rpg || (row0 + N) / rpg * K > AK : AK != K) return nullptr;
+    if (N > (1u << 30) || K > (1u << 30) || AK > (1u << 30) || y_stride > (1u << 30)) return nullptr;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return nullptr;
+    return stream_state(s);
+}
+
+}  // namespace
+
+void dequant_q8_0_weight_f16(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, cudaStream_t s) {
+    if (W.type != T_Q8_0 || W.K % 32 != 0) throw_mismatch("dequant_q8_0_weight_f16", W.type, W.K, W.K);
+    launch_dequant(W.qs + row0 * W.K, W.d + row0 * W.K / 32, N * W.K, reinterpret_cast<__half*>(out), nullptr, 0,
+                   nullptr, s);
+}
+
+void dequant_q8_0_act_f16(const DevAct& a, uint32_t R, uint16_t* out, cudaStream_t s) {
+    if (a.kind != ActKind::Q8_0 || a.K % 32 != 0) throw_mismatch("dequant_q8_0_act_f16", T_Q8_0, a.K, a.K);
+    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(out), nullptr, 0, nullptr, s);
+}
+
+void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
+                     uint64_t rpg, float* y, uint64_t y_stride, cudaStream_t s, const float* alpha, uint64_t ldw) {
+    StreamState* st = stream_state(s);
+    if (!st) throw std::runtime_error("cuBLAS: no handle for the stream (device memory or cuBLAS set-up)");
+    run_gemm(*st, w, x, R, N, K, AK, rpg, y, y_stride, alpha, ldw ? ldw : K);
+}
+
 bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                       uint64_t row0, uint64_t rpg, cudaStream_t s) {
     const uint64_t K = W.K;
-    if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || K % 32 || a.K % 32 || R == 0 || N == 0) return false;
-    if (rpg ? row0 % rpg || N % rpg || (row0 + N) / rpg * K > a.K : a.K != K) return false;
-    // cuBLAS's int-sized arguments; the dequantisation's 8-byte loads of codes
-    if (N > (1u << 30) || K > (1u << 30) || a.K > (1u << 30) || y_stride > (1u << 30)) return false;
+    // (the dequantisation's 8-byte loads of codes)
+    if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || K % 32 || a.K % 32) return false;
     if (reinterpret_cast<uintptr_t>(W.qs) % 8 || reinterpret_cast<uintptr_t>(a.q) % 8) return false;
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return false;
-    StreamState* sp = stream_state(s);
+    StreamState* sp = path_state(R, N, K, a.K, row0, rpg, y_stride, s);
     if (!sp) return false;
     StreamState& st = *sp;
     if (!grow(st.w, st.w_cap, N * K) || !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
@@ -244,7 +261,7 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
                    s);
     launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top, 1, st.alpha, s);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
-    gemm_f16_cublas(st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, s, st.alpha);
+    run_gemm(st, st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
     ++g_calls;
     return true;
 }
@@ -254,14 +271,9 @@ uint64_t gemm_cublas_calls() { return g_calls.load(); }
 bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                        uint64_t row0, uint64_t rpg, cudaStream_t s) {
     const uint64_t K = W.K, ldw = W.row_bytes / 2;
-    if (W.type != T_F16 || a.kind != ActKind::F32 || R == 0 || N == 0 || K == 0 || W.row_bytes % 2 || ldw < K)
-        return false;
-    if (rpg ? row0 % rpg || N % rpg || (row0 + N) / rpg * K > a.K : a.K != K) return false;
-    if (a.f_stride < a.K || N > (1u << 30) || ldw > (1u << 30) || a.K > (1u << 30) || y_stride > (1u << 30))
-        return false;
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone) return false;
-    StreamState* sp = stream_state(s);
+    if (W.type != T_F16 || a.kind != ActKind::F32 || W.row_bytes % 2 || ldw < K || ldw > (1u << 30)) return false;
+    if (a.f_stride < a.K) return false;
+    StreamState* sp = path_state(R, N, K, a.K, row0, rpg, y_stride, s);
     if (!sp) return false;
     StreamState& st = *sp;
     if (!grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
@@ -272,7 +284,7 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
     check_launch("cuBLAS path: the activation to FP16");
     const uint16_t* w = reinterpret_cast<const uint16_t*>(W.data + row0 * W.row_bytes);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
-    gemm_f16_cublas(w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, s, st.alpha, ldw);
+    run_gemm(st, w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, ldw);
     ++g_calls;
     return true;
 }

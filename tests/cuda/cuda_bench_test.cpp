@@ -61,6 +61,38 @@ double d2d_copy_gbs() {
     return 2.0 * n * 10 / (ms * 1e-3) / 1e9;   // bytes read + written
 }
 
+// Device µs of launch() on the default stream, timed by events: the median of `runs` calls,
+// each after before(i) (untimed: a cache flush, a warming call) and a device synchronisation.
+template <typename F, typename B>
+double timed_median_us(int runs, F&& launch, B&& before) {
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<float> t;
+    for (int i = 0; i < runs; ++i) {
+        before(i);
+        cudaDeviceSynchronize();
+        cudaEventRecord(e0);
+        launch();
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t.push_back(ms * 1000);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    std::sort(t.begin(), t.end());
+    return double(t[t.size() / 2]);
+}
+// The median of 9 after one untimed call (warm-up, and any one-time set-up such as a kernel
+// attribute).
+template <typename F>
+double median_us(F&& launch) {
+    launch();
+    return timed_median_us(9, launch, [](int) {});
+}
+
 // A Q8_0 weight of N rows of K values in the backend's repacked form (codes, f16 scales),
 // from a hash: for timing products, not for their values. signed_scales: every other block's
 // scale negative.
@@ -134,6 +166,43 @@ BenchModel& bench_model() {
     b.t_load = now_s() - t0;
     return b;
 }
+
+// The model's Q8_0 products of a prefill chunk: q_b, the shared expert's gate (up is the same)
+// and down, out_a (8 groups of 1,024 rows, each reading its 4,096 values of a 32,768-value row)
+// and out_b.
+struct Q8Shape {
+    const char* name;
+    uint64_t K, N, rpg;
+    uint64_t act_k() const { return rpg ? N / rpg * K : K; }   // an activation row's values
+};
+const Q8Shape kQ8Shapes[] = {{"q_b", 1024, 32768, 0}, {"shared gate", 4096, 2048, 0}, {"shared down", 2048, 4096, 0},
+                             {"out_a", 4096, 8192, 1024}, {"out_b", 8192, 4096, 0}};
+
+// R rows of a Q8_0 activation AK values wide, codes and scales of a fixed pattern, on the host
+// and the device.
+struct SynthQ8Act {
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    DevVec<int8_t> dq;
+    DevVec<float> dd;
+    cuda::DevAct a;
+    SynthQ8Act(uint32_t R, uint64_t AK) : q(codes(uint64_t(R) * AK)), d(scales(uint64_t(R) * AK / 32)), dq(q), dd(d) {
+        a.kind = cuda::ActKind::Q8_0;
+        a.K = AK;
+        a.q = dq.get();
+        a.d = dd.get();
+    }
+    static std::vector<int8_t> codes(uint64_t n) {
+        std::vector<int8_t> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = int8_t(int((i * 2246822519u) >> 24) % 255 - 127);
+        return v;
+    }
+    static std::vector<float> scales(uint64_t n) {
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = 0.001f * float(1 + i % 97) * (i % 3 ? 1.0f : -1.0f);
+        return v;
+    }
+};
 
 }  // namespace
 
@@ -499,9 +568,6 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
     if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
     DevVec<uint8_t> flush(256u << 20);
     DevVec<uint32_t> sink(1);
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
     std::printf("\n== Q8_0 decode product, one row: device us (median of 15), cold unless marked ==\n");
     std::printf("%-16s %6s %8s %8s %8s %8s %8s %9s\n", "rows x K", "MB", "floor0", "floor1", "floor2", "product",
                 "warm", "cold TB/s");
@@ -517,22 +583,12 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
         const cuda::ActBuf buf{aq.get(), ad.get(), ab.get(), K};
         DevVec<float> y(N);
         const cuda::DevAct a = cuda::quantize_act(w.type, x.get(), K, 1, K, buf, nullptr);
+        // 15 runs, each after a 256 MB write that evicts the weight from L2 (warm: then a call)
         auto timed = [&](auto&& launch, bool warm) {
-            std::vector<float> v;
-            for (int i = 0; i < 15; ++i) {
+            return timed_median_us(15, launch, [&](int i) {
                 cudaMemsetAsync(flush.get(), i, 256u << 20);
                 if (warm) launch();
-                cudaDeviceSynchronize();
-                cudaEventRecord(e0);
-                launch();
-                cudaEventRecord(e1);
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                v.push_back(ms * 1000);
-            }
-            std::sort(v.begin(), v.end());
-            return v[v.size() / 2];
+            });
         };
         const double mb = double(N) * K * 34 / 32 / 1e6;
         double floor_us[3];
@@ -549,60 +605,26 @@ TEST(CudaBench, Q8_0DecodeProductColdPrefetchedWarm) {
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
-// The Q8_0 products of a prefill chunk (2,048 rows) on the tensor cores, the register-fed
-// kernel (DSV4_GEMM_Q8_V=0) beside the pipelined one (1) on the model's shapes: q_b, the
-// shared expert's gate (up is the same) and down, out_a (8 groups of 1,024 rows, each
-// reading its 4,096 values of a 32,768-value row) and out_b. Device time by events (median
-// of 9 after a warm-up), int8 TOPS (2 R N K / t), and whether both give the same bits.
+// The Q8_0 products of a prefill chunk (2,048 rows) on the tensor cores (kQ8Shapes), the
+// register-fed kernel (DSV4_GEMM_Q8_V=0) beside the pipelined one (1). Device time by events
+// (median_us), int8 TOPS (2 R N K / t), and whether both give the same bits.
 TEST(CudaBench, Q8_0PrefillGemmOldNew) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    struct Shape {
-        const char* name;
-        uint64_t K, N, rpg;
-    };
     const uint32_t R = env_u32("DSV4_BENCH_ROWS", 2048);
     std::printf("\n== Q8_0 prefill products, R = %u rows: device us (median of 9), int8 TOPS ==\n", R);
     std::printf("%-12s %6s %6s %5s %10s %7s %10s %7s %7s %5s\n", "product", "K", "N", "rpg", "old us", "TOPS",
                 "new us", "TOPS", "speed", "same");
-    for (const Shape sh : {Shape{"q_b", 1024, 32768, 0}, Shape{"shared gate", 4096, 2048, 0},
-                           Shape{"shared down", 2048, 4096, 0}, Shape{"out_a", 4096, 8192, 1024},
-                           Shape{"out_b", 8192, 4096, 0}}) {
-        const uint64_t N = sh.N, K = sh.K, AK = sh.rpg ? N / sh.rpg * K : K;
+    for (const Q8Shape& sh : kQ8Shapes) {
+        const uint64_t N = sh.N, K = sh.K;
         const SynthQ8_0 sw(N, K, true);
-        const cuda::DevWeight& w = sw.w;
-        std::vector<int8_t> aq(uint64_t(R) * AK);
-        std::vector<float> ad(uint64_t(R) * AK / 32);
-        for (size_t i = 0; i < aq.size(); ++i) aq[i] = int8_t(int((i * 2246822519u) >> 24) % 255 - 127);
-        for (size_t i = 0; i < ad.size(); ++i) ad[i] = 0.001f * float(1 + i % 97) * (i % 3 ? 1.0f : -1.0f);
-        DevVec<int8_t> daq(aq);
-        DevVec<float> dad(ad);
-        cuda::DevAct a;
-        a.kind = cuda::ActKind::Q8_0;
-        a.K = AK;
-        a.q = daq.get();
-        a.d = dad.get();
+        const SynthQ8Act act(R, sh.act_k());
         DevVec<float> y_old(uint64_t(R) * N), y_new(uint64_t(R) * N);
         auto timed = [&](int v, float* y) {
             cuda::gemm_q8_0_version(v);
-            cuda::gemm_q8_0(w, a, R, y, N, N, 0, sh.rpg, nullptr);   // warm-up (and the attribute, once)
-            cudaDeviceSynchronize();
-            std::vector<float> t;
-            for (int i = 0; i < 9; ++i) {
-                cudaEventRecord(e0);
-                cuda::gemm_q8_0(w, a, R, y, N, N, 0, sh.rpg, nullptr);
-                cudaEventRecord(e1);
-                cudaEventSynchronize(e1);
-                float ms = 0;
-                cudaEventElapsedTime(&ms, e0, e1);
-                t.push_back(ms * 1000);
-            }
+            const double t = median_us([&] { cuda::gemm_q8_0(sw.w, act.a, R, y, N, N, 0, sh.rpg, nullptr); });
             cuda::gemm_q8_0_version(-1);
-            std::sort(t.begin(), t.end());
-            return double(t[t.size() / 2]);
+            return t;
         };
         const double t_old = timed(0, y_old.get()), t_new = timed(2, y_new.get());   // the default
         const auto o = y_old.download(), n = y_new.download();
@@ -618,36 +640,13 @@ TEST(CudaBench, Q8_0PrefillGemmOldNew) {
 
 // What the CPU's bits cost a prompt round's Q8_0 products: gemm.cu's flat kernel (the prompt
 // order, the default) against the same product through cuBLAS in FP16 (both operands
-// dequantised once, gemm_cublas.cu), on the flash shapes at R rows: device µs (median of 9),
-// the dequantisations apart (a weight's could be made once at load, for twice its memory), the
-// whole path as gemm_q8_0 takes it (DSV4_Q8_CUBLAS), and each result's largest error against a double reference over 512 sampled outputs, relative to
-// the sum of the products' magnitudes.
+// dequantised once, gemm_cublas.cu), on kQ8Shapes at R rows: device µs (median_us), the
+// dequantisations apart (a weight's could be made once at load, for twice its memory), the whole
+// path as gemm_q8_0 takes it (DSV4_Q8_CUBLAS), and each result's largest error against a double
+// reference over 512 sampled outputs, relative to the sum of the products' magnitudes.
 TEST(CudaBench, Q8_0PrefillCublasFp16) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_BENCH")) GTEST_SKIP() << "set DSV4_CUDA_BENCH=1";
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    auto median_us = [&](auto&& launch) {
-        launch();   // warm-up (and any one-time set-up)
-        cudaDeviceSynchronize();
-        std::vector<float> t;
-        for (int i = 0; i < 9; ++i) {
-            cudaEventRecord(e0);
-            launch();
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            t.push_back(ms * 1000);
-        }
-        std::sort(t.begin(), t.end());
-        return double(t[t.size() / 2]);
-    };
-    struct Shape {
-        const char* name;
-        uint64_t K, N, rpg;
-    };
     const uint32_t R = env_u32("DSV4_BENCH_ROWS", 2048);
     const bool order = cuda::gemm_prefill_order();
     cuda::gemm_prefill_order(true);
@@ -655,22 +654,13 @@ TEST(CudaBench, Q8_0PrefillCublasFp16) {
     std::printf("%-12s %6s %6s %5s %9s %7s %9s %7s %8s %8s %8s %7s %9s %9s\n", "product", "K", "N", "rpg", "flat us",
                 "TOPS", "cublas us", "TFLOPS", "deq w us", "deq a us", "path us", "speed", "err flat", "err f16");
     double t_flat_all = 0, t_cublas_all = 0, t_path_all = 0;
-    for (const Shape sh : {Shape{"q_b", 1024, 32768, 0}, Shape{"shared gate", 4096, 2048, 0},
-                           Shape{"shared down", 2048, 4096, 0}, Shape{"out_a", 4096, 8192, 1024},
-                           Shape{"out_b", 8192, 4096, 0}}) {
-        const uint64_t N = sh.N, K = sh.K, AK = sh.rpg ? N / sh.rpg * K : K;
+    for (const Q8Shape& sh : kQ8Shapes) {
+        const uint64_t N = sh.N, K = sh.K, AK = sh.act_k();
         const SynthQ8_0 sw(N, K, true);
-        std::vector<int8_t> aq(uint64_t(R) * AK);
-        std::vector<float> ad(uint64_t(R) * AK / 32);
-        for (size_t i = 0; i < aq.size(); ++i) aq[i] = int8_t(int((i * 2246822519u) >> 24) % 255 - 127);
-        for (size_t i = 0; i < ad.size(); ++i) ad[i] = 0.001f * float(1 + i % 97) * (i % 3 ? 1.0f : -1.0f);
-        DevVec<int8_t> daq(aq);
-        DevVec<float> dad(ad);
-        cuda::DevAct a;
-        a.kind = cuda::ActKind::Q8_0;
-        a.K = AK;
-        a.q = daq.get();
-        a.d = dad.get();
+        const SynthQ8Act act(R, AK);
+        const cuda::DevAct& a = act.a;
+        const std::vector<int8_t>& aq = act.q;
+        const std::vector<float>& ad = act.d;
         DevVec<float> y_flat(uint64_t(R) * N), y_f16(uint64_t(R) * N);
         DevVec<uint16_t> wh(N * K), xh(uint64_t(R) * AK);
         const double t_flat = median_us([&] { cuda::gemm_q8_0(sw.w, a, R, y_flat.get(), N, N, 0, sh.rpg, nullptr); });

@@ -2018,6 +2018,13 @@ struct Q8_0Problem {
           dx(x),
           ah(c.R * AK),
           a(cuda::quantize_act(uint32_t(Type::Q8_0), dx.get(), AK, c.R, AK, ah.buf, nullptr)) {}
+    // The activation's codes and scales, downloaded.
+    void act_to_host(std::vector<int8_t>& q, std::vector<float>& d) const {
+        q.resize(x.size());
+        d.resize(x.size() / 32);
+        ASSERT_EQ(cudaMemcpy(q.data(), a.q, q.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(d.data(), a.d, d.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
 };
 
 TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
@@ -2132,10 +2139,9 @@ TEST_F(CudaKernels, TensorCoreQ8_0FlatOrder) {
           Q8_0Case{4096, 1100, 0, 1}, Q8_0Case{1024, 130, 0, 260}}) {
         const Q8_0Problem pr(c, 1970 + c.K + c.N, 143 + c.R);
         const uint64_t AK = pr.AK, nb = c.K / 32;
-        std::vector<int8_t> aq(c.R * AK);
-        std::vector<float> ad(c.R * AK / 32);
-        ASSERT_EQ(cudaMemcpy(aq.data(), pr.a.q, aq.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(ad.data(), pr.a.d, ad.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        std::vector<int8_t> aq;
+        std::vector<float> ad;
+        ASSERT_NO_FATAL_FAILURE(pr.act_to_host(aq, ad));
         const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
         std::vector<float> ref(c.R * c.N);
         std::vector<double> mag(c.R * c.N);
@@ -2268,10 +2274,9 @@ TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
     for (const Q8_0Case& c : cases) {
         const Q8_0Problem pr(c, 2026 + c.K + c.N, 12 + c.R);
         const uint64_t AK = pr.AK, nb = c.K / 32;
-        std::vector<int8_t> aq(c.R * AK);
-        std::vector<float> ad(c.R * AK / 32);
-        ASSERT_EQ(cudaMemcpy(aq.data(), pr.a.q, aq.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(ad.data(), pr.a.d, ad.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        std::vector<int8_t> aq;
+        std::vector<float> ad;
+        ASSERT_NO_FATAL_FAILURE(pr.act_to_host(aq, ad));
         if (&c == &cases[5]) {
             for (float& v : ad) v = std::ldexp(v, -40);
             ASSERT_EQ(cudaMemcpy(const_cast<float*>(pr.a.d), ad.data(), ad.size() * 4, cudaMemcpyHostToDevice),
