@@ -316,8 +316,8 @@ bool attn_rows_qnorm_on();
 // The same rows on the FP16 tensor cores (attention_rows_f16.cu: FP32-accurate by hi + lo halves,
 // its own bits; widths 256 and 512, official or plain numerics): attn_rows_tc takes it when
 // attn_rows_f16_on (DSV4_ATTN_F16, read once, default 1, unless a test forced it with
-// attn_rows_f16_override, kernels.h). DSV4_ATTN_FAST=1 (or attn_rows_fast_override) runs it in
-// plain FP16 instead (hi halves only: other bits, opt-in).
+// attn_rows_f16_override, kernels.h). A fast prompt round (fast_prefill_round, DSV4_ATTN_FAST=1,
+// attn_rows_fast_override) runs it in plain FP16 instead (hi halves only: other bits).
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot);
 void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,

@@ -37,6 +37,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 
 #include "cuda/attention.cuh"
@@ -118,7 +119,7 @@ __device__ __forceinline__ void ldsm_x4_h(uint32_t (&r)[4], uint32_t s) {
 //     k16 steps); the softmax adds the four quarters in order;
 //   the online softmax: eight threads a head, two keys each (every thread of the block);
 //   O = O·corr + P·V: warp w takes D / 16 columns (NT / 2 n-tiles) of every head, one k16 step.
-// FAST (DSV4_ATTN_FAST, opt-in): plain FP16 products, the hi halves only, each MMA accumulating
+// FAST (--fast-prefill's rounds, DSV4_ATTN_FAST): plain FP16 products, the hi halves only, each MMA accumulating
 // in place (no hi·lo terms, no FP32 add a step): ~2^-11 of each operand lost, so not
 // FP32-accurate, but still a row's own operations whatever its batch or chunking.
 template <uint32_t NT, bool FAST>
@@ -496,11 +497,13 @@ void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32
 }
 
 int g_f16_override = -1, g_fast_override = -1;
+std::atomic<uint64_t> g_fast_calls{0};
 
 }  // namespace
 
 void attn_rows_f16_override(int on) { g_f16_override = on; }
 void attn_rows_fast_override(int on) { g_fast_override = on; }
+uint64_t attn_rows_fast_calls() { return g_fast_calls.load(); }
 
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
     static const bool env = env_switch("DSV4_ATTN_F16", true);
@@ -512,9 +515,13 @@ void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_he
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
                    float* od, bool qn, float q_eps, cudaStream_t s) {
-    // DSV4_ATTN_FAST (read once, default 0; attn_rows_fast_override wins): the plain FP16 form
-    static const bool fast_env = env_switch("DSV4_ATTN_FAST", false);
-    const bool fast = g_fast_override >= 0 ? g_fast_override != 0 : fast_env;
+    // The plain FP16 form: attn_rows_fast_override, else DSV4_ATTN_FAST (read once: 0 off, else
+    // on), else the round's (fast_prefill_round: --fast-prefill)
+    static const int fast_env = env_int("DSV4_ATTN_FAST", -1);
+    const bool fast = g_fast_override >= 0 ? g_fast_override != 0
+                      : fast_env >= 0      ? fast_env != 0
+                                           : fast_prefill_round();
+    if (fast) ++g_fast_calls;
     auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)
                             : (fast ? launch_rows_f16<8, true> : launch_rows_f16<8, false>);
     launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn, q_eps,

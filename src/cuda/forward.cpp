@@ -301,7 +301,9 @@ struct Row {
 class CudaBackend final : public Backend {
 public:
     CudaBackend(const model::Model& m, const BackendOptions& opt)
-        : m_(m), c_(m.config), w_(m.weights), opt_(opt) {
+        : m_(m), c_(m.config), w_(m.weights), opt_(opt),
+          // DSV4_FAST_PREFILL=1: the benchmarks' way to --fast-prefill
+          fast_prefill_(opt.fast_prefill || env_switch("DSV4_FAST_PREFILL", false)) {
         check(cudaSetDevice(0), "cudaSetDevice");
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         for (auto& sd : side_) check(cudaStreamCreateWithFlags(&sd, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -480,6 +482,7 @@ private:
     const model::Config& c_;
     const model::Weights& w_;
     BackendOptions opt_;
+    const bool fast_prefill_;   // prompt rounds in the fast mode (kernels.h: fast_prefill_round)
     cudaStream_t stream_ = nullptr;
     WeightArena arena_;
     std::vector<DevLayer> layers_;
@@ -1142,7 +1145,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && is_prompt(inputs[i]));
         const bool flat = prefill_flat() && prompt;
         gemm_prefill_order(flat);
-        gemm_cublas_round(opt_.fast_prefill ? kCublasRows : 0);
+        fast_prefill_round(fast_prefill_ && prompt);
         gemm_decode_round(!prompt);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.

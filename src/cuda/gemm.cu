@@ -2011,18 +2011,19 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaS
 // Rows from which a prompt round's Q8_0 (kind 0) or F16 (kind 1) products take cuBLAS (0:
 // never; kernels.h).
 int g_cublas_override[2] = {-1, -1};
-thread_local uint32_t g_cublas_round = 0;
+thread_local bool g_fast_round = false;
 uint32_t cublas_rows(int kind) {
     static const uint32_t rows = uint32_t(std::max(1, env_int("DSV4_CUBLAS_ROWS", int(kCublasRows))));
-    static const uint32_t env[2] = {env_switch("DSV4_Q8_CUBLAS", false) ? rows : 0,
-                                    env_switch("DSV4_F16_CUBLAS", false) ? rows : 0};
+    // -1 (unset): the round's choice; 0 off, else on, in every prompt round
+    static const int env[2] = {env_int("DSV4_Q8_CUBLAS", -1), env_int("DSV4_F16_CUBLAS", -1)};
     if (!g_flat_round) return 0;
     if (g_cublas_override[kind] >= 0) return uint32_t(g_cublas_override[kind]);
-    return kind == 0 && g_cublas_round ? g_cublas_round : env[kind];
+    return (env[kind] < 0 ? g_fast_round : env[kind] != 0) ? rows : 0;
 }
 void gemm_q8_0_cublas_override(int min_rows) { g_cublas_override[0] = min_rows; }
 void gemm_float_cublas_override(int min_rows) { g_cublas_override[1] = min_rows; }
-void gemm_cublas_round(uint32_t min_rows) { g_cublas_round = min_rows; }
+void fast_prefill_round(bool on) { g_fast_round = on; }
+bool fast_prefill_round() { return g_fast_round; }
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }

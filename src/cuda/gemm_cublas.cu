@@ -1,6 +1,5 @@
-// Q8_0 and F16 products of prompt rounds through cuBLAS in FP16 (opt-in, other bits: the Q8_0
-// ones by --fast-prefill or DSV4_Q8_CUBLAS=1, the F16 ones, not yet measured, by
-// DSV4_F16_CUBLAS=1).
+// Q8_0 and F16 products of prompt rounds through cuBLAS in FP16 (--fast-prefill's rounds, or
+// DSV4_Q8_CUBLAS=1 / DSV4_F16_CUBLAS=1: other bits).
 // gemm.cu's flat kernel keeps the CPU's arithmetic: an int8 MMA a 32-value block, then the
 // block's float step (its two scales' product times the integer sum, added in k order), which
 // bounds it by issue, not by the tensor cores (~240 int8 TOPS on the flash shapes, run 145).
@@ -9,8 +8,8 @@
 // exact), and one cuBLAS FP16 GEMM with FP32 accumulation takes the whole product in its own
 // order (520–720 TFLOPS, run 145), alpha undoing the two factors: results within ~5e-5 of the sum
 // of the products' magnitudes, but not the CPU's bits, and not the same bits for every chunking
-// of a prompt (cuBLAS picks its kernel by the rows' count). F16 weights (the compressor's and
-// the indexer's projections) go in as they are, against their float activation scaled and
+// of a prompt (cuBLAS picks its kernel by the rows' count). F16 weights (the router's, the compressors'
+// and the indexer's projections) go in as they are, against their float activation scaled and
 // rounded to FP16 likewise, where gemm.cu's flat float kernel takes 2xTF32 products
 // (FP32-accurate).
 #include <cublas_v2.h>
@@ -39,11 +38,19 @@ __device__ __forceinline__ float scale_value(uint16_t b) { return half_bits_to_f
 __device__ __forceinline__ float scale_value(float v) { return v; }
 
 // A thread's largest magnitude m (NaNs skipped: fmaxf keeps the other operand) into *top: the
-// warp's largest, then one atomicMax a warp.
+// warp's largest, then the block's, then one atomicMax a block. (One a warp put ~260K atomics on
+// one address for a 2,048-row activation: ~220 µs, run 148.) Every thread of the block calls it.
 __device__ __forceinline__ void store_top(float m, unsigned* top) {
+    __shared__ float warp_top[32];
 #pragma unroll
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
+    if ((threadIdx.x & 31) == 0) warp_top[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x >= 32) return;
+    m = threadIdx.x < (blockDim.x + 31) / 32 ? warp_top[threadIdx.x] : 0.0f;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (threadIdx.x == 0 && m > 0.0f) atomicMax(top, __float_as_uint(m));
 }
 
 template <typename Scale>
@@ -98,26 +105,66 @@ void launch_dequant(const int8_t* q, const Scale* d, uint64_t n, __half* out, co
 // Float activation rows (R rows of K values, `stride` apart) to FP16 [R][K]: the largest
 // magnitude into top (atomicMax as above), then each value times f16_factor(top, 1), thread 0
 // writing alpha = 1 / that factor (the weights are FP16 already: factor 1). Blocks walk rows
-// (y) and 256-value spans of a row (x): no division an element.
+// (y) and spans of a row (x), a thread V consecutive values (V = 4: 16-byte loads, where K,
+// the stride and the rows' start allow): no division an element.
+template <int V>
+struct FloatsV;
+template <>
+struct FloatsV<1> {
+    float v[1];
+    __device__ __forceinline__ void load(const float* p) { v[0] = *p; }
+};
+template <>
+struct FloatsV<4> {
+    float v[4];
+    __device__ __forceinline__ void load(const float* p) {
+        const float4 t = *reinterpret_cast<const float4*>(p);
+        v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+    }
+};
+template <int V>
 __global__ void float_top_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
                                  unsigned* __restrict__ top) {
     float m = 0.0f;
     for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
-        for (uint64_t k = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; k < K; k += uint64_t(gridDim.x) * blockDim.x)
-            m = fmaxf(m, fabsf(x[r * stride + k]));
+        for (uint64_t k = (blockIdx.x * uint64_t(blockDim.x) + threadIdx.x) * V; k < K;
+             k += uint64_t(gridDim.x) * blockDim.x * V) {
+            FloatsV<V> t;
+            t.load(x + r * stride + k);
+#pragma unroll
+            for (int j = 0; j < V; ++j) m = fmaxf(m, fabsf(t.v[j]));
+        }
     store_top(m, top);
 }
+template <int V>
 __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
                                     __half* __restrict__ out, const unsigned* __restrict__ top,
                                     float* __restrict__ alpha) {
     const float f = f16_factor(*top, 1.0f);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *alpha = 1.0f / f;
     for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
-        for (uint64_t k = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; k < K; k += uint64_t(gridDim.x) * blockDim.x)
-            out[r * K + k] = __float2half_rn(x[r * stride + k] * f);
+        for (uint64_t k = (blockIdx.x * uint64_t(blockDim.x) + threadIdx.x) * V; k < K;
+             k += uint64_t(gridDim.x) * blockDim.x * V) {
+            FloatsV<V> t;
+            t.load(x + r * stride + k);
+            if constexpr (V == 4) {
+                const __half2 h[2] = {__floats2half2_rn(t.v[0] * f, t.v[1] * f),
+                                      __floats2half2_rn(t.v[2] * f, t.v[3] * f)};
+                *reinterpret_cast<uint2*>(out + r * K + k) = *reinterpret_cast<const uint2*>(h);
+            } else {
+                out[r * K + k] = __float2half_rn(t.v[0] * f);
+            }
+        }
 }
-dim3 rows_grid(uint32_t R, uint64_t K) {
-    return dim3(uint32_t(std::min<uint64_t>((K + 255) / 256, 16)), std::min<uint32_t>(R, 65535));
+// The activation's two passes: the top over at most 16 × 64 blocks (one atomic each), the
+// conversion over every row.
+template <int V>
+void launch_float_to_f16(const float* x, uint64_t stride, uint64_t K, uint32_t R, __half* out, unsigned* top,
+                         float* alpha, cudaStream_t s) {
+    const uint32_t spans = uint32_t(std::min<uint64_t>((K + 256 * V - 1) / (256 * V), 16));
+    float_top_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 64)), 256, 0, s>>>(x, stride, K, R, top);
+    float_to_f16_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 65535)), 256, 0, s>>>(x, stride, K, R, out, top, alpha);
+    check_launch("cuBLAS path: the activation to FP16");
 }
 
 void check_cublas(cublasStatus_t st, const char* what) {
@@ -140,7 +187,7 @@ struct StreamState {
 };
 std::mutex g_mu;
 std::unordered_map<cudaStream_t, StreamState> g_streams;
-std::atomic<uint64_t> g_calls{0};
+std::atomic<uint64_t> g_calls[2] = {0, 0};   // Q8_0, F16
 
 // The stream's state, made on its first use; nullptr when the device refuses its constants or
 // cuBLAS its handle (the caller falls back to the flat kernel).
@@ -262,11 +309,11 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
     launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top, 1, st.alpha, s);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
     run_gemm(st, st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
-    ++g_calls;
+    ++g_calls[0];
     return true;
 }
 
-uint64_t gemm_cublas_calls() { return g_calls.load(); }
+uint64_t gemm_cublas_calls(int kind) { return g_calls[kind].load(); }
 
 bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                        uint64_t row0, uint64_t rpg, cudaStream_t s) {
@@ -278,14 +325,15 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
     StreamState& st = *sp;
     if (!grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
     check(cudaMemsetAsync(st.top + 1, 0, sizeof(unsigned), s), "cuBLAS path: scales");
-    float_top_kernel<<<rows_grid(R, a.K), 256, 0, s>>>(a.f, a.f_stride, a.K, R, st.top + 1);
-    float_to_f16_kernel<<<rows_grid(R, a.K), 256, 0, s>>>(a.f, a.f_stride, a.K, R, reinterpret_cast<__half*>(st.x),
-                                                          st.top + 1, st.alpha);
-    check_launch("cuBLAS path: the activation to FP16");
+    __half* xh = reinterpret_cast<__half*>(st.x);
+    if (a.K % 4 == 0 && a.f_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.f) % 16 == 0)
+        launch_float_to_f16<4>(a.f, a.f_stride, a.K, R, xh, st.top + 1, st.alpha, s);
+    else
+        launch_float_to_f16<1>(a.f, a.f_stride, a.K, R, xh, st.top + 1, st.alpha, s);
     const uint16_t* w = reinterpret_cast<const uint16_t*>(W.data + row0 * W.row_bytes);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
     run_gemm(st, w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, ldw);
-    ++g_calls;
+    ++g_calls[1];
     return true;
 }
 

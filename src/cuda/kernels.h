@@ -200,20 +200,21 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
                        uint64_t row0, uint64_t rpg, cudaStream_t s);
 // Frees a stream's cuBLAS handle and scratch (before the stream is destroyed).
 void release_cublas(cudaStream_t s);
-// Products the two have launched in this process (tests: the path was taken).
-uint64_t gemm_cublas_calls();
-// A prompt round's Q8_0 (F16) products of min_rows rows or more take gemm_q8_0_cublas
-// (gemm_float_cublas) instead of the flat kernels (Q8_0: ~2.1x faster products, run 146; other
-// bits, not chunking-invariant, and a decode row in such a round gets them too): from the
-// override's rows (tests; -1: unset), else, Q8_0 only, from the round's (gemm_cublas_round: the
-// backend sets it each round from BackendOptions::fast_prefill, for this host thread's next
-// products), else from DSV4_CUBLAS_ROWS (256) for each kind switched on by DSV4_Q8_CUBLAS=1 /
-// DSV4_F16_CUBLAS=1 (the F16 path is not yet measured on the device: opt-in by its switch
-// alone); 0: never.
+// Products each has launched in this process (kind 0: Q8_0, 1: F16; tests: the path was taken).
+uint64_t gemm_cublas_calls(int kind);
+// The fast prompt rounds (--fast-prefill: BackendOptions::fast_prefill, or DSV4_FAST_PREFILL=1
+// for the benchmarks): the backend sets it each round, for this host thread's next launches.
+// In such a round the Q8_0 and F16 products of DSV4_CUBLAS_ROWS (256) rows or more take
+// gemm_q8_0_cublas / gemm_float_cublas instead of the flat kernels (Q8_0: ~1.9x faster
+// products, run 148), and the rows attention its plain FP16 form (attn_rows_f16): other bits,
+// not chunking-invariant, and a decode row in such a round gets them too.
+void fast_prefill_round(bool on);
+bool fast_prefill_round();
+// Whether each part follows the round: an override's rows (tests; -1: unset), else
+// DSV4_Q8_CUBLAS / DSV4_F16_CUBLAS (0: never, else in every prompt round; unset: the round's).
 constexpr uint32_t kCublasRows = 256;
 void gemm_q8_0_cublas_override(int min_rows);
 void gemm_float_cublas_override(int min_rows);
-void gemm_cublas_round(uint32_t min_rows);
 // The order of the Q8_0 products launched next from this host thread: flat (a prompt round,
 // DSV4_PREFILL_FLAT) or decode's. Call it outside stream capture (it raises the kernel's
 // shared memory limit the first time).
@@ -568,9 +569,11 @@ void attn_rows_qnorm_override(int on);
 // Tests: prompt rounds' rows kernel on the FP16 tensor cores (1, widths 256 and 512) or the TF32
 // ones (0); -1 DSV4_ATTN_F16's choice (default 1).
 void attn_rows_f16_override(int on);
-// Tests: that kernel in its plain FP16 form (1: hi halves only, other bits, DSV4_ATTN_FAST's
-// opt-in, not yet run on the device) or FP32-accurate (0); -1 the environment's (default 0).
+// Tests: that kernel in its plain FP16 form (1: hi halves only, other bits) or FP32-accurate
+// (0); -1: DSV4_ATTN_FAST's (0 / 1), else the round's (fast_prefill_round).
 void attn_rows_fast_override(int on);
+// Launches of that plain form in this process (tests: the path was taken).
+uint64_t attn_rows_fast_calls();
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

@@ -706,8 +706,15 @@ TEST(CudaBench, Q8_0PrefillCublasFp16) {
     // F16 weights (the router's, compressor's and indexer's widths): the flat float kernel (2xTF32)
     // against gemm_float through cuBLAS (DSV4_F16_CUBLAS: the activation rounded to FP16)
     std::printf("%-12s %6s %6s %9s %9s %7s\n", "F16 product", "K", "N", "flat us", "path us", "speed");
-    for (const uint64_t N : {256, 1024, 8192}) {
-        const uint64_t K = 4096;
+    struct F16Shape {
+        const char* name;
+        uint64_t K, N;
+    };
+    // the flash model's: the indexer's head weights, the router (and the indexer's compressor,
+    // each of its two), the ratio-4 compressor's kv (and gate), the indexer's queries
+    for (const F16Shape& sh : {F16Shape{"indexer proj", 4096, 64}, F16Shape{"router", 4096, 256},
+                               F16Shape{"compressor", 4096, 1024}, F16Shape{"indexer q_b", 1024, 8192}}) {
+        const uint64_t K = sh.K, N = sh.N;
         std::vector<uint16_t> wh(N * K);
         for (size_t i = 0; i < wh.size(); ++i)   // halves of magnitude 2^-7 … 2^-6, both signs
             wh[i] = uint16_t((0x2000 + (i * 2654435761u >> 20) % 0x400) | (i & 1 ? 0x8000 : 0));
@@ -732,7 +739,7 @@ TEST(CudaBench, Q8_0PrefillCublasFp16) {
         const double t_path = median_us([&] { cuda::gemm_float(w, a, R, y.get(), N, N, 0, 0, nullptr); });
         cuda::gemm_float_cublas_override(-1);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-        std::printf("%-12s %6llu %6llu %9.1f %9.1f %6.2fx\n", "", (unsigned long long)K, (unsigned long long)N, t_flat,
+        std::printf("%-12s %6llu %6llu %9.1f %9.1f %6.2fx\n", sh.name, (unsigned long long)K, (unsigned long long)N, t_flat,
                     t_path, t_flat / t_path);
     }
     cuda::gemm_prefill_order(order);

@@ -119,14 +119,14 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaVsCpu,
                                            LogitCase{"small", "f32", Numerics::Official, 600}),
                          [](const auto& info) { return case_name(info.param); });
 
-// BackendOptions::fast_prefill (`--fast-prefill`): a prompt round's Q8_0 products of 256 rows or
-// more through cuBLAS in FP16. Not the CPU's bits, so held to the quantised models' tolerance
-// above (median, argmax, no unrelated position) on the small flash model in one 600-token round;
-// the products must have taken that path, and a decode step after the prompt (the exact
+// BackendOptions::fast_prefill (`--fast-prefill`): a prompt round's Q8_0 and F16 products of 256
+// rows or more through cuBLAS in FP16, its rows attention (head widths 256 and 512) in plain
+// FP16. Not the CPU's bits, so held to the quantised models' tolerance above (median, argmax, no
+// unrelated position) over one prompt round of n tokens; each part must have taken its path
+// (`attention`: the model's heads are wide enough), and a decode step after the prompt (the exact
 // kernels again) must agree with the CPU's next logits as well.
-TEST(CudaVsCpuFastPrefill, Q8_0ProductsThroughCublas) {
-    DSV4_REQUIRE_CUDA();
-    const auto m = model::Model::load(small("flash"));
+void expect_fast_prefill_near_cpu(const std::string& path, size_t n, const char* label, bool attention) {
+    const auto m = model::Model::load(path);
     BackendOptions o;
     o.numerics = Numerics::Official;
     o.prefill_chunk = 1024;
@@ -136,20 +136,24 @@ TEST(CudaVsCpuFastPrefill, Q8_0ProductsThroughCublas) {
     auto gpu = make_cuda_backend(*m, o, &why);
     ASSERT_TRUE(gpu) << why;
     const size_t V = m->config.n_vocab;
-    auto toks = random_tokens(601, 0, int32_t(V), 3);
+    auto toks = random_tokens(n + 1, 0, int32_t(V), 3);
     const int32_t next = toks.back();
     toks.pop_back();
     kv::Budget budget;
     auto kc = session(*cpu, 4096, &budget);
     auto kg = session(*gpu, 4096, &budget);
-    const uint64_t calls = cuda::gemm_cublas_calls();
+    const uint64_t q8 = cuda::gemm_cublas_calls(0), f16 = cuda::gemm_cublas_calls(1);
+    const uint64_t attn = cuda::attn_rows_fast_calls();
     const auto ref = all_logits(*cpu, *kc, toks);
     const auto got = all_logits(*gpu, *kg, toks);
-    EXPECT_GT(cuda::gemm_cublas_calls(), calls) << "the prompt's products did not take cuBLAS";
+    EXPECT_GT(cuda::gemm_cublas_calls(0), q8) << "the prompt's Q8_0 products did not take cuBLAS";
+    EXPECT_GT(cuda::gemm_cublas_calls(1), f16) << "the prompt's F16 products did not take cuBLAS";
+    if (attention) {
+        EXPECT_GT(cuda::attn_rows_fast_calls(), attn) << "the prompt's attention did not take its plain FP16 form";
+    }
     const Diff d = compare_logits(got, ref, V);
-    std::printf("[cuda-vs-cpu] small_flash fast prefill      positions %zu  max rel %.3g (pos %zu)  median rel %.3g"
-                "  argmax agree %zu/%zu\n",
-                d.positions, d.max_rel, d.worst_pos, d.median_rel, d.argmax_same, d.positions);
+    std::printf("[cuda-vs-cpu] %-28s positions %zu  max rel %.3g (pos %zu)  median rel %.3g  argmax agree %zu/%zu\n",
+                label, d.positions, d.max_rel, d.worst_pos, d.median_rel, d.argmax_same, d.positions);
     EXPECT_LT(d.median_rel, 5e-2);
     EXPECT_LT(d.max_rel, 1.0);
     EXPECT_GE(d.argmax_same * 100, d.positions * 90);
@@ -158,16 +162,27 @@ TEST(CudaVsCpuFastPrefill, Q8_0ProductsThroughCublas) {
     EXPECT_LT(d1.max_rel, 1.0) << "the decode step after the prompt";
 }
 
+// The small model's heads (128 wide) take the exact rows attention: the products' paths.
+TEST(CudaVsCpuFastPrefill, ProductsThroughCublas) {
+    DSV4_REQUIRE_CUDA();
+    expect_fast_prefill_near_cpu(small("flash"), 600, "small_flash fast prefill", false);
+}
+
+// A 4-layer model of the flash widths in a type mix (16 experts, 1,024 tokens), written once.
+std::string flash4(const std::string& mix) {
+    return synth("flash4-" + mix, "flash", mix, 4, 1024, [](model::Config& c) {
+        c.n_vocab = 1024;
+        c.n_expert = 16;
+    });
+}
+
 // Flash widths with few layers and experts: the K-quant, IQ2_XXS and MXFP4 kernels inside
 // the whole model (rows of 4096 and 2048 values). Opt-in (a ~1 GB model): DSV4_CUDA_FLASH=1.
 TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
     for (const std::string mix : {"flash", "q4k", "mxfp4"}) {
-        const std::string path = synth("flash4-" + mix, "flash", mix, 4, 1024, [](model::Config& c) {
-            c.n_vocab = 1024;
-            c.n_expert = 16;
-        });
+        const std::string path = flash4(mix);
         for (Numerics n : {Numerics::Plain, Numerics::Official}) {
             Pair p = open_pair(path, n);
             ASSERT_TRUE(p.gpu);
@@ -184,6 +199,19 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
             EXPECT_LT(d.max_rel, 0.3) << mix;
         }
     }
+}
+
+// The same at the flash widths (heads of 512: the plain FP16 rows attention), on a prompt short
+// enough for the CPU, so every row count takes cuBLAS here (the overrides).
+TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
+    const std::string path = flash4("flash");
+    cuda::gemm_q8_0_cublas_override(1);
+    cuda::gemm_float_cublas_override(1);
+    expect_fast_prefill_near_cpu(path, 96, "flash4-flash fast prefill", true);
+    cuda::gemm_q8_0_cublas_override(-1);
+    cuda::gemm_float_cublas_override(-1);
 }
 
 // Each tensor role in a quantised type alone (the rest F32): localises a disagreement.
