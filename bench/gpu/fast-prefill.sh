@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# One device call for --fast-prefill (NOTES, thirtieth round):
+# One device call for the prompt rounds' fast mode and the F16 products (NOTES, thirtieth round):
 #   1. every CUDA test (scripts/gpu.sh --quick with the flash-width checks), among them
-#      CudaVsCpuFastPrefill / CudaVsCpuFlash.FastPrefillAtFlashWidth (the backend option against
-#      the CPU: each part's path taken) and the paths' kernel tests (Q8_0CublasFp16WithinBound,
-#      FloatCublasFp16WithinBound, the attention tests' mode 5);
+#      CudaVsCpuFastPrefill / CudaVsCpuFlash.FastPrefillAtFlashWidth (--fast-prefill against the
+#      CPU: each part's path taken), the paths' kernel tests (Q8_0CublasFp16WithinBound,
+#      FloatCublasFp16WithinBound, the attention tests' mode 5, the mHC tests' float mix) and
+#      the flat F16 kernel's blocks of 32 rows (FloatWeightFlatOrderOnTensorCores: the same bits);
 #   2. the products' benchmark (CudaBench.Q8_0PrefillCublasFp16: the five Q8_0 flash products,
-#      flat kernel against the cuBLAS path, then the four F16 shapes);
-#   3. the whole 43-layer model: defaults, DSV4_FAST_PREFILL=1 (--fast-prefill), and the fast
-#      mode without its F16 products' path, then without its attention's.
+#      flat kernel against the cuBLAS path, then the four F16 shapes: 128-row blocks, the
+#      default's, cuBLAS);
+#   3. the whole 43-layer model: defaults, the flat F16 kernel's 128-row blocks alone
+#      (DSV4_FLAT_FLOAT_NT=4), DSV4_FAST_PREFILL=1 (--fast-prefill), and the fast mode without
+#      its float mHC mix (DSV4_HC_FAST=0);
+#   4. Nsight Compute: device time by kernel of 2 decode steps on 4 layers (where decode goes).
 #   run(command="bench/gpu/fast-prefill.sh", carry=[".deps"])
-# About 7 minutes on a fresh machine (the device tool's limit is 10: TEST_TIMEOUT, AB_TIMEOUT).
+# About 8–9 minutes on a fresh machine (the device tool's limit is 10: TEST_TIMEOUT, AB_TIMEOUT).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/build-gpu/logs}
@@ -21,4 +25,5 @@ grep -hE '^\[  FAILED|Failure|worst error|fast prefill' "$OUT/quick.log" "$OUT"/
 DSV4_CUDA_BENCH=1 timeout 120 build-gpu/dsv4_cuda_tests --gtest_filter='CudaBench.Q8_0PrefillCublas*' 2>&1 |
   sed -n '/== Q8_0 prompt products/,/OK \]/p'
 F=DSV4_FAST_PREFILL=1
-OUT=$OUT/ab GTEST_FILTER=None.None AB_TIMEOUT=200 bench/gpu/ab43.sh "-;$F;$F DSV4_F16_CUBLAS=0;$F DSV4_ATTN_FAST=0"
+OUT=$OUT/ab GTEST_FILTER=None.None AB_TIMEOUT=200 bench/gpu/ab43.sh "-;DSV4_FLAT_FLOAT_NT=4;$F;$F DSV4_HC_FAST=0"
+OUT=$OUT/ncu timeout 110 scripts/gpu.sh --ncu 2>&1 | grep -vE '^(== machine|commit|Build|cmake|name,|NVIDIA)' | tail -45

@@ -2373,18 +2373,24 @@ __global__ void __launch_bounds__(256, TR == 2 ? 2 : 1) gemm_float_kernel(FGemm 
 // a stage: the router's product (N 256, K 4,096: 32 blocks of 128 stages) took 190 us, the
 // output mix of one row (K 16,384) 677 us (run 80). S depends on N and K alone, so a row's
 // bits do not depend on its batch.
+// NTW (n-tiles a warp: 4, or 1 where 128-row tiles leave the GPU mostly idle, ff_ntw): a warp
+// holds 64 weight rows × 8·NTW activation rows, a block 128 × 32·NTW. A row's output is the
+// same sequence of MMAs and adds in either, so the same bits.
 constexpr int kFfBM = 128, kFfBN = 128, kFfK = 32, kFfStride = kFfK + 4;   // (36 words: ldmatrix rows on distinct banks)
-constexpr int kFfSmem = 2 * (kFfBM + kFfBN) * kFfStride * 4;
+constexpr int ff_smem(int ntw) { return 2 * (kFfBM + 32 * ntw) * kFfStride * 4; }
+constexpr int kFfSmem = ff_smem(4);
 static_assert(64 * 256 * 4 <= kFfSmem, "split reduction buffer: a block's 64 accumulators a thread");
 
-template <uint32_t T, bool SPLIT>
-__global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
+template <uint32_t T, bool SPLIT, int NTW = 4>
+__global__ void __launch_bounds__(256, NTW == 4 ? 1 : 2) gemm_float_flat_kernel(FGemm p) {
+    static_assert(NTW == 4 || (NTW == 1 && !SPLIT), "gemm_float_flat_kernel: 4 n-tiles a warp, or 1 unsplit");
+    constexpr int BN = 32 * NTW;   // activation rows a block
     pdl_begin();
-    extern __shared__ __align__(16) float ff_s[];   // [2][kFfBM + kFfBN][kFfStride]: weights, then activations
+    extern __shared__ __align__(16) float ff_s[];   // [2][kFfBM + BN][kFfStride]: weights, then activations
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t wmi = warp & 1, wni = warp >> 1;
     const uint64_t m0 = uint64_t(blockIdx.y) * kFfBM;
-    const uint32_t r0 = blockIdx.x * kFfBN;
+    const uint32_t r0 = blockIdx.x * BN;
     // a tile's weight rows lie in one group (the launcher checks rpg % 128 == 0, row0 % 128 == 0)
     const uint64_t goff = p.rpg ? ((p.row0 + m0) / p.rpg) * p.K : 0;
     uint32_t s0 = 0, nst = uint32_t((p.K + kFfK - 1) / kFfK);   // this block's stages s0 .. s0 + nst - 1
@@ -2394,8 +2400,10 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
         nst = min(nst - s0, per);
     }
     // loads: row t >> 1 of the tile, values 16 (t & 1) .. + 15 of the stage (K % 8 == 0: an
-    // 8-value group is wholly inside K or past it, and past it loads zeros)
+    // 8-value group is wholly inside K or past it, and past it loads zeros); activation rows
+    // only below BN
     const uint32_t lr = t >> 1, lk = 16 * (t & 1);
+    const bool lact = lr < uint32_t(BN);
     const uint8_t* wrow = p.w + (p.row0 + min(m0 + lr, p.N - 1)) * p.row_bytes;
     const float* arow = p.a + uint64_t(min(r0 + lr, p.R - 1)) * p.a_stride + goff;
     uint4 wv[2];
@@ -2405,13 +2413,14 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
 #pragma unroll
         for (int j = 0; j < 2; ++j)
             wv[j] = k + 8 * j < p.K ? *reinterpret_cast<const uint4*>(wrow + (k + 8 * j) * 2) : make_uint4(0, 0, 0, 0);
+        if (!lact) return;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             av[j] = k + 4 * j < p.K ? *reinterpret_cast<const float4*>(arow + k + 4 * j) : make_float4(0, 0, 0, 0);
     };
     auto store = [&](uint32_t buf) {
-        float* sw = ff_s + (buf * (kFfBM + kFfBN) + lr) * kFfStride + lk;
-        float* sa = ff_s + (buf * (kFfBM + kFfBN) + kFfBM + lr) * kFfStride + lk;
+        float* sw = ff_s + (buf * (kFfBM + BN) + lr) * kFfStride + lk;
+        float* sa = ff_s + (buf * (kFfBM + BN) + kFfBM + lr) * kFfStride + lk;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             float f[8];
@@ -2419,11 +2428,12 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
             reinterpret_cast<float4*>(sw + 8 * j)[0] = make_float4(f[0], f[1], f[2], f[3]);
             reinterpret_cast<float4*>(sw + 8 * j)[1] = make_float4(f[4], f[5], f[6], f[7]);
         }
+        if (!lact) return;
 #pragma unroll
         for (int j = 0; j < 4; ++j) reinterpret_cast<float4*>(sa + 4 * j)[0] = av[j];
     };
 
-    float acc[4][4][4], part[4][4][4];
+    float acc[4][NTW][4], part[4][NTW][4];
     each(acc, [](float& x) { x = 0.0f; });
     if (nst > 0) {
         load(0);
@@ -2432,26 +2442,34 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
     __syncthreads();
     for (uint32_t s = 0; s < nst; ++s) {
         if (s + 1 < nst) load(s + 1);   // in flight during the stage's MMAs
-        const float* sw = ff_s + (s & 1) * (kFfBM + kFfBN) * kFfStride;
+        const float* sw = ff_s + (s & 1) * (kFfBM + BN) * kFfStride;
         const float* sa = sw + kFfBM * kFfStride;
 #pragma unroll
         for (int kk = 0; kk < kFfK / 8; ++kk) {
-            uint32_t a[4][4], bh[4][2], bl[4][2];
+            uint32_t a[4][4], bh[NTW][2], bl[NTW][2];
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt)
                 ldsm_x4(a[mt], sw + (64 * wmi + 16 * mt + (lane & 15)) * kFfStride + 8 * kk + 4 * (lane >> 4));
+            if constexpr (NTW == 4) {
 #pragma unroll
-            for (int np = 0; np < 2; ++np) {
-                uint32_t b[4];   // b0, b1 of n-tiles 2 np and 2 np + 1
-                ldsm_x4(b, sa + (32 * wni + 16 * np + (lane & 7) + 8 * (lane >> 4)) * kFfStride + 8 * kk +
-                               4 * ((lane >> 3) & 1));
+                for (int np = 0; np < 2; ++np) {
+                    uint32_t b[4];   // b0, b1 of n-tiles 2 np and 2 np + 1
+                    ldsm_x4(b, sa + (32 * wni + 16 * np + (lane & 7) + 8 * (lane >> 4)) * kFfStride + 8 * kk +
+                                   4 * ((lane >> 3) & 1));
 #pragma unroll
-                for (int i = 0; i < 4; ++i) tf32_split(__uint_as_float(b[i]), bh[2 * np + i / 2][i & 1], bl[2 * np + i / 2][i & 1]);
+                    for (int i = 0; i < 4; ++i)
+                        tf32_split(__uint_as_float(b[i]), bh[2 * np + i / 2][i & 1], bl[2 * np + i / 2][i & 1]);
+                }
+            } else {
+                uint32_t b[4];   // b0, b1 of the warp's n-tile (lanes 16-31 repeat lanes 0-15's rows)
+                ldsm_x4(b, sa + (8 * wni + (lane & 7)) * kFfStride + 8 * kk + 4 * ((lane >> 3) & 1));
+#pragma unroll
+                for (int i = 0; i < 2; ++i) tf32_split(__uint_as_float(b[i]), bh[0][i], bl[0][i]);
             }
 #pragma unroll
             for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
+                for (int nt = 0; nt < NTW; ++nt) {
                     if (kk == 0) mma_tf32_0(part[mt][nt], a[mt], bh[nt][0], bh[nt][1]);
                     else mma_tf32(part[mt][nt], a[mt], bh[nt][0], bh[nt][1]);
                     mma_tf32(part[mt][nt], a[mt], bl[nt][0], bl[nt][1]);
@@ -2462,7 +2480,7 @@ __global__ void __launch_bounds__(256, 1) gemm_float_flat_kernel(FGemm p) {
         __syncthreads();
     }
     if constexpr (!SPLIT) {
-        store_warp_tiles(p, m0 + 64 * wmi, r0 + 32 * wni, gid, tig, acc);
+        store_warp_tiles(p, m0 + 64 * wmi, r0 + 8 * NTW * wni, gid, tig, acc);
     } else {
         // Every block's run sums into its shared memory (the stages' buffers are free after
         // the loop's last barrier), then each block of the cluster adds the runs of every S-th
@@ -2526,6 +2544,18 @@ uint32_t flat_splits(uint64_t N, uint64_t K) {
     return S;
 }
 
+// n-tiles a warp of gemm_float_flat_kernel: 1 (blocks of 32 activation rows) where 128-row
+// blocks would not give every SM one, else 4; DSV4_FLAT_FLOAT_NT (4 or 1) or
+// gemm_float_flat_ntw_override (tests) fixes it. The same bits either way.
+int g_ff_ntw_override = -1;
+int ff_ntw(uint32_t R, uint64_t N) {
+    static const int env = env_int("DSV4_FLAT_FLOAT_NT", 0);
+    const int forced = g_ff_ntw_override > 0 ? g_ff_ntw_override : env;
+    if (forced == 1 || forced == 4) return forced;
+    const uint64_t blocks = uint64_t((R + kFfBN - 1) / kFfBN) * ((N + kFfBM - 1) / kFfBM);
+    return blocks < uint64_t(sm_count()) ? 1 : 4;
+}
+
 // DSV4_GEMM_F16=0 keeps the float-weight products of prefill on matvec_kernel (A/B).
 bool gemm_float_on() {
     static const bool on = env_switch("DSV4_GEMM_F16", true);
@@ -2535,6 +2565,7 @@ bool gemm_float_on() {
 }  // namespace
 
 void gemm_flat_split_override(int on) { g_flat_split_override = on; }
+void gemm_float_flat_ntw_override(int ntw) { g_ff_ntw_override = ntw; }
 
 void gemm_prefill_order(bool flat) {
     static bool raised = false;
@@ -2547,7 +2578,9 @@ void gemm_prefill_order(bool flat) {
             {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16, false>), kFfSmem},
             {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16, false>), kFfSmem},
             {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16, true>), kFfSmem},
-            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16, true>), kFfSmem}};
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16, true>), kFfSmem},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_F16, false, 1>), ff_smem(1)},
+            {reinterpret_cast<const void*>(gemm_float_flat_kernel<T_BF16, false, 1>), ff_smem(1)}};
         for (const auto& [k, bytes] : kernels)
             check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                   "gemm: dynamic shared memory of a flat (prompt-order) kernel");
@@ -2593,7 +2626,11 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
     if (float_flat_ok(W, a, N, row0, rpg)) {
         const uint32_t S = flat_splits(N, W.K);
         const dim3 grid((R + kFfBN - 1) / kFfBN, uint32_t((N + kFfBM - 1) / kFfBM), S);
-        if (S == 1) {
+        if (S == 1 && ff_ntw(R, N) == 1) {
+            const dim3 g1((R + 31) / 32, grid.y);
+            if (W.type == T_F16) gemm_float_flat_kernel<T_F16, false, 1><<<g1, 256, ff_smem(1), s>>>(p);
+            else gemm_float_flat_kernel<T_BF16, false, 1><<<g1, 256, ff_smem(1), s>>>(p);
+        } else if (S == 1) {
             if (W.type == T_F16) gemm_float_flat_kernel<T_F16, false><<<grid, 256, kFfSmem, s>>>(p);
             else gemm_float_flat_kernel<T_BF16, false><<<grid, 256, kFfSmem, s>>>(p);
         } else {

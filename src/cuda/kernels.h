@@ -275,6 +275,9 @@ void gemm_q8_0_flat_lean(int on);
 // Prompt rounds' F16/BF16 products of up to 1,024 rows with their stages split over a cluster
 // (1) or not (0); -1 DSV4_FLAT_SPLIT's choice (off by default). Tests.
 void gemm_flat_split_override(int on);
+// Prompt rounds' F16/BF16 products (unsplit) in blocks of 32 (1) or 128 (4) activation rows;
+// -1: DSV4_FLAT_FLOAT_NT, else 32 where 128 would not give every SM a block. The same bits. Tests.
+void gemm_float_flat_ntw_override(int ntw);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);
@@ -377,6 +380,9 @@ void hc_mix_rows_override(int rows);
 // hc_pre_mix's tile kernel for rounds of 32 rows or more (prefill; the same bits): tests force it
 // on (1) or off (0), -1 for the default (DSV4_HC_TILE, off by default; never with a rows override).
 void hc_mix_tile_override(int on);
+// That tile kernel's products and sums in floats (1: other bits, a fast prompt round's form) or
+// doubles (0); -1: DSV4_HC_FAST (0 / 1), else the round's (fast_prefill_round).
+void hc_mix_fast_override(int on);
 // The query path's norms (rms_norm_q8_0, head_norm_rope) with the row in registers (1) or
 // walking it in memory (0; the same bits): tests force one, -1 for the default (DSV4_NORM_REG).
 void norm_reg_override(int on);

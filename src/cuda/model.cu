@@ -613,8 +613,20 @@ __device__ __forceinline__ double dot4_dd(const double2* a, const double (&b)[4]
     acc = fma(hi.x, b[2], acc);
     return fma(hi.y, b[3], acc);
 }
+// The same in floats (the fast form's: fn's quad one float4 at a).
+__device__ __forceinline__ float dot4_dd(const double2* a, const float (&b)[4], float acc) {
+    const float4 w = *reinterpret_cast<const float4*>(a);
+    acc = fmaf(w.x, b[0], acc);
+    acc = fmaf(w.y, b[1], acc);
+    acc = fmaf(w.z, b[2], acc);
+    return fmaf(w.w, b[3], acc);
+}
 
-template <uint32_t H, uint32_t WT>
+// A = float (fast prompt rounds: fast_prefill_round, DSV4_HC_FAST): the products and the
+// block's sums in FP32 instead of the CPU's doubles (no conversions, twice the FMA rate; other
+// bits); the partials still go out as doubles, so hc_mix_finish is the same. fn's quads keep the
+// doubles' layout (a float quad in the first half of its two double2).
+template <uint32_t H, uint32_t WT, typename A = double>
 __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const uint8_t* fn, uint64_t fn_row_bytes,
                                                                         const float* X, uint32_t R, uint32_t E,
                                                                         double* part) {
@@ -630,8 +642,12 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
     for (uint32_t t = threadIdx.x; t < M * NQ; t += kHcTileThreads) {   // a weight: before the wait
         const uint32_t m = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
         const float4 v = u < nq ? load_quad<WT>(fn + m * fn_row_bytes, uint64_t(h) * E + 4 * u) : zero;
-        fn_s[2 * t] = make_double2(v.x, v.y);
-        fn_s[2 * t + 1] = make_double2(v.z, v.w);
+        if constexpr (std::is_same_v<A, float>) {
+            *reinterpret_cast<float4*>(fn_s + 2 * t) = v;
+        } else {
+            fn_s[2 * t] = make_double2(v.x, v.y);
+            fn_s[2 * t + 1] = make_double2(v.z, v.w);
+        }
     }
     pdl_wait();
     for (uint32_t t = threadIdx.x; t < kHcTileRows * NQ; t += kHcTileThreads) {
@@ -646,11 +662,11 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
     // hc_mix_kernel), and adds the two: the butterfly's first level, a_q + a_{q+8}.
     const uint32_t i = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float4* xr = x_s + i * XS;
-    double sum[P];
+    A sum[P];
 #pragma unroll
     for (uint32_t hq = 0; hq < 2; ++hq) {
         const uint32_t q = w + 8 * hq;
-        double x[H][4];
+        A x[H][4];
 #pragma unroll
         for (uint32_t h = 0; h < H; ++h) {
             const float4 v = xr[h * kHcQuads + q];
@@ -658,7 +674,7 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
         }
 #pragma unroll
         for (uint32_t m = 0; m < M; ++m) {
-            double a = 0;
+            A a = 0;
 #pragma unroll
             for (uint32_t h = 0; h < H; ++h) a = dot4_dd(fn_s + 2 * ((m * H + h) * kHcQuads + q), x[h], a);
             sum[m] = hq ? sum[m] + a : a;
@@ -667,7 +683,7 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
         for (uint32_t h = 0; h < H; ++h)
 #pragma unroll
             for (uint32_t h2 = h; h2 < H; ++h2) {   // gram_quad's product x[h]·x[h2]
-                double a = 0;
+                A a = 0;
 #pragma unroll
                 for (uint32_t e = 0; e < 4; ++e) a = fma(x[h][e], x[h2][e], a);
                 const uint32_t j = M + gram_index(h, h2, H);
@@ -680,7 +696,7 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
     // final pass's lanes (consecutive products) fall on distinct bank pairs.
     constexpr uint32_t RS = kHcTileRows + 1;
     static_assert(size_t(kHcTileWarps) * P * RS * sizeof(double) <= hc_tile_smem<H>(), "hc tile reduction space");
-    double* red = reinterpret_cast<double*>(hct_s);   // [warp][product][row]
+    A* red = reinterpret_cast<A*>(hct_s);   // [warp][product][row]
     __syncthreads();
 #pragma unroll
     for (uint32_t p = 0; p < P; ++p) red[(w * P + p) * RS + i] = sum[p];
@@ -688,8 +704,8 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
     for (uint32_t t = threadIdx.x; t < kHcTileRows * P; t += kHcTileThreads) {
         const uint32_t r = t / P, p = t % P;
         auto sv = [&](uint32_t ww) { return red[(ww * P + p) * RS + r]; };
-        const double tot = ((sv(0) + sv(4)) + (sv(2) + sv(6))) + ((sv(1) + sv(5)) + (sv(3) + sv(7)));
-        if (r0 + r < R) part[(uint64_t(r0 + r) * NB + b) * P + p] = tot;
+        const A tot = ((sv(0) + sv(4)) + (sv(2) + sv(6))) + ((sv(1) + sv(5)) + (sv(3) + sv(7)));
+        if (r0 + r < R) part[(uint64_t(r0 + r) * NB + b) * P + p] = double(tot);
     }
 }
 
@@ -2943,17 +2959,29 @@ bool hc_mix_tile(uint32_t R, const HcPostIn& pp, cudaStream_t s) {
         if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
         for (const void* k : {reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_F32>),
                               reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_F16>),
-                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_BF16>)})
+                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_BF16>),
+                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_F32, float>),
+                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_F16, float>),
+                              reinterpret_cast<const void*>(hc_mix_tile_kernel<4, T_BF16, float>)})
             check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(hc_tile_smem<4>())),
                   "hc_pre_mix (tiles) shared memory");
         raised = true;
     }
     return true;
 }
+
+// The tile kernel's sums in floats: hc_mix_fast_override (tests), else DSV4_HC_FAST (0 / 1),
+// else the round's (fast_prefill_round).
+int g_hc_fast_override = -1;
+bool hc_mix_fast() {
+    static const int env = env_int("DSV4_HC_FAST", -1);
+    return g_hc_fast_override >= 0 ? g_hc_fast_override != 0 : env >= 0 ? env != 0 : fast_prefill_round();
+}
 }  // namespace
 
 void hc_mix_rows_override(int rows) { g_hc_rows_override = rows; }
 void hc_mix_tile_override(int on) { g_hc_tile_override = on; }
+void hc_mix_fast_override(int on) { g_hc_fast_override = on; }
 void norm_reg_override(int on) { g_norm_reg_override = on; }
 
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
@@ -2967,10 +2995,11 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
             kernel<<<dim3(NB, (R + kHcTileRows - 1) / kHcTileRows), kHcTileThreads, hc_tile_smem<4>(), s>>>(
                 fn.data, fn.row_bytes, X, R, E, part);
         };
+        const bool fast = hc_mix_fast();
         switch (fn.type) {
-            case T_F32: tile(hc_mix_tile_kernel<4, T_F32>); break;
-            case T_F16: tile(hc_mix_tile_kernel<4, T_F16>); break;
-            case T_BF16: tile(hc_mix_tile_kernel<4, T_BF16>); break;
+            case T_F32: fast ? tile(hc_mix_tile_kernel<4, T_F32, float>) : tile(hc_mix_tile_kernel<4, T_F32>); break;
+            case T_F16: fast ? tile(hc_mix_tile_kernel<4, T_F16, float>) : tile(hc_mix_tile_kernel<4, T_F16>); break;
+            case T_BF16: fast ? tile(hc_mix_tile_kernel<4, T_BF16, float>) : tile(hc_mix_tile_kernel<4, T_BF16>); break;
             default: throw std::runtime_error("hc_pre_mix: fn type");
         }
         check_launch("hc_pre_mix (tiles)");

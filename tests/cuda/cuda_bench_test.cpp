@@ -705,7 +705,8 @@ TEST(CudaBench, Q8_0PrefillCublasFp16) {
                 t_flat_all, t_cublas_all, t_path_all, t_flat_all / t_path_all);
     // F16 weights (the router's, compressor's and indexer's widths): the flat float kernel (2xTF32)
     // against gemm_float through cuBLAS (DSV4_F16_CUBLAS: the activation rounded to FP16)
-    std::printf("%-12s %6s %6s %9s %9s %7s\n", "F16 product", "K", "N", "flat us", "path us", "speed");
+    std::printf("%-12s %6s %6s %11s %9s %9s %7s\n", "F16 product", "K", "N", "flat128 us", "flat us", "path us",
+                "speed");
     struct F16Shape {
         const char* name;
         uint64_t K, N;
@@ -734,13 +735,16 @@ TEST(CudaBench, Q8_0PrefillCublasFp16) {
         a.f = dx.get();
         a.f_stride = K;
         DevVec<float> y(uint64_t(R) * N);
+        cuda::gemm_float_flat_ntw_override(4);   // the flat kernel's 128-row blocks (before 32-row ones)
+        const double t_flat128 = median_us([&] { cuda::gemm_float(w, a, R, y.get(), N, N, 0, 0, nullptr); });
+        cuda::gemm_float_flat_ntw_override(-1);
         const double t_flat = median_us([&] { cuda::gemm_float(w, a, R, y.get(), N, N, 0, 0, nullptr); });
         cuda::gemm_float_cublas_override(1);
         const double t_path = median_us([&] { cuda::gemm_float(w, a, R, y.get(), N, N, 0, 0, nullptr); });
         cuda::gemm_float_cublas_override(-1);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-        std::printf("%-12s %6llu %6llu %9.1f %9.1f %6.2fx\n", sh.name, (unsigned long long)K, (unsigned long long)N, t_flat,
-                    t_path, t_flat / t_path);
+        std::printf("%-12s %6llu %6llu %11.1f %9.1f %9.1f %6.2fx\n", sh.name, (unsigned long long)K, (unsigned long long)N,
+                    t_flat128, t_flat, t_path, t_flat / t_path);
     }
     cuda::gemm_prefill_order(order);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);

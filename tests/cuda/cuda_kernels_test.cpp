@@ -431,6 +431,37 @@ TEST_F(CudaKernels, HcPreSpreadMatchesDoubleAndIsRowIndependent) {
                 ASSERT_EQ(0, std::memcmp(gx.data(), gx2.data(), gx.size() * 4)) << what << " rows a block (0: tiles) " << rb;
             }
 
+            // The tile kernel's float form (a fast prompt round's): near the same references, each
+            // row's mix within 2^-16 of its products' magnitudes (Σ|w·x| times the row's scale).
+            cuda::hc_mix_tile_override(1);
+            cuda::hc_mix_fast_override(1);
+            launch(dX.get(), R, mix.get(), post.get(), xn.get(), gate.get());
+            cuda::hc_mix_tile_override(-1);
+            cuda::hc_mix_fast_override(-1);
+            {
+                auto fm = mix.download(), fp = post.download(), fx = xn.download();
+                double worst = 0;
+                for (uint32_t r = 0; r < R; ++r) {
+                    const float* xr = &X[r * HD];
+                    double ss = 0;
+                    for (uint64_t k = 0; k < HD; ++k) ss += double(xr[k]) * xr[k];
+                    const double rx = 1.0 / std::sqrt(ss / double(HD) + rms_eps);
+                    for (uint32_t m = 0; m < M; ++m) {
+                        double d = 0, mag = 0;
+                        for (uint64_t k = 0; k < HD; ++k) {
+                            d += double(wf[m * HD + k]) * xr[k];
+                            mag += std::fabs(double(wf[m * HD + k]) * xr[k]);
+                        }
+                        worst = std::max(worst, std::fabs(fm[r * M + m] - d * rx) / (mag * rx));
+                    }
+                    for (uint32_t h = 0; h < H; ++h)
+                        ASSERT_NEAR(fp[r * H + h], gp[r * H + h], 1e-3 * std::fabs(gp[r * H + h])) << what << " fast post";
+                    for (uint32_t e = 0; e < E; ++e)
+                        ASSERT_NEAR(fx[r * E + e], gx[r * E + e], 1e-3 * (std::fabs(gx[r * E + e]) + 1)) << what << " fast xn";
+                }
+                EXPECT_LT(worst, 1.0 / 65536) << what << " fast mix";
+            }
+
             // Each row alone (R = 1, its own place in a block) = the row in the batch.
             DevVec<float> m1(M), p1(H), x1(E), g1(H + 1);
             for (uint32_t r = 0; r < R; ++r) {
@@ -2368,7 +2399,8 @@ TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
     // R of 1, 3 and past the 128-row tile, N with tails, the grouped product (rpg 128). Both
     // forms: the stages in one run, and (gemm_flat_split_override(1)) products of up to 1,024
     // rows with their stages split over a cluster (K 4,096 and 16,384 in 8 runs, K 1,000 and
-    // 1,024 in 2, K 256 none; N 1,100 and 8,192 never).
+    // 1,024 in 2, K 256 none; N 1,100 and 8,192 never). Unsplit, blocks of 32 and of 128
+    // activation rows give the same bits.
     const Q8_0Case cases[] = {{4096, 1024, 0, 130}, {4096, 512, 0, 300}, {1024, 8192, 0, 16}, {1000, 200, 0, 3},
                               {4096, 1100, 0, 1},   {1024, 256, 128, 70}, {256, 100, 0, 129}, {16384, 24, 0, 2}};
     double worst = 0;
@@ -2392,10 +2424,25 @@ TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
                 const uint32_t R2 = c.R > 3 ? c.R - 3 : c.R;
                 DevVec<float> wide(std::vector<float>(R2 * (c.N + 8), 7.0f));
                 cuda::gemm_float(dw.w, a, R2, wide.get(), c.N + 8, c.N, 0, c.rpg, nullptr);
+                // blocks of 32 and of 128 activation rows (gemm_float_flat_ntw_override): the same bits
+                std::vector<float> by_ntw[2];
+                for (const int ntw : {1, 4}) {
+                    if (split) break;
+                    DevVec<float> gn(std::vector<float>(c.R * c.N, std::nanf("")));
+                    cuda::gemm_float_flat_ntw_override(ntw);
+                    cuda::gemm_float(dw.w, a, c.R, gn.get(), c.N, c.N, 0, c.rpg, nullptr);
+                    cuda::gemm_float_flat_ntw_override(-1);
+                    by_ntw[ntw == 4] = gn.download();
+                }
                 cuda::gemm_prefill_order(false);
                 cuda::gemm_flat_split_override(-1);
                 ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                 const auto got = gm.download(), w2 = wide.download();
+                for (const auto& v : by_ntw) {
+                    if (v.empty()) continue;
+                    ASSERT_EQ(0, std::memcmp(v.data(), got.data(), got.size() * 4))
+                        << "n-tiles a warp: type " << uint32_t(wt) << " K " << c.K << " N " << c.N << " R " << c.R;
+                }
                 expect_strided_rows(w2, got, R2, c.N, "K " + std::to_string(c.K));
                 const size_t rb = quant::row_bytes(wt, c.K);
                 std::vector<float> wrow(c.K);
