@@ -2544,19 +2544,19 @@ uint32_t flat_splits(uint64_t N, uint64_t K) {
     return S;
 }
 
-// n-tiles a warp of gemm_float_flat_kernel: 1 (blocks of 32 activation rows) where the product
-// then still fits in one wave of 2 blocks an SM, else 4; DSV4_FLAT_FLOAT_NT (4 or 1) or
-// gemm_float_flat_ntw_override (tests) fixes it. The same bits either way. A block's time is
-// mostly its weight tile's staging, which 32-row blocks repeat 4x as often: at R 2,048 (run
-// 150) N 64 and 256 took 105 and 115 µs against 205 and 208, N 1,024 (128 blocks of 128 rows,
-// 512 of 32: two waves) 381 against 207.
+// n-tiles a warp of gemm_float_flat_kernel: 4 by default; DSV4_FLAT_FLOAT_NT=1 (opt-in) takes 1
+// (blocks of 32 activation rows) where the product then still fits in one wave of 2 blocks an
+// SM; gemm_float_flat_ntw_override (tests) forces either. The same bits either way. Alone such
+// products run ~2x faster (R 2,048, run 151: N 64 and 256 in 105 and 111 µs against 204 and
+// 207), but they run on the side streams beside the query path, where 32 blocks cost it little
+// and 128 take every SM from it (as DSV4_FLAT_SPLIT's clusters did): the whole model's prefill
+// 4,583 against 4,632 tok/s (run 151; run 150, with N 1,024's two waves too: 4,510 / 4,603).
 int g_ff_ntw_override = -1;
 int ff_ntw(uint32_t R, uint64_t N) {
-    static const int env = env_int("DSV4_FLAT_FLOAT_NT", 0);
-    const int forced = g_ff_ntw_override > 0 ? g_ff_ntw_override : env;
-    if (forced == 1 || forced == 4) return forced;
+    static const bool env = env_int("DSV4_FLAT_FLOAT_NT", 4) == 1;
+    if (g_ff_ntw_override == 1 || g_ff_ntw_override == 4) return g_ff_ntw_override;
     const uint64_t blocks = uint64_t((R + kFfBN - 1) / kFfBN) * ((N + kFfBM - 1) / kFfBM);
-    return 4 * blocks <= 2 * uint64_t(sm_count()) ? 1 : 4;
+    return env && 4 * blocks <= 2 * uint64_t(sm_count()) ? 1 : 4;
 }
 
 // DSV4_GEMM_F16=0 keeps the float-weight products of prefill on matvec_kernel (A/B).

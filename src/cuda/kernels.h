@@ -276,7 +276,7 @@ void gemm_q8_0_flat_lean(int on);
 // (1) or not (0); -1 DSV4_FLAT_SPLIT's choice (off by default). Tests.
 void gemm_flat_split_override(int on);
 // Prompt rounds' F16/BF16 products (unsplit) in blocks of 32 (1) or 128 (4) activation rows;
-// -1: DSV4_FLAT_FLOAT_NT, else 32 where the product then fits one wave. The same bits. Tests.
+// -1: 128 unless DSV4_FLAT_FLOAT_NT=1 (32 where the product then fits one wave). The same bits.
 void gemm_float_flat_ntw_override(int ntw);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
