@@ -27,8 +27,9 @@ struct BackendOptions {
     // Tokens per layer-major chunk (also sizes the raw ring: the window plus a chunk); 0: the
     // backend's own default (kCpuPrefillChunk / kCudaPrefillChunk below).
     uint32_t prefill_chunk = 0;
-    // CUDA: prompt rounds' Q8_0 and F16 products of 256 rows or more through cuBLAS in FP16, and
-    // their rows attention in plain FP16 (run 149: prefill +21 % on the 43-layer flash model).
+    // CUDA: prompt rounds' Q8_0 and F16 products of 256 rows or more through cuBLAS in FP16,
+    // their rows attention in plain FP16 and their mHC mix in FP32 (run 150: prefill +23 % on the
+    // 43-layer flash model).
     // Within ~2e-4 of each product's sum of magnitudes, but neither the CPU's bits nor the same
     // bits for every chunking of a prompt, so off by default. The CPU backend ignores it.
     bool fast_prefill = false;

@@ -205,9 +205,10 @@ uint64_t gemm_cublas_calls(int kind);
 // The fast prompt rounds (--fast-prefill: BackendOptions::fast_prefill, or DSV4_FAST_PREFILL=1
 // for the benchmarks): the backend sets it each round, for this host thread's next launches.
 // In such a round the Q8_0 and F16 products of DSV4_CUBLAS_ROWS (256) rows or more take
-// gemm_q8_0_cublas / gemm_float_cublas instead of the flat kernels (Q8_0: ~1.9x faster
-// products, run 148), and the rows attention its plain FP16 form (attn_rows_f16): other bits,
-// not chunking-invariant, and a decode row in such a round gets them too.
+// gemm_q8_0_cublas / gemm_float_cublas instead of the flat kernels (Q8_0: ~2x faster products,
+// run 149), the rows attention its plain FP16 form (attn_rows_f16), the mHC mix tile its float
+// sums (hc_pre_mix): other bits, not chunking-invariant, and a decode row in such a round gets
+// them too.
 void fast_prefill_round(bool on);
 bool fast_prefill_round();
 // Whether each part follows the round: an override's rows (tests; -1: unset), else
