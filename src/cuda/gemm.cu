@@ -2373,9 +2373,9 @@ __global__ void __launch_bounds__(256, TR == 2 ? 2 : 1) gemm_float_kernel(FGemm 
 // a stage: the router's product (N 256, K 4,096: 32 blocks of 128 stages) took 190 us, the
 // output mix of one row (K 16,384) 677 us (run 80). S depends on N and K alone, so a row's
 // bits do not depend on its batch.
-// NTW (n-tiles a warp: 4, or 1 where 128-row tiles leave the GPU mostly idle, ff_ntw): a warp
-// holds 64 weight rows × 8·NTW activation rows, a block 128 × 32·NTW. A row's output is the
-// same sequence of MMAs and adds in either, so the same bits.
+// NTW (n-tiles a warp: 4, or 1 for small products, opt-in: ff_ntw): a warp holds 64 weight rows
+// × 8·NTW activation rows, a block 128 × 32·NTW. A row's output is the same sequence of MMAs
+// and adds in either, so the same bits.
 constexpr int kFfBM = 128, kFfBN = 128, kFfK = 32, kFfStride = kFfK + 4;   // (36 words: ldmatrix rows on distinct banks)
 constexpr int ff_smem(int ntw) { return 2 * (kFfBM + 32 * ntw) * kFfStride * 4; }
 constexpr int kFfSmem = ff_smem(4);
