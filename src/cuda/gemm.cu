@@ -593,9 +593,14 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
                  : "r"(smem_addr(p)));
 }
 
-template <int NW, bool REP, bool FLAT = false>
+// NIB (FLAT only, opt-in: DSV4_IQ2_NIB=1): the grid as 2-bit codes (iq2.cuh: iq2_expand_nib) in
+// 16 copies in the grid's 16 KB, the same int8 values, so the same bits.
+template <int NW, bool REP, bool FLAT = false, bool NIB = false>
 __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     static_assert(REP || !FLAT, "FLAT: replicated tables only");
+    static_assert(!NIB || FLAT, "NIB: the FLAT kernel's");
+    static_assert(!NIB || 256 * 16 * 4 <= int(iq2_grid_rep_bytes(Iq2Smem<NW, REP, FLAT>::grid_copies)),
+                  "NIB: 16 copies of the codes in the grid's space");
     pdl_begin();
     using L = Iq2Smem<NW, REP, FLAT>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 16;   // NT: a warp's tiles of 8 pairs
@@ -622,7 +627,10 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     // tables
     uint64_t* sgrid = reinterpret_cast<uint64_t*>(sm + L::grid);
     uint64_t* ssign = reinterpret_cast<uint64_t*>(sm + L::sign);
-    if constexpr (REP) {
+    if constexpr (NIB) {
+        iq2_fill_nib<256, kIq2GemmSelCopies, 16>(reinterpret_cast<uint4*>(sm + L::grid),
+                                                 reinterpret_cast<uint4*>(sm + L::sign), p.grid, p.sel, t);
+    } else if constexpr (REP) {
         iq2_fill_rep<256, kIq2GemmSelCopies, GC>(reinterpret_cast<uint4*>(sm + L::grid),
                                                  reinterpret_cast<uint4*>(sm + L::sign), p.grid, p.sel, t);
     } else {
@@ -682,7 +690,10 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
                 const uint32_t u = t + 256 * i, grp = u & 7, jr = u >> 3;   // jr = j * 64 + row
                 const uint2 q = *reinterpret_cast<const uint2*>(raw + jr * 64 + grp * 8);
                 uint32_t w[8];
-                if constexpr (REP) {
+                if constexpr (NIB) {
+                    iq2_expand_nib<kIq2GemmSelCopies, 16>(q.x, q.y, sm + L::grid + (lane & 15) * 4,
+                                                          sm + L::sign + (lane & 15) * 4, w);
+                } else if constexpr (REP) {
                     iq2_expand_rep<kIq2GemmSelCopies, GC>(q.x, q.y, sm + L::grid + (lane & (GC - 1)) * 8,
                                                           sm + L::sign + (lane & 15) * 4, w);
                 } else {
@@ -1881,11 +1892,18 @@ bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s) {
     ready = true;
     return true;
 }
-template <int NW, bool REP, bool FLAT = false>
+template <int NW, bool REP, bool FLAT = false, bool NIB = false>
 bool iq2_smem_ready(cudaStream_t s) {
     static bool ready = false;
-    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW, REP, FLAT>),
+    return smem_ready(reinterpret_cast<const void*>(gemm_iq2_smem_kernel<NW, REP, FLAT, NIB>),
                       Iq2Smem<NW, REP, FLAT>::bytes, ready, s);
+}
+// The FLAT kernel's expansion from the grid as codes (NIB): DSV4_IQ2_NIB=1 (opt-in, not yet run
+// on the device), gemm_iq2_nib_override (tests) wins. The same bits either way.
+int g_iq2_nib_override = -1;
+bool iq2_nib() {
+    static const bool env = env_switch("DSV4_IQ2_NIB", false);
+    return g_iq2_nib_override >= 0 ? g_iq2_nib_override != 0 : env;
 }
 // The staged IQ2_XXS kernel for gate (NW = 1) or gate+up (NW = 2), replicated tables or not;
 // groups of 64 pairs (flat: k order) take the FLAT kernel (replicated tables, also for
@@ -1894,7 +1912,10 @@ bool iq2_smem_ready(cudaStream_t s) {
 template <int NW>
 bool launch_iq2_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
     const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap), block(256);
-    if (flat) {
+    if (flat && iq2_nib()) {
+        if (!iq2_smem_ready<NW, true, true, true>(s)) return false;
+        gemm_iq2_smem_kernel<NW, true, true, true><<<grid, block, Iq2Smem<NW, true, true>::bytes, s>>>(p);
+    } else if (flat) {
         if (!iq2_smem_ready<NW, true, true>(s)) return false;
         gemm_iq2_smem_kernel<NW, true, true><<<grid, block, Iq2Smem<NW, true, true>::bytes, s>>>(p);
     } else if (smem_mode() != 2) {
@@ -2569,6 +2590,7 @@ bool gemm_float_on() {
 
 void gemm_flat_split_override(int on) { g_flat_split_override = on; }
 void gemm_float_flat_ntw_override(int ntw) { g_ff_ntw_override = ntw; }
+void gemm_iq2_nib_override(int on) { g_iq2_nib_override = on; }
 
 void gemm_prefill_order(bool flat) {
     static bool raised = false;

@@ -107,6 +107,62 @@ __device__ __forceinline__ void iq2_row_rep(uint32_t a0, uint32_t a1, int l, con
     sel = *reinterpret_cast<const uint32_t*>(sb + so);
 }
 
+// The grid as codes (NIB, the prompt order's expert GEMM, opt-in): every grid byte is 8, 25 or 43
+// (all 256 rows of kIq2xxsGrid), so row i is 8 two-bit codes 0, 1, 2, kept a nibble each
+// (value t at bits 4t: the selectors' layout), and the selector with the sign in bit 2 of each
+// nibble picks the signed byte from two constant words: kIq2Pos (8, 25, 43) and kIq2Neg
+// (their negations). The same int8 values as iq2_expand_rep, from 4-byte table reads where the
+// grid takes 8, and 16 copies of the codes (16 KB, 2 lanes a copy) where 8 of the grid take as
+// much: ~2 shared-memory passes a warp's lookups instead of ~4. The sign table holds the
+// selectors' sign bits alone (the selectors less their byte positions, 0x32103210).
+constexpr uint32_t kIq2Pos = 0x002B1908u, kIq2Neg = 0x00D5E7F8u;
+constexpr uint32_t kIq2SelPositions = 0x32103210u;
+
+// Fills the codes (NIB_COPIES copies: row i, copy c at word NIB_COPIES i + c) and the sign
+// selectors (SEL_COPIES copies) with the block's NT threads, from grid and sel in global memory;
+// 16-byte stores to consecutive addresses per warp. No barrier (the caller's next one).
+template <uint32_t NT, uint32_t SEL_COPIES, uint32_t NIB_COPIES>
+__device__ __forceinline__ void iq2_fill_nib(uint4* nib_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
+                                             uint32_t tid) {
+    constexpr uint32_t NN = 256 * NIB_COPIES / 4 / NT, NS = 128 * SEL_COPIES / 4 / NT;
+    static_assert(NN * NT * 4 == 256 * NIB_COPIES && NS * NT * 4 == 128 * SEL_COPIES, "fill shape");
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) {
+        const uint32_t v = __ldg(&sel[(tid + NT * j) / (SEL_COPIES / 4)]) - kIq2SelPositions;
+        sel_s[tid + NT * j] = make_uint4(v, v, v, v);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < NN; ++j) {
+        const uint64_t g = __ldg(&grid[(tid + NT * j) / (NIB_COPIES / 4)]);
+        uint32_t n = 0;
+#pragma unroll
+        for (uint32_t t = 0; t < 8; ++t) {
+            const uint32_t b = uint32_t(g >> (8 * t)) & 0xFFu;
+            n |= (uint32_t(b > 0x08u) + uint32_t(b > 0x19u)) << (4 * t);
+        }
+        nib_s[tid + NT * j] = make_uint4(n, n, n, n);
+    }
+}
+
+// The 8 signed code words of one group from the codes: nb this lane's copy (table + 4 (lane %
+// NIB_COPIES)), sb its sign selectors' (table + 4 copy).
+template <uint32_t SEL_COPIES, uint32_t NIB_COPIES>
+__device__ __forceinline__ void iq2_expand_nib(uint32_t a0, uint32_t a1, const uint8_t* nb, const uint8_t* sb,
+                                               uint32_t* w) {
+    static_assert(SEL_COPIES == 16 || SEL_COPIES == 32, "selector copies: 16 or 32");
+    static_assert(NIB_COPIES == 16 || NIB_COPIES == 32, "code copies: 16 or 32");
+    constexpr int kSelShift = SEL_COPIES == 32 ? 7 : 6;   // log2 of the selector entry stride
+    constexpr int kNibShift = NIB_COPIES == 32 ? 7 : 6;   // log2 of the code row stride
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        const uint32_t no = shift_right(a0, 8 * l - kNibShift) & (0xFFu << kNibShift);
+        const uint32_t so = shift_right(a1, 7 * l - kSelShift) & (127u << kSelShift);
+        const uint32_t sel = *reinterpret_cast<const uint32_t*>(nb + no) | *reinterpret_cast<const uint32_t*>(sb + so);
+        w[2 * l] = prmt(kIq2Pos, kIq2Neg, sel);
+        w[2 * l + 1] = prmt(kIq2Pos, kIq2Neg, sel >> 16);
+    }
+}
+
 // The 8 signed code words of one group (iq2_row_rep's arguments).
 template <uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
 __device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const uint8_t* gb, const uint8_t* sb,

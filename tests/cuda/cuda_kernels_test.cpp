@@ -2611,13 +2611,15 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     // none, N with a tail past the block's 64 rows, K of 1 to 16 super-blocks, every path
     // (staged: smem 1 and 2, the Q2_K mins by the split bsums and by MMAs against the
     // activation; register-fed: 0), and batches of the first 20 rows and of the first row
-    // alone (other groups; the one-row rounds of a prompt chunked token by token). The counts
+    // alone (other groups; the one-row rounds of a prompt chunked token by token), and the
+    // staged IQ2_XXS kernel's expansion from the grid as codes (DSV4_IQ2_NIB). The counts
     // leave tiles of 8 pairs partly and wholly empty, which the staged kernels' warps skip.
     struct Restore {
         ~Restore() {
             cuda::gemm_prefill_order(false);
             cuda::gemm_smem_override(-1);
             cuda::gemm_q2k_mins(-1);
+            cuda::gemm_iq2_nib_override(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2735,15 +2737,21 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                     return std::string("none");
                 };
                 // staged FLAT (1; 2 takes it too) with the Q2_K mins by the split bsums (2) and
-                // against the activation (1), register-fed FLAT
-                const std::pair<int, int> paths[4] = {{1, 2}, {1, 1}, {2, -1}, {0, -1}};
-                for (const auto& [smem, mins] : paths) {
+                // against the activation (1), register-fed FLAT; the staged IQ2_XXS expansion
+                // from the grid as 2-bit codes (nib 1, gemm_iq2_nib_override)
+                struct Path {
+                    int smem, mins, nib;
+                };
+                const Path paths[5] = {{1, 2, 0}, {1, 1, 0}, {2, -1, 0}, {0, -1, 0}, {1, 2, 1}};
+                for (const auto& [smem, mins, nib] : paths) {
+                    if (nib && !fused) continue;   // (an IQ2_XXS path)
                     cuda::gemm_smem_override(smem);
                     cuda::gemm_q2k_mins(mins);
+                    cuda::gemm_iq2_nib_override(nib);
                     for (size_t bi = 0; bi < batches.size(); ++bi) {
                         const Batch& b = *batches[bi];
                         const std::string where = what + " smem " + std::to_string(smem) + " mins " +
-                                                  std::to_string(mins) + " batch of " +
+                                                  std::to_string(mins) + " nib " + std::to_string(nib) + " batch of " +
                                                   std::to_string(batch_rows[bi]) + " rows: ";
                         // poisoned outputs: a skipped one shows
                         DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
@@ -2765,6 +2773,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                     cuda::gemm_smem_override(-1);
                     cuda::gemm_q2k_mins(-1);
+                    cuda::gemm_iq2_nib_override(-1);
                 }
             }
         }
