@@ -518,9 +518,7 @@ void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_he
     // The plain FP16 form: attn_rows_fast_override, else DSV4_ATTN_FAST (read once: 0 off, else
     // on), else the round's (fast_prefill_round: --fast-prefill)
     static const int fast_env = env_int("DSV4_ATTN_FAST", -1);
-    const bool fast = g_fast_override >= 0 ? g_fast_override != 0
-                      : fast_env >= 0      ? fast_env != 0
-                                           : fast_prefill_round();
+    const bool fast = fast_part(g_fast_override, fast_env);
     if (fast) ++g_fast_calls;
     auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)
                             : (fast ? launch_rows_f16<8, true> : launch_rows_f16<8, false>);

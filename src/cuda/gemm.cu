@@ -2039,12 +2039,16 @@ uint32_t cublas_rows(int kind) {
     static const int env[2] = {env_int("DSV4_Q8_CUBLAS", -1), env_int("DSV4_F16_CUBLAS", -1)};
     if (!g_flat_round) return 0;
     if (g_cublas_override[kind] >= 0) return uint32_t(g_cublas_override[kind]);
-    return (env[kind] < 0 ? g_fast_round : env[kind] != 0) ? rows : 0;
+    return fast_part(-1, env[kind]) ? rows : 0;
 }
 void gemm_q8_0_cublas_override(int min_rows) { g_cublas_override[0] = min_rows; }
 void gemm_float_cublas_override(int min_rows) { g_cublas_override[1] = min_rows; }
 void fast_prefill_round(bool on) { g_fast_round = on; }
 bool fast_prefill_round() { return g_fast_round; }
+bool fast_part(int override_on, int env_on) {
+    if (override_on >= 0) return override_on != 0;
+    return env_on >= 0 ? env_on != 0 : g_fast_round;
+}
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }

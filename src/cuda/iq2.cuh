@@ -53,18 +53,27 @@ constexpr Iq2Selectors iq2_selectors() {
 // in rounds of 4 (few registers beside loads the caller has in flight); 16-byte stores to
 // consecutive addresses per warp (conflict-free). No barrier: the caller's next one makes the
 // tables visible.
+// The selectors less `minus` (iq2_fill_nib: their byte positions) in SEL_COPIES copies, all loads
+// first.
+template <uint32_t NT, uint32_t SEL_COPIES>
+__device__ __forceinline__ void iq2_fill_sel(uint4* sel_s, const uint32_t* sel, uint32_t tid, uint32_t minus = 0) {
+    constexpr uint32_t NS = 128 * SEL_COPIES * 4 / 16 / NT;
+    static_assert(NS * NT * 16 == 128 * SEL_COPIES * 4, "selector fill shape");
+    uint32_t sv[NS];
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) sv[j] = __ldg(&sel[(tid + NT * j) / (SEL_COPIES / 4)]) - minus;
+#pragma unroll
+    for (uint32_t j = 0; j < NS; ++j) sel_s[tid + NT * j] = make_uint4(sv[j], sv[j], sv[j], sv[j]);
+}
+
 template <uint32_t NT, uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
 __device__ __forceinline__ void iq2_fill_rep(uint4* grid_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
                                              uint32_t tid) {
     static_assert(GRID_COPIES == 16 || GRID_COPIES == 8, "grid copies: 16 or 8");
     constexpr uint32_t GB = iq2_grid_rep_bytes(GRID_COPIES);
-    constexpr uint32_t NG = GB / 16 / NT, NS = 128 * SEL_COPIES * 4 / 16 / NT;
-    static_assert(NG % 4 == 0 && NG * NT * 16 == GB && NS * NT * 16 == 128 * SEL_COPIES * 4, "fill shape");
-    uint32_t sv[NS];
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) sv[j] = __ldg(&sel[(tid + NT * j) / (SEL_COPIES / 4)]);
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) sel_s[tid + NT * j] = make_uint4(sv[j], sv[j], sv[j], sv[j]);
+    constexpr uint32_t NG = GB / 16 / NT;
+    static_assert(NG % 4 == 0 && NG * NT * 16 == GB, "fill shape");
+    iq2_fill_sel<NT, SEL_COPIES>(sel_s, sel, tid);
 #pragma unroll
     for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
         uint64_t g[4];
@@ -124,13 +133,9 @@ constexpr uint32_t kIq2SelPositions = 0x32103210u;
 template <uint32_t NT, uint32_t SEL_COPIES, uint32_t NIB_COPIES>
 __device__ __forceinline__ void iq2_fill_nib(uint4* nib_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
                                              uint32_t tid) {
-    constexpr uint32_t NN = 256 * NIB_COPIES / 4 / NT, NS = 128 * SEL_COPIES / 4 / NT;
-    static_assert(NN * NT * 4 == 256 * NIB_COPIES && NS * NT * 4 == 128 * SEL_COPIES, "fill shape");
-#pragma unroll
-    for (uint32_t j = 0; j < NS; ++j) {
-        const uint32_t v = __ldg(&sel[(tid + NT * j) / (SEL_COPIES / 4)]) - kIq2SelPositions;
-        sel_s[tid + NT * j] = make_uint4(v, v, v, v);
-    }
+    constexpr uint32_t NN = 256 * NIB_COPIES / 4 / NT;
+    static_assert(NN * NT * 4 == 256 * NIB_COPIES, "fill shape");
+    iq2_fill_sel<NT, SEL_COPIES>(sel_s, sel, tid, kIq2SelPositions);
 #pragma unroll
     for (uint32_t j = 0; j < NN; ++j) {
         const uint64_t g = __ldg(&grid[(tid + NT * j) / (NIB_COPIES / 4)]);

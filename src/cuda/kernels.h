@@ -211,6 +211,9 @@ uint64_t gemm_cublas_calls(int kind);
 // them too.
 void fast_prefill_round(bool on);
 bool fast_prefill_round();
+// Whether a part of that mode runs now: a test's override (0 / 1; -1: unset), else its
+// environment switch (0 / 1, read once by the caller; -1: unset), else the round's.
+bool fast_part(int override_on, int env_on);
 // Whether each part follows the round: an override's rows (tests; -1: unset), else
 // DSV4_Q8_CUBLAS / DSV4_F16_CUBLAS (0: never, else in every prompt round; unset: the round's).
 constexpr uint32_t kCublasRows = 256;

@@ -2975,7 +2975,7 @@ bool hc_mix_tile(uint32_t R, const HcPostIn& pp, cudaStream_t s) {
 int g_hc_fast_override = -1;
 bool hc_mix_fast() {
     static const int env = env_int("DSV4_HC_FAST", -1);
-    return g_hc_fast_override >= 0 ? g_hc_fast_override != 0 : env >= 0 ? env != 0 : fast_prefill_round();
+    return fast_part(g_hc_fast_override, env);
 }
 }  // namespace
 
