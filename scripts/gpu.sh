@@ -55,6 +55,8 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 # decode steps, or of the prefill chunk) whose names match REGEX: why a kernel takes the time
 # it takes. NCU_ARGS replaces those sections (e.g. --metrics regex:...); NCU_TESTS the benchmarks
 # run under it (CudaBench.Flash*; CudaBench.FlashDecodePrefillKv alone for a long context).
+# NCU_SKIP=N (with NCU_DETAIL): skip the first N matching launches (e.g. 2: a chunk's third
+# layer, the default mix's ratio-4 one); NCU_ALL=1: print every line of the sections.
 # NCU_SOURCE=1 (with NCU_DETAIL): the first matching kernel's SASS instruction by instruction
 # instead (Nsight Compute's source counters: instructions executed and warp stall samples a
 # SASS line): the 40 lines with the most stall samples, and the executed instructions and
@@ -63,7 +65,7 @@ echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build
 if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" && -n "${NCU_SOURCE:-}" ]]; then
   DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} \
     timeout ${BENCH_TIMEOUT:-300} "$NCU_BIN" --profile-from-start off --clock-control none \
-    --cache-control "${NCU_CACHE:-none}" -k "regex:$NCU_DETAIL" -c 1 --section SourceCounters \
+    --cache-control "${NCU_CACHE:-none}" -k "regex:$NCU_DETAIL" -c 1 ${NCU_SKIP:+--launch-skip $NCU_SKIP} --section SourceCounters \
     --section WarpStateStats --import-source no -f -o "$LOG/ncu_src" \
     "$BUILD/dsv4_cuda_tests" --gtest_filter="CudaBench.FlashDecodePrefillKv" > "$LOG/ncu_src_app.log" 2>&1
   echo "ncu rc $?"
@@ -105,10 +107,11 @@ fi
 if [[ $NCU == 1 && -n "${NCU_DETAIL:-}" ]]; then
   DSV4_CUDA_BENCH=1 DSV4_NCU=${NCU_STEP:-1} DSV4_BENCH_DECODE=${DSV4_BENCH_DECODE:-8} timeout ${BENCH_TIMEOUT:-300} \
     "$NCU_BIN" --profile-from-start off --clock-control none --cache-control "${NCU_CACHE:-none}" \
-    -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" ${NCU_ARGS:---section SpeedOfLight --section Occupancy \
+    -k "regex:$NCU_DETAIL" -c "${NCU_COUNT:-8}" ${NCU_SKIP:+--launch-skip $NCU_SKIP} ${NCU_ARGS:---section SpeedOfLight --section Occupancy \
     --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats} \
     "$BUILD/dsv4_cuda_tests" --gtest_filter="${NCU_TESTS:-CudaBench.Flash*}" > "$LOG/ncu_detail.txt" 2>&1
   echo "ncu rc $?"
+  [[ -n "${NCU_ALL:-}" ]] && { grep -vE "^ *(----|==PROF==)|^\[" "$LOG/ncu_detail.txt" | head -${NCU_LINES:-400}; exit 0; }
   grep -vE "^ *(----|==PROF==)" "$LOG/ncu_detail.txt" | grep -E "^  [a-z_]|Duration|Throughput|Occupancy|Registers|Block Size|Grid Size|Waves|Stall|Warp Cycles|Eligible|Issued|Shared Memory Config|Dynamic Shared|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|One or More|No Eligible|Active Warps|Theoretical" | head -${NCU_LINES:-400}
   exit 0
 fi

@@ -283,7 +283,7 @@ void gemm_flat_split_override(int on);
 // -1: 128 unless DSV4_FLAT_FLOAT_NT=1 (32 where the product then fits one wave). The same bits.
 void gemm_float_flat_ntw_override(int ntw);
 // Prompt rounds' IQ2_XXS expert GEMM expanding from the grid as 2-bit codes (1) or from the grid's
-// bytes (0); -1: DSV4_IQ2_NIB (off by default). The same bits. Tests.
+// bytes (0); -1: DSV4_IQ2_NIB (on by default). The same bits. Tests.
 void gemm_iq2_nib_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
