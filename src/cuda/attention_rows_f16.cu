@@ -195,6 +195,14 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         const float4* src = reinterpret_cast<const float4*>(k32 + w * DP);
         uint2* hi = reinterpret_cast<uint2*>(kh_s + w * KH);
         uint2* lo = reinterpret_cast<uint2*>(kl_s + w * KH);
+        if constexpr (FAST) {   // hi halves only: the fast products read neither lo nor the mask
+#pragma unroll
+            for (uint32_t j = 0; j < CPL; ++j) {
+                const float4 x = src[lane + 32 * j];
+                hi[lane + 32 * j] = make_uint2(h2_bits(__floats2half2_rn(x.x, x.y)), h2_bits(__floats2half2_rn(x.z, x.w)));
+            }
+            return;
+        }
         uint32_t mine = 0;   // this lane's chunks with a nonzero lo half
 #pragma unroll
         for (uint32_t j = 0; j < CPL; ++j) {
@@ -356,10 +364,15 @@ __global__ void __launch_bounds__(kF16Threads, 1)
             for (uint32_t x = 1; x < 8; x <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, x));
             l_run = __fadd_rn(__fmul_rn(l_run, corr), sum);
             m_run = nm;
-            uint32_t eh, el;
-            f16_split2(e[0] * kF16PScale, e[1] * kF16PScale, eh, el);
-            *reinterpret_cast<uint32_t*>(ph_s + hs * kF16PS + 2 * kc) = eh;
-            if constexpr (!FAST) *reinterpret_cast<uint32_t*>(pl_s + hs * kF16PS + 2 * kc) = el;
+            if constexpr (FAST) {   // the hi halves alone (the fast products read no lo)
+                *reinterpret_cast<uint32_t*>(ph_s + hs * kF16PS + 2 * kc) =
+                    h2_bits(__floats2half2_rn(e[0] * kF16PScale, e[1] * kF16PScale));
+            } else {
+                uint32_t eh, el;
+                f16_split2(e[0] * kF16PScale, e[1] * kF16PScale, eh, el);
+                *reinterpret_cast<uint32_t*>(ph_s + hs * kF16PS + 2 * kc) = eh;
+                *reinterpret_cast<uint32_t*>(pl_s + hs * kF16PS + 2 * kc) = el;
+            }
             if (kc == 0) corr_s[hs] = corr;
             if (last) {
                 if (kc == 0 && hs < n_head) {
