@@ -285,6 +285,11 @@ void gemm_float_flat_ntw_override(int ntw);
 // Prompt rounds' IQ2_XXS expert GEMM expanding from the grid as 2-bit codes (1) or from the grid's
 // bytes (0); -1: DSV4_IQ2_NIB (on by default). The same bits. Tests.
 void gemm_iq2_nib_override(int on);
+// The fast mode's routed experts (gemm_experts_f16_kernel: each weight and activation code
+// expanded once into FP16, FP32 sums on the FP16 tensor cores; other bits, within each
+// operand's FP16 rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice, else the
+// round's (fast_prefill_round). Tests.
+void gemm_experts_f16_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);

@@ -2599,6 +2599,25 @@ TEST_F(CudaKernels, ExpertsSharedMemoryKernelEqualsDecode) {
     }
 }
 
+// |term| of each weight value of a row, for error bounds: IQ2_XXS |w|; Q2_K |d·sc·q| + |dmin·m|
+// (each block dequantised with dmin = 0, then with d = 0).
+static void weight_term_magnitudes(Type t, const uint8_t* row, float* out, uint64_t K) {
+    if (t != Type::Q2_K) {
+        quant::dequantize_row(t, row, out, K);
+        for (uint64_t k = 0; k < K; ++k) out[k] = std::fabs(out[k]);
+        return;
+    }
+    const size_t rb = quant::row_bytes(t, K);
+    std::vector<uint8_t> part(row, row + rb);
+    std::vector<float> other(K);
+    for (size_t b = 0; b < rb; b += 84) part[b + 82] = part[b + 83] = 0;   // dmin = 0
+    quant::dequantize_row(t, part.data(), out, K);
+    part.assign(row, row + rb);
+    for (size_t b = 0; b < rb; b += 84) part[b + 80] = part[b + 81] = 0;   // d = 0
+    quant::dequantize_row(t, part.data(), other.data(), K);
+    for (uint64_t k = 0; k < K; ++k) out[k] = std::fabs(out[k]) + std::fabs(other[k]);
+}
+
 TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     // A prompt round's IQ2_XXS / Q2_K expert products (gemm_prefill_order(true), DSV4_KQ_FLAT:
     // groups of gemm_kq_pairs() = 64 pairs; gemm_iq2_smem_kernel / gemm_q2k_smem_kernel with
@@ -2614,12 +2633,14 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     // alone (other groups; the one-row rounds of a prompt chunked token by token), and the
     // staged IQ2_XXS kernel's expansion from the grid as codes (DSV4_IQ2_NIB). The counts
     // leave tiles of 8 pairs partly and wholly empty, which the staged kernels' warps skip.
+    // The fast mode's FP16 kernel (DSV4_EXPERTS_F16) is held to bounds instead of bits.
     struct Restore {
         ~Restore() {
             cuda::gemm_prefill_order(false);
             cuda::gemm_smem_override(-1);
             cuda::gemm_q2k_mins(-1);
             cuda::gemm_iq2_nib_override(-1);
+            cuda::gemm_experts_f16_override(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2739,12 +2760,77 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                 // staged FLAT (1; 2 takes it too) with the Q2_K mins by the split bsums (2) and
                 // against the activation (1), register-fed FLAT; the staged IQ2_XXS expansion
                 // from the grid as 2-bit codes (nib 1, gemm_iq2_nib_override)
+                // (f16: the fast mode's kernel, gemm_experts_f16_override: within the bounds below)
                 struct Path {
-                    int smem, mins, nib;
+                    int smem, mins, nib, f16;
                 };
-                const Path paths[5] = {{1, 2, 0}, {1, 1, 0}, {2, -1, 0}, {0, -1, 0}, {1, 2, 1}};
-                for (const auto& [smem, mins, nib] : paths) {
+                const Path paths[6] = {{1, 2, 0, 0}, {1, 1, 0, 0}, {2, -1, 0, 0}, {0, -1, 0, 0}, {1, 2, 1, 0}, {1, 2, 0, 1}};
+                for (const auto& [smem, mins, nib, f16] : paths) {
                     if (nib && !fused) continue;   // (an IQ2_XXS path)
+                    if (f16) {
+                        // the fast mode's kernel (gemm_experts_f16_kernel): each weight and activation
+                        // code rounded to FP16 once, FP32 sums in its own order, against the CPU's
+                        // exact dots: within 3e-3 of Σ_k |terms_k| |x_k| (the operands' roundings
+                        // give ~1.5e-3; a Q2_K weight's terms d·sc·q and dmin·m counted apart, as
+                        // its FP16 form rounds them apart), the swiglu by its slope; and not the
+                        // exact bits everywhere (the kernel ran)
+                        const auto qv = ah.q.download();
+                        const auto qd = ah.d.download();
+                        std::vector<float> xa(R * K);
+                        for (uint64_t i = 0; i < xa.size(); ++i) xa[i] = std::fabs(float(qv[i]) * qd[i / 256]);
+                        auto magnitudes = [&](const HostWeight& hw) {
+                            std::vector<float> m(P * N);
+                            std::vector<float> tm(K);
+                            for (uint32_t e = 0; e < NEXP; ++e)
+                                for (uint64_t n = 0; n < N; ++n) {
+                                    weight_term_magnitudes(wt, hw.bytes.data() + (e * RPE + n) * rb, tm.data(), K);
+                                    for (uint32_t pp = 0; pp < P; ++pp) {
+                                        if (uint32_t(mixed[pp]) != e) continue;
+                                        double acc = 0.0;
+                                        for (uint64_t k = 0; k < K; ++k) acc += double(tm[k]) * xa[(pp / KU) * K + k];
+                                        m[pp * N + n] = float(acc);
+                                    }
+                                }
+                            return m;
+                        };
+                        const auto mg = magnitudes(hg);
+                        const auto mu = fused ? magnitudes(hu) : std::vector<float>();
+                        cuda::gemm_experts_f16_override(1);
+                        for (size_t bi = 0; bi < batches.size(); ++bi) {
+                            const Batch& b = *batches[bi];
+                            const std::string where = what + " f16, batch of " + std::to_string(batch_rows[bi]) + " rows: ";
+                            DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
+                            cuda::matvec(dg.w, a, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
+                            const auto r1 = got.download();
+                            for (uint64_t i = 0; i < r1.size(); ++i)
+                                ASSERT_LE(std::fabs(r1[i] - ref[i]), 3e-3f * mg[i] + 1e-6f)
+                                    << where << "gate alone, pair " << i / N << " row " << i % N << ": " << r1[i]
+                                    << " vs CPU " << ref[i] << ", Σ|terms| " << mg[i];
+                            ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
+                            if (!fused) continue;
+                            for (int c = 0; c < 2; ++c) {
+                                DevVec<float> sw(std::vector<float>(b.P * N, std::nanf("")));
+                                cuda::matvec_swiglu(dg.w, du.w, a, b.P, sw.get(), N, N, clamps[c],
+                                                    c ? nullptr : dew.get(), nullptr, dex.get(), RPE, KU, &b.g);
+                                const auto r2 = sw.download();
+                                for (uint64_t i = 0; i < r2.size(); ++i) {
+                                    const float eg = 3e-3f * mg[i], eu = 3e-3f * mu[i];
+                                    float gv = ref[i], uv = std::fabs(ref_u[i]);
+                                    if (clamps[c] > 1e-6f) gv = std::min(gv, clamps[c]), uv = std::min(uv, clamps[c]);
+                                    const float silu = gv / (1.0f + std::exp(-gv));
+                                    const float ew = c ? 1.0f : wv[i / N];
+                                    const float bound = ew * (1.1f * eg * (uv + eu) + std::fabs(silu) * eu) +
+                                                        1e-5f * std::fabs(sw_ref[c][i]) + 1e-7f;
+                                    ASSERT_LE(std::fabs(r2[i] - sw_ref[c][i]), bound)
+                                        << where << "gate+up, clamp " << clamps[c] << ", pair " << i / N << " row "
+                                        << i % N << ": " << r2[i] << " vs " << sw_ref[c][i];
+                                }
+                            }
+                        }
+                        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                        cuda::gemm_experts_f16_override(-1);
+                        continue;
+                    }
                     cuda::gemm_smem_override(smem);
                     cuda::gemm_q2k_mins(mins);
                     cuda::gemm_iq2_nib_override(nib);
