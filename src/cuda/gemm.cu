@@ -1138,6 +1138,9 @@ constexpr int kXfK = 64;                     // k a tile
 constexpr int kXfStages = 3;                 // raw stages: tile i + 1 expanded, i + 2 in flight
 constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a row of 64 halves takes (ldmatrix rows on distinct banks)
 constexpr uint32_t kXfCopies = 4;            // copies of the IQ2_XXS tables (lane % 4 reads its own)
+// The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
+// rows of small scales (d (2 ls + 1) / 8 ~ 1e-5 for weights ~ 1e-3) keep normal halves.
+constexpr float kXfWScale = 256.0f;
 template <uint32_t T>
 struct XfSmem {
     static constexpr int pairs = int(kKqFlatPairs);
@@ -1279,7 +1282,7 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
             const uintptr_t da = reinterpret_cast<uintptr_t>(dw_e + (i >> 2));
             const uint32_t dword = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
             const float d = f16_to_f32(uint16_t(da & 2 ? dword >> 16 : dword & 0xFFFF));
-            const float s = d * float(2 * (q.y >> 28) + 1) * 0.125f;
+            const float s = d * float(2 * (q.y >> 28) + 1) * (0.125f * kXfWScale);
             const uint32_t s2 = h2_of(s, s);
             const uint8_t* gb = sm + L::grid + (lane % kXfCopies) * 16;
             const uint8_t* sgb = sm + L::sign + (lane % kXfCopies) * 16;
@@ -1298,7 +1301,8 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
             const int sh = 2 * ((2 * tq + int(u)) & 3);
             const uint32_t scw = *reinterpret_cast<const uint32_t*>(st + L::st_sc + r * 4) >> (16 * u);
             const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-            const float d = f16_to_f32(uint16_t(dd & 0xFFFF)), dmin = f16_to_f32(uint16_t(dd >> 16));
+            const float d = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale,
+                        dmin = f16_to_f32(uint16_t(dd >> 16)) * kXfWScale;
             const uint32_t k1024 = 0x64006400u;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -1392,12 +1396,15 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                 const uint32_t pc = uint32_t(gp[c]);
                 if constexpr (NW == 2) {
                     const uint64_t n = m0 + 16 * (warp & 3) + gid + 8 * (e >> 1);
-                    if (n < p.N) p.y[uint64_t(pc) * p.y_stride + n] = swiglu_pair(acc[0][nt][e], acc[1][nt][e], p.clamp, p.ew, pc);
+                    if (n < p.N)
+                        p.y[uint64_t(pc) * p.y_stride + n] = swiglu_pair(acc[0][nt][e] * (1.0f / kXfWScale),
+                                                                         acc[1][nt][e] * (1.0f / kXfWScale), p.clamp,
+                                                                         p.ew, pc);
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
                         const uint64_t n = m0 + mrow[mt] + gid + 8 * (e >> 1);
-                        if (n < p.N) p.y[uint64_t(pc) * p.y_stride + n] = acc[mt][nt][e];
+                        if (n < p.N) p.y[uint64_t(pc) * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
                     }
                 }
             }
