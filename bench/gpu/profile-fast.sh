@@ -21,13 +21,7 @@ mkdir -p "$OUT"
 GTEST_FILTER='*ExpertsPromptOrder*' OUT=$OUT/build scripts/gpu.sh --quick > "$OUT/build.log" 2>&1
 grep -E '^build|error|^tests passed|Failure|first difference' "$OUT/build.log" | head -8
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for S in "-" "DSV4_IQ2_NIB=0" "DSV4_FAST_PREFILL=1"; do
-  echo "== group profile, 4 layers at 4K: ${S/-/exact (defaults)}"
-  [[ "$S" == "-" ]] && S=""
-  env TMPDIR=/dev/shm DSV4_CUDA_BENCH=1 DSV4_CUDA_TIMING=1 DSV4_BENCH_LAYERS=4 DSV4_BENCH_DECODE=16 $S \
-    timeout 150 build-gpu/dsv4_cuda_tests --gtest_filter=CudaBench.FlashDecodePrefillKv 2>&1 |
-    sed -n '/== prefill (one/,/^total/p;/^ctx 1M lazy/p'
-done
+bench/gpu/group-profile.sh - "DSV4_IQ2_NIB=0" "DSV4_FAST_PREFILL=1"
 echo "== Nsight Compute, one 2,048-token chunk, fast mode, 4 layers"
 DSV4_FAST_PREFILL=1 NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \
   DSV4_BENCH_DECODE=8 OUT=$OUT/ncu scripts/gpu.sh --ncu 2>&1 | sed -n '/^kernel/,/^total/p' | head -40

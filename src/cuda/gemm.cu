@@ -303,6 +303,21 @@ struct KqGemm {
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
 };
 
+// A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
+// their count (at most cap); false past the round's groups.
+struct ExpertGroup {
+    uint64_t wbase;
+    const int32_t* pairs;
+    int cnt;
+};
+__device__ __forceinline__ bool expert_group(const KqGemm& p, int cap, ExpertGroup& eg) {
+    const uint32_t gi = blockIdx.y;
+    if (gi >= uint32_t(*p.count)) return false;
+    const int32_t* g = p.grp + 3 * gi;
+    eg = {uint64_t(g[0]) * p.rows_per_expert, p.pairs + g[1], min(g[2], cap)};
+    return true;
+}
+
 // A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs, so each expanded weight
 // fragment serves NT × 8 pairs; a group of kKqPairs pairs takes kKqPairs / (8 NT) passes.
 // A block: 4 warps, 64 MT rows. IQ2_XXS (costly expansion): MT 1, NT 4; Q2_K (its mins need
@@ -606,12 +621,11 @@ __global__ void __launch_bounds__(256, 2) gemm_iq2_smem_kernel(KqGemm p) {
     constexpr int PAIRS = L::pairs, NT = PAIRS / 16;   // NT: a warp's tiles of 8 pairs
     constexpr uint32_t GC = L::grid_copies;
     extern __shared__ __align__(16) uint8_t sm[];
-    const uint32_t gi = blockIdx.y;
-    if (gi >= uint32_t(*p.count)) return;
-    const int32_t* g = p.grp + 3 * gi;
-    const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
-    const int32_t* gp = p.pairs + g[1];
-    const int cnt = min(g[2], PAIRS);
+    ExpertGroup eg;
+    if (!expert_group(p, PAIRS, eg)) return;
+    const uint64_t wbase = eg.wbase;
+    const int32_t* gp = eg.pairs;
+    const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t wm = (warp & 3) * 16;   // this warp's weight rows in the block
     const PairTiles<NT> pt(warp >> 2, cnt, p.skip_tiles);   // and its tiles of pairs
@@ -889,12 +903,11 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
     using L = Q2Smem<FLAT, MINS>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 16;   // NT: a warp's tiles of 8 pairs
     extern __shared__ __align__(16) uint8_t sm[];
-    const uint32_t gi = blockIdx.y;
-    if (gi >= uint32_t(*p.count)) return;
-    const int32_t* g = p.grp + 3 * gi;
-    const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
-    const int32_t* gp = p.pairs + g[1];
-    const int cnt = min(g[2], PAIRS);
+    ExpertGroup eg;
+    if (!expert_group(p, PAIRS, eg)) return;
+    const uint64_t wbase = eg.wbase;
+    const int32_t* gp = eg.pairs;
+    const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     const uint32_t wm = (warp & 3) * 16;
     const PairTiles<NT> pt(warp >> 2, cnt, p.skip_tiles);
@@ -1199,12 +1212,11 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     using L = XfSmem<T>;
     constexpr int NT = 4;   // a warp's tiles of 8 pairs
     extern __shared__ __align__(16) uint8_t sm[];
-    const uint32_t gi = blockIdx.y;
-    if (gi >= uint32_t(*p.count)) return;
-    const int32_t* g = p.grp + 3 * gi;
-    const uint64_t wbase = uint64_t(g[0]) * p.rows_per_expert;
-    const int32_t* gp = p.pairs + g[1];
-    const int cnt = min(g[2], L::pairs);
+    ExpertGroup eg;
+    if (!expert_group(p, L::pairs, eg)) return;
+    const uint64_t wbase = eg.wbase;
+    const int32_t* gp = eg.pairs;
+    const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     const PairTiles<NT> pt(warp >> 2, cnt, p.skip_tiles);
     constexpr int OUT = NW == 2 ? kXfRows / 2 : kXfRows;   // output rows a block

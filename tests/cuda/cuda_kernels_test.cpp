@@ -2760,6 +2760,19 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                 // staged FLAT (1; 2 takes it too) with the Q2_K mins by the split bsums (2) and
                 // against the activation (1), register-fed FLAT; the staged IQ2_XXS expansion
                 // from the grid as 2-bit codes (nib 1, gemm_iq2_nib_override)
+                // a batch's products into poisoned outputs (a skipped one shows): the gate alone, and
+                // gate+up fused with clamp c
+                auto gate_alone = [&](const Batch& b) {
+                    DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
+                    cuda::matvec(dg.w, a, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
+                    return got.download();
+                };
+                auto gate_up = [&](const Batch& b, int c) {
+                    DevVec<float> sw(std::vector<float>(b.P * N, std::nanf("")));
+                    cuda::matvec_swiglu(dg.w, du.w, a, b.P, sw.get(), N, N, clamps[c], c ? nullptr : dew.get(), nullptr,
+                                        dex.get(), RPE, KU, &b.g);
+                    return sw.download();
+                };
                 // (f16: the fast mode's kernel, gemm_experts_f16_override: within the bounds below)
                 struct Path {
                     int smem, mins, nib, f16;
@@ -2799,9 +2812,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         for (size_t bi = 0; bi < batches.size(); ++bi) {
                             const Batch& b = *batches[bi];
                             const std::string where = what + " f16, batch of " + std::to_string(batch_rows[bi]) + " rows: ";
-                            DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
-                            cuda::matvec(dg.w, a, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
-                            const auto r1 = got.download();
+                            const auto r1 = gate_alone(b);
                             for (uint64_t i = 0; i < r1.size(); ++i)
                                 ASSERT_LE(std::fabs(r1[i] - ref[i]), 3e-3f * mg[i] + 1e-6f)
                                     << where << "gate alone, pair " << i / N << " row " << i % N << ": " << r1[i]
@@ -2809,10 +2820,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
                             if (!fused) continue;
                             for (int c = 0; c < 2; ++c) {
-                                DevVec<float> sw(std::vector<float>(b.P * N, std::nanf("")));
-                                cuda::matvec_swiglu(dg.w, du.w, a, b.P, sw.get(), N, N, clamps[c],
-                                                    c ? nullptr : dew.get(), nullptr, dex.get(), RPE, KU, &b.g);
-                                const auto r2 = sw.download();
+                                const auto r2 = gate_up(b, c);
                                 for (uint64_t i = 0; i < r2.size(); ++i) {
                                     const float eg = 3e-3f * mg[i], eu = 3e-3f * mu[i];
                                     float gv = ref[i], uv = std::fabs(ref_u[i]);
@@ -2839,18 +2847,12 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         const std::string where = what + " smem " + std::to_string(smem) + " mins " +
                                                   std::to_string(mins) + " nib " + std::to_string(nib) + " batch of " +
                                                   std::to_string(batch_rows[bi]) + " rows: ";
-                        // poisoned outputs: a skipped one shows
-                        DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
-                        cuda::matvec(dg.w, a, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
-                        const auto r1 = got.download();
+                        const auto r1 = gate_alone(b);
                         ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
                             << where << "gate alone, first difference at " << first_diff(r1, ref, b.P);
                         if (!fused) continue;
                         for (int c = 0; c < 2; ++c) {
-                            DevVec<float> sw(std::vector<float>(b.P * N, std::nanf("")));
-                            cuda::matvec_swiglu(dg.w, du.w, a, b.P, sw.get(), N, N, clamps[c],
-                                                c ? nullptr : dew.get(), nullptr, dex.get(), RPE, KU, &b.g);
-                            const auto r2 = sw.download();
+                            const auto r2 = gate_up(b, c);
                             ASSERT_EQ(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
                                 << where << "gate+up, clamp " << clamps[c] << ", first difference at "
                                 << first_diff(r2, sw_ref[c], b.P);
