@@ -226,6 +226,15 @@ struct RowTiles {
         const uint32_t g = t0 + kj;
         return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
     }
+    // The tile after (r, t0) and key row kj's selection there: a kernel keeps the tile after the
+    // one it computes (copied during it) and reads the selection of the one after that.
+    struct Next {
+        uint32_t r, t0, sg;
+    };
+    __device__ __forceinline__ Next next_of(uint32_t r, uint32_t t0, uint32_t kj) {
+        advance(r, t0);
+        return {r, t0, sel_of(r, t0, kj)};
+    }
     // This thread's part of key row kj of tile (r, t0) (selection sg) into the staged row dst
     // (attn_key_row_sel's rows); rows past the row's keys zero (their weights are 0, and 0 · a
     // stale NaN would not be).

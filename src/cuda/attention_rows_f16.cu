@@ -114,6 +114,98 @@ __device__ __forceinline__ void ldsm_x4_h(uint32_t (&r)[4], uint32_t s) {
         ldsm_x4(r, s);
 }
 
+// What both rows kernels (16- and 32-key tiles) do around their products.
+// The online softmax of head hs over a tile (eight lanes a head, V keys each from key V·kc): the
+// four quarters' score parts added in order (rows of RS floats), scaled, keys past nt at -inf;
+// the running max m_run and sum l_run moved on, the weights e (0 past nt); returns the
+// correction of the sums so far.
+template <uint32_t V, uint32_t RS>
+__device__ __forceinline__ float rows_softmax_step(const float* s_s, uint32_t hs, uint32_t kc, uint32_t nt,
+                                                   float scale, float& m_run, float& l_run, float (&e)[V]) {
+    static_assert(V == 2 || V == 4, "keys a lane");
+    auto load = [&](uint32_t v, float (&d)[V]) {
+        const float* p = s_s + (v * (16 * kF16MaxMT) + hs) * RS + V * kc;
+        if constexpr (V == 2) {
+            const float2 a = *reinterpret_cast<const float2*>(p);
+            d[0] = a.x, d[1] = a.y;
+        } else {
+            const float4 a = *reinterpret_cast<const float4*>(p);
+            d[0] = a.x, d[1] = a.y, d[2] = a.z, d[3] = a.w;
+        }
+    };
+    float sv[V];
+    load(0, sv);
+#pragma unroll
+    for (uint32_t v = 1; v < 4; ++v) {
+        float b[V];
+        load(v, b);
+#pragma unroll
+        for (uint32_t j = 0; j < V; ++j) sv[j] = __fadd_rn(sv[j], b[j]);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (uint32_t j = 0; j < V; ++j) {
+        sv[j] = V * kc + j < nt ? __fmul_rn(sv[j], scale) : -INFINITY;
+        mx = fmaxf(mx, sv[j]);
+    }
+#pragma unroll
+    for (uint32_t x = 1; x < 8; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+    const float nm = fmaxf(m_run, mx);
+    const float corr = expf(m_run - nm);
+#pragma unroll
+    for (uint32_t j = 0; j < V; ++j) e[j] = V * kc + j < nt ? expf(sv[j] - nm) : 0.0f;
+    float sum = __fadd_rn(e[0], e[1]);
+    if constexpr (V == 4) sum = __fadd_rn(sum, __fadd_rn(e[2], e[3]));
+#pragma unroll
+    for (uint32_t x = 1; x < 8; x <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, x));
+    l_run = __fadd_rn(__fmul_rn(l_run, corr), sum);
+    m_run = nm;
+    return corr;
+}
+// A row's last tile: lane kc 0 of each real head stores its sink's share fw and the
+// normalisation inv (the weights' 2^12 divided out here: a power of two, exact); every lane's
+// running max and sum reset for the next row.
+__device__ __forceinline__ void rows_softmax_end(const float* sinks, uint32_t hs, uint32_t kc, uint32_t n_head,
+                                                 float& m_run, float& l_run, float* fw_s, float* inv_s) {
+    if (kc == 0 && hs < n_head) {
+        const float sink = sinks[hs];
+        const float M = fmaxf(sink, m_run);
+        const float fw = expf(m_run - M);
+        fw_s[hs] = fw;
+        inv_s[hs] = __fmul_rn(1.0f / __fadd_rn(expf(sink - M), __fmul_rn(l_run, fw)), 1.0f / kF16PScale);
+    }
+    m_run = -INFINITY;
+    l_run = 0.0f;
+}
+// The running output times each head's correction (an m-tile's skipped where all are 1: once a
+// head's running max settles, most tiles; multiplying by 1 changes nothing).
+template <uint32_t NTW>
+__device__ __forceinline__ void rows_correct(float (&ob)[kF16MaxMT][NTW][4], const float* corr_s, uint32_t MT,
+                                             uint32_t gid) {
+#pragma unroll
+    for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+        if (m >= MT) continue;
+        const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
+        if (__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f)) continue;
+#pragma unroll
+        for (uint32_t t = 0; t < NTW; ++t) {
+            ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
+            ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
+            ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
+            ob[m][t][3] = __fmul_rn(ob[m][t][3], c1);
+        }
+    }
+}
+template <uint32_t NTW>
+__device__ __forceinline__ void rows_zero(float (&ob)[kF16MaxMT][NTW][4]) {
+#pragma unroll
+    for (uint32_t m = 0; m < kF16MaxMT; ++m)
+#pragma unroll
+        for (uint32_t t = 0; t < NTW; ++t)
+#pragma unroll
+            for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
+}
+
 // Per tile of kF16KT = 16 keys (16 warps; NT = D / 64):
 //   S = Q·Kᵀ: warp w takes m-tile w % 4 and both key n-tiles over the quarter w / 4 of D (NT
 //     k16 steps); the softmax adds the four quarters in order;
@@ -225,19 +317,13 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     tiles.stage(r, t0, tiles.sel_of(r, t0, kj), kj, ksub, k32 + kj * DP);
     if (qn && threadIdx.x < n_rot / 2)
         rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
-    uint32_t r1 = r, t1 = t0;
-    tiles.advance(r1, t1);
-    uint32_t sg1 = tiles.sel_of(r1, t1, kj), mb = 0;
+    auto n1 = tiles.next_of(r, t0, kj);   // the next tile (copied during this one)
+    uint32_t mb = 0;
 
     const uint32_t base = w * (D / 16);      // this warp's columns of the weighted sum
 
     float ob[kF16MaxMT][NTW][4];   // running output (times 2^12): heads 16m + gid (+ 8) × this warp's columns
-#pragma unroll
-    for (uint32_t m = 0; m < kF16MaxMT; ++m)
-#pragma unroll
-        for (uint32_t t = 0; t < NTW; ++t)
-#pragma unroll
-            for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
+    rows_zero(ob);
     float m_run = -INFINITY, l_run = 0.0f;   // head hs (eight lanes hold it)
 
     while (true) {
@@ -258,15 +344,11 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         const uint32_t NK = tiles.keys(r).NK;
         const uint32_t nt = NK - t0 < kF16KT ? NK - t0 : kF16KT;
         const bool last = t0 + kF16KT >= NK;
-        const bool more = r1 < R;
+        const bool more = n1.r < R;
         __syncthreads();   // halves and the chunk mask complete; the staged tile free
         if (threadIdx.x == 0) mask_s[mb ^ 1] = 0;   // (the last tile's mask: read before its scores' barrier)
-        if (more) tiles.stage(r1, t1, sg1, kj, ksub, k32 + kj * DP);
-        uint32_t r2 = r1, sg2 = 0, t2 = t1;
-        if (more) {
-            tiles.advance(r2, t2);
-            sg2 = tiles.sel_of(r2, t2, kj);
-        }
+        if (more) tiles.stage(n1.r, n1.t0, n1.sg, kj, ksub, k32 + kj * DP);
+        const auto n2 = more ? tiles.next_of(n1.r, n1.t0, kj) : n1;
         const uint32_t kmask = mask_s[mb];
 
         {   // Scores: warp w, m-tile mp × 16 keys over dims dq·D/4 ...
@@ -336,34 +418,8 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         __syncthreads();   // score parts complete
 
         if (hs < HP) {   // Online softmax of head hs, keys 2kc, 2kc + 1 (eight lanes a head: every thread)
-            float sv[2];
-            {
-                float2 a = *reinterpret_cast<const float2*>(s_s + hs * kF16RS + 2 * kc);
-#pragma unroll
-                for (uint32_t v = 1; v < 4; ++v) {
-                    const float2 b = *reinterpret_cast<const float2*>(s_s + (v * (16 * kF16MaxMT) + hs) * kF16RS + 2 * kc);
-                    a = make_float2(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y));
-                }
-                sv[0] = a.x, sv[1] = a.y;
-            }
-            float mx = -INFINITY;
-#pragma unroll
-            for (uint32_t j = 0; j < 2; ++j) {
-                sv[j] = 2 * kc + j < nt ? __fmul_rn(sv[j], scale) : -INFINITY;
-                mx = fmaxf(mx, sv[j]);
-            }
-#pragma unroll
-            for (uint32_t x = 1; x < 8; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-            const float nm = fmaxf(m_run, mx);
-            const float corr = expf(m_run - nm);
             float e[2];
-#pragma unroll
-            for (uint32_t j = 0; j < 2; ++j) e[j] = 2 * kc + j < nt ? expf(sv[j] - nm) : 0.0f;
-            float sum = __fadd_rn(e[0], e[1]);
-#pragma unroll
-            for (uint32_t x = 1; x < 8; x <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, x));
-            l_run = __fadd_rn(__fmul_rn(l_run, corr), sum);
-            m_run = nm;
+            const float corr = rows_softmax_step<2, kF16RS>(s_s, hs, kc, nt, scale, m_run, l_run, e);
             if constexpr (FAST) {   // the hi halves alone (the fast products read no lo)
                 *reinterpret_cast<uint32_t*>(ph_s + hs * kF16PS + 2 * kc) =
                     h2_bits(__floats2half2_rn(e[0] * kF16PScale, e[1] * kF16PScale));
@@ -374,39 +430,15 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                 *reinterpret_cast<uint32_t*>(pl_s + hs * kF16PS + 2 * kc) = el;
             }
             if (kc == 0) corr_s[hs] = corr;
-            if (last) {
-                if (kc == 0 && hs < n_head) {
-                    const float sink = sinks[hs];
-                    const float M = fmaxf(sink, m_run);
-                    const float fw = expf(m_run - M);
-                    fw_s[hs] = fw;
-                    // (the weights' 2^12 divided out here: a power of two, exact)
-                    inv_s[hs] = __fmul_rn(1.0f / __fadd_rn(expf(sink - M), __fmul_rn(l_run, fw)), 1.0f / kF16PScale);
-                }
-                m_run = -INFINITY;
-                l_run = 0.0f;
-            }
+            if (last) rows_softmax_end(sinks, hs, kc, n_head, m_run, l_run, fw_s, inv_s);
         }
         __syncthreads();   // weights and corrections complete
 
         {   // Weighted sum: n-tile t of this warp = columns base + 8t ..; keys of the tile, one k16
-            // step. The corrections first (an m-tile's skipped where all are 1: once a head's
-            // running max settles, most tiles; multiplying by 1 changes nothing); then per 16
-            // columns (their V halves held) every m-tile's weights (re-read per 16 columns: 8
-            // registers fewer than holding all V halves).
-#pragma unroll
-            for (uint32_t m = 0; m < kF16MaxMT; ++m) {
-                if (m >= MT) continue;
-                const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
-                if (__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f)) continue;
-#pragma unroll
-                for (uint32_t t = 0; t < NTW; ++t) {
-                    ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
-                    ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
-                    ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
-                    ob[m][t][3] = __fmul_rn(ob[m][t][3], c1);
-                }
-            }
+            // step. The corrections first (rows_correct); then per 16 columns (their V halves
+            // held) every m-tile's weights (re-read per 16 columns: 8 registers fewer than
+            // holding all V halves).
+            rows_correct(ob, corr_s, MT, gid);
             const uint32_t vo = 2 * (((li & 1) * 8 + lr) * KH + base + (li >> 1) * 8);
             const uint32_t po = 2 * (((li & 1) * 8 + lr) * kF16PS + (li >> 1) * 8);
             // per 16 columns with or without the hi·lo products (as the scores' halves)
@@ -470,19 +502,14 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                             make_float2(__fmul_rn(__fmul_rn(ob[m][t][2 * half], fw), inv),
                                         __fmul_rn(__fmul_rn(ob[m][t][2 * half + 1], fw), inv));
                 }
-#pragma unroll
-                for (uint32_t t = 0; t < NTW; ++t)
-#pragma unroll
-                    for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
             }
-            rows_finish<D, T>(q_s, r, n_head, n_rot, rc_s, rs_s, qn, o, oq, od, q, r1, R, HP, rows, inv_freq);
+            rows_zero(ob);
+            rows_finish<D, T>(q_s, r, n_head, n_rot, rc_s, rs_s, qn, o, oq, od, q, n1.r, R, HP, rows, inv_freq);
         }
         if (!more) break;
-        r = r1;
-        t0 = t1;
-        r1 = r2;
-        t1 = t2;
-        sg1 = sg2;
+        r = n1.r;
+        t0 = n1.t0;
+        n1 = n2;
         mb ^= 1;
     }
 }
@@ -509,14 +536,305 @@ void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32
     check_launch("attention (rows, FP16)");
 }
 
+// ---- The fast mode's rows attention with 32-key tiles (DSV4_ATTN_FAST_KT=32; heads of 512) ----
+// Why: attn_rows_f16_kernel<NT, true> pays a tile's bookkeeping for every 16 keys (run 153:
+// ~730 warp instructions a warp and tile for its 32 MMAs: the staging, the conversion, the
+// online softmax's shuffles and rescale, three barriers; 16 warps at 25 % occupancy, 8.7 cycles
+// between a warp's instructions). Here a tile is 32 keys, so that bookkeeping is paid once for
+// twice the MMAs, and the row's queries arrive as FP16 already:
+//   attn_fast_q_kernel (a warp a head) normalises and rotates q_b's raw heads (qn:
+//   rows_head_norm_rope, head_norm_rope's bits), scales them by 2^10 and rounds each value to
+//   FP16 once, into the first half of the output o's own row: the rows kernel reads row r's
+//   queries (into shared memory, at the row's start) before it writes row r's output, and no
+//   other row's. Its shared memory then holds the queries' halves (66.5 KB) instead of their
+//   floats (132 KB), which leaves room for a tile of 32 staged keys (66 KB as floats, 33 KB as
+//   halves), the score parts of D's four quarters (40 KB) and the weights (5 KB).
+// The output leaves from the accumulators (no float copy in shared memory): normalised, the
+// tail's pairs rotated back in registers (a thread holds both values of each pair), and the
+// Q8_0 codes of a head's 32 columns (one warp's) by a reduction over the 4 lanes that hold them.
+// Numerics: the plain FP16 products of attn_rows_f16_kernel<NT, true> (queries, keys, weights
+// and values rounded to FP16 once, FP32 sums), other sums' order (a tile's 32 keys in one online
+// softmax step): its own bits, still a row's own whatever the batch or chunking.
+constexpr uint32_t kFastD = 512;                  // head width (Flash's; 256 keeps the 16-key kernel)
+constexpr uint32_t kFastKT = 32;                  // keys a tile
+constexpr uint32_t kFastQH = kFastD + 8;          // a query or key row in halves (1,040 bytes ≡ 16 mod 128)
+constexpr uint32_t kFastRS = kFastKT + 8;         // score-part row stride in floats (≡ 8 mod 32)
+constexpr uint32_t kFastPS = kFastKT + 8;         // weight row stride in halves (80 bytes: 8 rows, 8 bank groups)
+constexpr uint32_t kFastOffK32 = 16 * kF16MaxMT * kFastQH * 2;                 // after the queries' halves
+constexpr uint32_t kFastOffKh = kFastOffK32 + kFastKT * (kFastD + kAttnPad) * 4;
+constexpr uint32_t kFastOffS = kFastOffKh + kFastKT * kFastQH * 2;
+constexpr uint32_t kFastOffP = kFastOffS + 4 * 16 * kF16MaxMT * kFastRS * 4;
+constexpr uint32_t kFastSmem = kFastOffP + 16 * kF16MaxMT * kFastPS * 2;
+static_assert(kFastSmem + 2832 <= 227 * 1024, "fast rows kernel: one block an SM");
+static_assert(kF16Threads / kFastKT == 16 && kF16Threads == 8 * 16 * kF16MaxMT && kFastKT == 2 * kF16Warps,
+              "fast rows kernel: staging, softmax and conversion threads");
+
+// q_b's rows as FP16 (times 2^10) into the first half of each output row; qn: normalised and
+// rotated first (rows_head_norm_rope: head_norm_rope's bits). A block a row, a warp a head.
+__global__ void __launch_bounds__(kF16Threads) attn_fast_q_kernel(const float* __restrict__ q, uint32_t n_head,
+                                                                  uint32_t n_rot, const double* __restrict__ inv_freq,
+                                                                  const DevRow* __restrict__ rows, bool qn,
+                                                                  double q_eps, float* __restrict__ o) {
+    pdl_begin();
+    constexpr uint32_t D = kFastD, DP = D + kAttnPad;
+    __shared__ __align__(16) float row_s[kF16Warps][DP];
+    __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];
+    const uint32_t r = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (qn && threadIdx.x < n_rot / 2)
+        rope_angle(rows[r].pos, inv_freq, threadIdx.x, false, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+    __syncthreads();
+    float* x = row_s[w];
+    __half2* dst = reinterpret_cast<__half2*>(o + uint64_t(r) * n_head * D);
+    for (uint32_t h = w; h < n_head; h += kF16Warps) {
+        const float4* src = reinterpret_cast<const float4*>(q + (uint64_t(r) * n_head + h) * D);
+#pragma unroll
+        for (uint32_t j = 0; j < D / 128; ++j) reinterpret_cast<float4*>(x)[lane + 32 * j] = src[lane + 32 * j];
+        __syncwarp();
+        if (qn) {
+            rows_head_norm_rope<D>(x, n_rot, q_eps, rc_s, rs_s);
+            __syncwarp();
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < D / 64; ++j) {
+            const float2 v = reinterpret_cast<const float2*>(x)[lane + 32 * j];
+            dst[uint64_t(h) * (D / 2) + lane + 32 * j] = __floats2half2_rn(v.x * kF16QScale, v.y * kF16QScale);
+        }
+        __syncwarp();   // x read out before the warp's next head lands
+    }
+}
+
+// Per tile of 32 keys (16 warps):
+//   the staged floats into halves: warp w key rows 2w, 2w + 1;
+//   S = Q·Kᵀ: warp w takes m-tile w % 4 and the tile's 4 key n-tiles over the quarter w / 4 of D
+//     (8 k16 steps); the softmax adds the four quarters in order;
+//   the online softmax: eight threads a head, four keys each;
+//   O = O·corr + P·V: warp w takes D / 16 = 32 columns (4 n-tiles) of every head, two k16 steps.
+__global__ void __launch_bounds__(kF16Threads, 1)
+    attn_rows_fast_kernel(const __half* q16, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
+                          uint32_t ratio, uint32_t top_k, const uint32_t* __restrict__ sel,
+                          const DevRow* __restrict__ rows, const DevLayerKV* __restrict__ lkv, uint32_t n_layer,
+                          uint32_t il, uint32_t R, uint32_t n_rot, const double* __restrict__ inv_freq, float* o,
+                          int8_t* __restrict__ oq, float* __restrict__ od) {
+    pdl_begin();
+    constexpr uint32_t D = kFastD, DP = D + kAttnPad, QH = kFastQH, KT = kFastKT, T = kF16Threads;
+    constexpr uint32_t NTW = D / 128;   // the weighted sum's n-tiles of 8 columns a warp
+    const uint32_t MT = (n_head + 15) / 16, HP = 16 * MT;
+    extern __shared__ float4 sm4[];
+    uint8_t* smb = reinterpret_cast<uint8_t*>(sm4);
+    __half* q_s = reinterpret_cast<__half*>(smb);
+    float* k32 = reinterpret_cast<float*>(smb + kFastOffK32);
+    __half* kh_s = reinterpret_cast<__half*>(smb + kFastOffKh);
+    float* s_s = reinterpret_cast<float*>(smb + kFastOffS);
+    __half* ph_s = reinterpret_cast<__half*>(smb + kFastOffP);
+    __shared__ float corr_s[16 * kF16MaxMT], fw_s[16 * kF16MaxMT], inv_s[16 * kF16MaxMT];
+    __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];   // the row's inverse RoPE angles (its last tile)
+    if (blockIdx.x >= R) return;
+    const uint32_t s_a = uint32_t(__cvta_generic_to_shared(smb)), kh_a = s_a + kFastOffKh, ph_a = s_a + kFastOffP;
+
+    const uint32_t lane = threadIdx.x & 31, w = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const uint32_t li = lane >> 3, lr = lane & 7;                          // ldmatrix: matrix, row
+    const uint32_t kj = threadIdx.x / (T / KT), ksub = threadIdx.x % (T / KT);   // key staging: row, first float4
+    const uint32_t hs = threadIdx.x >> 3, kc = threadIdx.x & 7;            // softmax: head, key quad
+    const float scale = float(1.0 / sqrt(double(D))) / kF16QScale;       // (the queries' 2^10 divided out)
+    RowTiles<KT, D, T> tiles{rows, lkv, sel, n_swa, ratio, top_k, n_layer, il, R};
+    // padding heads: zero once (a row's copy writes the real heads only)
+    for (uint32_t i = threadIdx.x; i < (HP - n_head) * (QH / 8); i += T)
+        reinterpret_cast<uint4*>(q_s + n_head * QH)[i] = make_uint4(0, 0, 0, 0);
+    // row's queries (attn_fast_q_kernel's halves, the first half of o's row) into q_s
+    auto stage_q = [&](uint32_t row) {
+        const __half* src = q16 + uint64_t(row) * n_head * D * 2;
+        for (uint32_t i = threadIdx.x; i < n_head * (D / 8); i += T) {
+            const uint32_t h = i / (D / 8), c = i % (D / 8);
+            cp_async16(q_s + h * QH + 8 * c, src + uint64_t(h) * D + 8 * c);
+        }
+    };
+
+    uint32_t r = blockIdx.x, t0 = 0;
+    stage_q(r);
+    tiles.stage(r, t0, tiles.sel_of(r, t0, kj), kj, ksub, k32 + kj * DP);
+    auto n1 = tiles.next_of(r, t0, kj);   // the next tile (copied during this one)
+
+    const uint32_t base = w * (D / 16);   // this warp's columns of the weighted sum
+    float ob[kF16MaxMT][NTW][4];          // running output (times 2^12): heads 16m + gid (+ 8) × this warp's columns
+    rows_zero(ob);
+    float m_run = -INFINITY, l_run = 0.0f;   // head hs (eight lanes hold it)
+
+    while (true) {
+        cp_async_wait_all();
+        __syncthreads();   // the tile (and a new row's queries) landed; every warp done with the last tile
+#pragma unroll
+        for (uint32_t k = 0; k < 2; ++k) {   // the staged floats into halves: key rows 2w, 2w + 1
+            const float4* src = reinterpret_cast<const float4*>(k32 + (2 * w + k) * DP);
+            uint2* hi = reinterpret_cast<uint2*>(kh_s + (2 * w + k) * QH);
+#pragma unroll
+            for (uint32_t j = 0; j < D / 128; ++j) {
+                const float4 x = src[lane + 32 * j];
+                hi[lane + 32 * j] = make_uint2(h2_bits(__floats2half2_rn(x.x, x.y)), h2_bits(__floats2half2_rn(x.z, x.w)));
+            }
+        }
+        const uint32_t NK = tiles.keys(r).NK;
+        const uint32_t nt = NK - t0 < KT ? NK - t0 : KT;
+        const bool last = t0 + KT >= NK;
+        const bool more = n1.r < R;
+        __syncthreads();   // halves complete; the staged tile free
+        if (more) tiles.stage(n1.r, n1.t0, n1.sg, kj, ksub, k32 + kj * DP);
+        const auto n2 = more ? tiles.next_of(n1.r, n1.t0, kj) : n1;
+
+        {   // Scores: warp w, m-tile mp × the tile's 32 keys over dims dq·D/4 ...
+            const uint32_t mp = w % 4, dq = w / 4;
+            if (mp < MT) {
+                float sb[4][4];
+#pragma unroll
+                for (uint32_t n = 0; n < 4; ++n)
+#pragma unroll
+                    for (uint32_t i = 0; i < 4; ++i) sb[n][i] = 0.0f;
+                const uint32_t qa = s_a + 2 * ((16 * mp + (li & 1) * 8 + lr) * QH + (li >> 1) * 8);
+                const uint32_t ko = kh_a + 2 * (((li >> 1) * 8 + lr) * QH + (li & 1) * 8);
+#pragma unroll 2
+                for (uint32_t kk = 0; kk < D / 64; ++kk) {
+                    const uint32_t d0 = dq * (D / 4) + 16 * kk;
+                    uint32_t a[4], b[4];
+                    ldsm_x4_h(a, qa + 2 * d0);
+#pragma unroll
+                    for (uint32_t np = 0; np < 2; ++np) {   // keys 16 np .. + 15: n-tiles 2 np, 2 np + 1
+                        ldsm_x4_h(b, ko + 2 * (16 * np * QH + d0));
+                        mma_f16(sb[2 * np], a, b[0], b[1]);
+                        mma_f16(sb[2 * np + 1], a, b[2], b[3]);
+                    }
+                }
+                float* part = s_s + dq * (16 * kF16MaxMT) * kFastRS;
+#pragma unroll
+                for (uint32_t n = 0; n < 4; ++n) {
+                    *reinterpret_cast<float2*>(part + (16 * mp + gid) * kFastRS + 8 * n + 2 * tig) =
+                        make_float2(sb[n][0], sb[n][1]);
+                    *reinterpret_cast<float2*>(part + (16 * mp + gid + 8) * kFastRS + 8 * n + 2 * tig) =
+                        make_float2(sb[n][2], sb[n][3]);
+                }
+            }
+        }
+        if (last && threadIdx.x < n_rot / 2)
+            rope_angle(rows[r].pos, inv_freq, threadIdx.x, true, rc_s[threadIdx.x], rs_s[threadIdx.x]);
+        __syncthreads();   // score parts complete; the queries read
+        if (last && more) stage_q(n1.r);   // the block's next row's queries, landed by its first tile
+
+        if (hs < HP) {   // Online softmax of head hs, keys 4kc .. 4kc + 3 (eight lanes a head: every thread)
+            float e[4];
+            const float corr = rows_softmax_step<4, kFastRS>(s_s, hs, kc, nt, scale, m_run, l_run, e);
+            *reinterpret_cast<uint2*>(ph_s + hs * kFastPS + 4 * kc) =
+                make_uint2(h2_bits(__floats2half2_rn(e[0] * kF16PScale, e[1] * kF16PScale)),
+                           h2_bits(__floats2half2_rn(e[2] * kF16PScale, e[3] * kF16PScale)));
+            if (kc == 0) corr_s[hs] = corr;
+            if (last) rows_softmax_end(sinks, hs, kc, n_head, m_run, l_run, fw_s, inv_s);
+        }
+        __syncthreads();   // weights and corrections complete
+
+        {   // Weighted sum: n-tile t of this warp = columns base + 8t ..; the tile's keys, two k16
+            // steps; the corrections first
+            rows_correct(ob, corr_s, MT, gid);
+            const uint32_t vo = kh_a + 2 * (((li & 1) * 8 + lr) * QH + base + (li >> 1) * 8);
+            const uint32_t po = ph_a + 2 * (((li & 1) * 8 + lr) * kFastPS + (li >> 1) * 8);
+#pragma unroll
+            for (uint32_t ks = 0; ks < KT / 16; ++ks)
+#pragma unroll
+                for (uint32_t c = 0; c < NTW / 2; ++c) {
+                    uint32_t vb[4];
+                    ldsm_x4_h<true>(vb, vo + 2 * 16 * ks * QH + 32 * c);
+#pragma unroll
+                    for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+                        if (m >= MT) continue;
+                        uint32_t ah[4];
+                        ldsm_x4_h(ah, po + 2 * 16 * m * kFastPS + 32 * ks);
+#pragma unroll
+                        for (uint32_t tt = 0; tt < 2; ++tt) mma_f16(ob[m][2 * c + tt], ah, vb[2 * tt], vb[2 * tt + 1]);
+                    }
+                }
+        }
+
+        if (last) {   // the row's output from the accumulators: normalised, rotated back, written
+            const uint32_t tail0 = D - n_rot;
+#pragma unroll
+            for (uint32_t m = 0; m < kF16MaxMT; ++m) {
+                if (m >= MT) continue;
+#pragma unroll
+                for (uint32_t half = 0; half < 2; ++half) {
+                    const uint32_t h = 16 * m + gid + 8 * half;
+                    const bool real = h < n_head;
+                    const float fw = real ? fw_s[h] : 0.0f, inv = real ? inv_s[h] : 0.0f;
+                    float y[NTW][2];
+                    float am = 0.0f;
+#pragma unroll
+                    for (uint32_t t = 0; t < NTW; ++t) {
+                        const uint32_t col = base + 8 * t + 2 * tig;
+                        float y0 = __fmul_rn(__fmul_rn(ob[m][t][2 * half], fw), inv);
+                        float y1 = __fmul_rn(__fmul_rn(ob[m][t][2 * half + 1], fw), inv);
+                        if (col >= tail0) {   // (rope_pair's operations; the angles' sine negated: inverse)
+                            const uint32_t i = (col - tail0) / 2;
+                            const float cs = rc_s[i], sn = rs_s[i], x0 = y0, x1 = y1;
+                            y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+                            y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+                        }
+                        y[t][0] = y0, y[t][1] = y1;
+                        am = fmaxf(am, fmaxf(fabsf(y0), fabsf(y1)));
+                    }
+                    const uint64_t at = (uint64_t(r) * n_head + h) * D;
+                    if (real)
+#pragma unroll
+                        for (uint32_t t = 0; t < NTW; ++t)
+                            *reinterpret_cast<float2*>(o + at + base + 8 * t + 2 * tig) = make_float2(y[t][0], y[t][1]);
+                    if (oq) {   // the head's block of 32 columns: attn_store_codes' operations
+                        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+                        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+                        const float dd = am / 127.0f;
+                        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+                        if (real) {
+#pragma unroll
+                            for (uint32_t t = 0; t < NTW; ++t) {
+                                char2 q2;
+                                q2.x = q_clamp(y[t][0] * id);
+                                q2.y = q_clamp(y[t][1] * id);
+                                *reinterpret_cast<char2*>(oq + at + base + 8 * t + 2 * tig) = q2;
+                            }
+                            if (tig == 0) od[(at + base) / 32] = f16_round(dd);
+                        }
+                    }
+                }
+            }
+            rows_zero(ob);
+        }
+        if (!more) break;
+        r = n1.r;
+        t0 = n1.t0;
+        n1 = n2;
+    }
+}
+
+void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
+                      uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
+                      uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
+                      bool qn, float q_eps, cudaStream_t s) {
+    static const uint32_t resident = [] {
+        check(cudaFuncSetAttribute(attn_rows_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFastSmem)),
+              "attention (rows, fast) shared memory");
+        return resident_blocks(reinterpret_cast<const void*>(attn_rows_fast_kernel), kF16Threads, kFastSmem);
+    }();
+    attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o);
+    check_launch("attention (fast queries)");
+    attn_rows_fast_kernel<<<std::min(R, std::max(1u, resident)), kF16Threads, kFastSmem, s>>>(
+        reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
+        inv_freq, o, oq, od);
+    check_launch("attention (rows, fast)");
+}
+
+int g_fast_kt_override = -1;
 int g_f16_override = -1, g_fast_override = -1;
-std::atomic<uint64_t> g_fast_calls{0};
+std::atomic<uint64_t> g_fast_calls{0}, g_fast32_calls{0};
 
 }  // namespace
 
 void attn_rows_f16_override(int on) { g_f16_override = on; }
 void attn_rows_fast_override(int on) { g_fast_override = on; }
-uint64_t attn_rows_fast_calls() { return g_fast_calls.load(); }
+void attn_rows_fast_kt_override(int kt) { g_fast_kt_override = kt; }
+uint64_t attn_rows_fast_calls(int kt) { return kt == 32 ? g_fast32_calls.load() : g_fast_calls.load(); }
 
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
     static const bool env = env_switch("DSV4_ATTN_F16", true);
@@ -533,6 +851,15 @@ void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_he
     static const int fast_env = env_int("DSV4_ATTN_FAST", -1);
     const bool fast = fast_part(g_fast_override, fast_env);
     if (fast) ++g_fast_calls;
+    // DSV4_ATTN_FAST_KT=32 (read once; attn_rows_fast_kt_override wins): that form in tiles of 32
+    // keys (attn_rows_fast_kernel, heads of 512 up to 64), its own bits; 16: the kernel above's
+    static const int kt_env = env_int("DSV4_ATTN_FAST_KT", 16);
+    if (fast && D == kFastD && n_head <= 16 * kF16MaxMT && (g_fast_kt_override > 0 ? g_fast_kt_override : kt_env) == 32) {
+        ++g_fast32_calls;
+        launch_rows_fast(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
+                         od, qn, q_eps, s);
+        return;
+    }
     auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)
                             : (fast ? launch_rows_f16<8, true> : launch_rows_f16<8, false>);
     launch(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq, od, qn, q_eps,

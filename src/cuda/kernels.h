@@ -208,7 +208,8 @@ uint64_t gemm_cublas_calls(int kind);
 // gemm_q8_0_cublas / gemm_float_cublas instead of the flat kernels (Q8_0: ~2x faster products,
 // run 149), the rows attention its plain FP16 form (attn_rows_f16), the mHC mix tile its float
 // sums (hc_pre_mix): other bits, not chunking-invariant, and a decode row in such a round gets
-// them too.
+// them too. (Prepared, opt-in until their first device run: the routed experts on the FP16
+// tensor cores, DSV4_EXPERTS_F16=-1; the attention in tiles of 32 keys, DSV4_ATTN_FAST_KT=32.)
 void fast_prefill_round(bool on);
 bool fast_prefill_round();
 // Whether a part of that mode runs now: a test's override (0 / 1; -1: unset), else its
@@ -287,8 +288,8 @@ void gemm_float_flat_ntw_override(int ntw);
 void gemm_iq2_nib_override(int on);
 // The fast mode's routed experts (gemm_experts_f16_kernel: each weight and activation code
 // expanded once into FP16, FP32 sums on the FP16 tensor cores; other bits, within each
-// operand's FP16 rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice, else the
-// round's (fast_prefill_round). Tests.
+// operand's FP16 rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice (1: every
+// prompt round, -1: the round's, fast_prefill_round; unset: off until its first device run). Tests.
 void gemm_experts_f16_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
@@ -590,8 +591,13 @@ void attn_rows_f16_override(int on);
 // Tests: that kernel in its plain FP16 form (1: hi halves only, other bits) or FP32-accurate
 // (0); -1: DSV4_ATTN_FAST's (0 / 1), else the round's (fast_prefill_round).
 void attn_rows_fast_override(int on);
-// Launches of that plain form in this process (tests: the path was taken).
-uint64_t attn_rows_fast_calls();
+// Tests: that plain form's key tiles, 16 (attn_rows_f16_kernel) or 32 (attn_rows_fast_kernel: heads
+// of 512, up to 64; the queries rounded to FP16 once by attn_fast_q_kernel into o's rows first);
+// -1: DSV4_ATTN_FAST_KT's (default 16).
+void attn_rows_fast_kt_override(int kt);
+// Launches of that plain form in this process (tests: the path was taken); kt = 32: those in
+// tiles of 32 keys.
+uint64_t attn_rows_fast_calls(int kt = 0);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

@@ -125,7 +125,8 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaVsCpu,
 // unrelated position) over one prompt round of n tokens; each part must have taken its path
 // (`attention`: the model's heads are wide enough), and a decode step after the prompt (the exact
 // kernels again) must agree with the CPU's next logits as well.
-void expect_fast_prefill_near_cpu(const std::string& path, size_t n, const char* label, bool attention) {
+void expect_fast_prefill_near_cpu(const std::string& path, size_t n, const char* label, bool attention,
+                                  int attention_kt = 16) {
     const auto m = model::Model::load(path);
     BackendOptions o;
     o.numerics = Numerics::Official;
@@ -143,13 +144,14 @@ void expect_fast_prefill_near_cpu(const std::string& path, size_t n, const char*
     auto kc = session(*cpu, 4096, &budget);
     auto kg = session(*gpu, 4096, &budget);
     const uint64_t q8 = cuda::gemm_cublas_calls(0), f16 = cuda::gemm_cublas_calls(1);
-    const uint64_t attn = cuda::attn_rows_fast_calls();
+    const uint64_t attn = cuda::attn_rows_fast_calls(attention_kt == 32 ? 32 : 0);
     const auto ref = all_logits(*cpu, *kc, toks);
     const auto got = all_logits(*gpu, *kg, toks);
     EXPECT_GT(cuda::gemm_cublas_calls(0), q8) << "the prompt's Q8_0 products did not take cuBLAS";
     EXPECT_GT(cuda::gemm_cublas_calls(1), f16) << "the prompt's F16 products did not take cuBLAS";
     if (attention) {
-        EXPECT_GT(cuda::attn_rows_fast_calls(), attn) << "the prompt's attention did not take its plain FP16 form";
+        EXPECT_GT(cuda::attn_rows_fast_calls(attention_kt == 32 ? 32 : 0), attn)
+            << "the prompt's attention did not take its plain FP16 form (key tiles " << attention_kt << ")";
     }
     const Diff d = compare_logits(got, ref, V);
     std::printf("[cuda-vs-cpu] %-28s positions %zu  max rel %.3g (pos %zu)  median rel %.3g  argmax agree %zu/%zu\n",
@@ -202,14 +204,27 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 }
 
 // The same at the flash widths (heads of 512: the plain FP16 rows attention), on a prompt short
-// enough for the CPU, so every row count takes cuBLAS here (the overrides).
+// enough for the CPU, so every row count takes cuBLAS here (the overrides); then with the two
+// prepared parts (opt-in): the routed experts on the FP16 tensor cores, and with them the
+// attention in tiles of 32 keys.
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
     const std::string path = flash4("flash");
     cuda::gemm_q8_0_cublas_override(1);
     cuda::gemm_float_cublas_override(1);
-    expect_fast_prefill_near_cpu(path, 96, "flash4-flash fast prefill", true);
+    struct Variant {
+        int experts_f16, kt;
+        const char* label;
+    };
+    for (const Variant& v : {Variant{0, 16, "flash4-flash fast prefill"}, Variant{1, 16, "flash4 fast, F16 experts"},
+                             Variant{1, 32, "flash4 fast, F16 exp, 32 keys"}}) {
+        cuda::gemm_experts_f16_override(v.experts_f16);
+        cuda::attn_rows_fast_kt_override(v.kt);
+        expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
+    }
+    cuda::gemm_experts_f16_override(-1);
+    cuda::attn_rows_fast_kt_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_float_cublas_override(-1);
 }
