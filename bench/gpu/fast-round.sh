@@ -7,8 +7,9 @@
 #      bounds of the CPU's dots), every attention kernel test (mode 6: the 32-key tiles against
 #      the double reference, alone = batched, the fold, the codes) and the fast mode's model
 #      tests against the CPU (FastPrefillAtFlashWidth: with either attention);
-#   2. the whole 43-layer model (ab43.sh): exact defaults, the fast mode, the fast mode with the
-#      FP16 experts, with them and the 32-key attention;
+#   2. the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB cannot hold all
+#      43): exact defaults, the fast mode, the fast mode with the FP16 experts, with them and the
+#      32-key attention;
 #   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token), under the same
 #      fast settings;
 #   4. with NCU=1, Nsight Compute: the fast chunk's kernels by device time (~90 s more).
