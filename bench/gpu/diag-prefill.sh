@@ -8,6 +8,9 @@
 #      launch: the default mix is ratios 0, 0, 4, 128) and of the IQ2_XXS gate+up GEMM;
 #   3. their sections (speed of light, warp states, pipes, memory) and the Q2_K down GEMM's.
 #   run(command="bench/gpu/diag-prefill.sh", carry=[".deps"])
+# DIAG_NEW=1: the same for the fast mode's prepared kernels instead (DSV4_EXPERTS_F16=1,
+# DSV4_ATTN_FAST_KT=32): attn_rows_fast_kernel, and gemm_experts_f16_kernel's gate+up (its first
+# launch) and down (its second).
 # About 6 minutes on a fresh machine. Files back: $OUT/*.txt (8 at most).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,8 +36,17 @@ sect() {   # $1 kernel regex, $2 skip, $3 file
   echo "== sections: $1 (skip $2)"
   grep -E "Duration|Throughput|Issue|Eligible|Stall|Warp Cycles|pct_of_peak|bank_conflicts|wavefronts|inst_executed|Executed Ipc|Pipe|Occupancy" "$OUT/$3" | head -40
 }
-src 'attn_rows_f16_kernel' 2 attn_src.txt
-sect 'attn_rows_f16_kernel' 2 attn_sect.txt
-src 'gemm_iq2_smem_kernel' 0 iq2_src.txt
-sect 'gemm_iq2_smem_kernel' 0 iq2_sect.txt
-sect 'gemm_q2k_smem_kernel' 0 q2k_sect.txt
+if [[ "${DIAG_NEW:-0}" == 1 ]]; then
+  export DSV4_EXPERTS_F16=1 DSV4_ATTN_FAST_KT=32
+  src 'attn_rows_fast_kernel' 2 attn_src.txt
+  sect 'attn_rows_fast_kernel' 2 attn_sect.txt
+  src 'gemm_experts_f16_kernel' 0 xf_src.txt
+  sect 'gemm_experts_f16_kernel' 0 xf_gate_up_sect.txt
+  sect 'gemm_experts_f16_kernel' 1 xf_down_sect.txt
+else
+  src 'attn_rows_f16_kernel' 2 attn_src.txt
+  sect 'attn_rows_f16_kernel' 2 attn_sect.txt
+  src 'gemm_iq2_smem_kernel' 0 iq2_src.txt
+  sect 'gemm_iq2_smem_kernel' 0 iq2_sect.txt
+  sect 'gemm_q2k_smem_kernel' 0 q2k_sect.txt
+fi
