@@ -253,6 +253,36 @@ struct RowTiles {
     }
 };
 
+// The rows kernels' running output ob[m-tile][n-tile][4] (heads 16m + gid, + 8; a warp's
+// columns): zeroed, and times each head's correction corr_s (an m-tile's skipped where all are 1:
+// once a head's running max settles, most tiles; multiplying by 1 changes nothing).
+template <uint32_t MAXMT, uint32_t NTW>
+__device__ __forceinline__ void rows_zero(float (&ob)[MAXMT][NTW][4]) {
+#pragma unroll
+    for (uint32_t m = 0; m < MAXMT; ++m)
+#pragma unroll
+        for (uint32_t t = 0; t < NTW; ++t)
+#pragma unroll
+            for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
+}
+template <uint32_t MAXMT, uint32_t NTW>
+__device__ __forceinline__ void rows_correct(float (&ob)[MAXMT][NTW][4], const float* corr_s, uint32_t MT,
+                                             uint32_t gid) {
+#pragma unroll
+    for (uint32_t m = 0; m < MAXMT; ++m) {
+        if (m >= MT) continue;
+        const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
+        if (__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f)) continue;
+#pragma unroll
+        for (uint32_t t = 0; t < NTW; ++t) {
+            ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
+            ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
+            ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
+            ob[m][t][3] = __fmul_rn(ob[m][t][3], c1);
+        }
+    }
+}
+
 // Row r's queries into q_s ([HP][DP] floats; padding heads zero) by the block's T threads.
 template <uint32_t D, uint32_t T>
 __device__ __forceinline__ void rows_stage_q(float* q_s, const float* q, uint32_t r, uint32_t n_head, uint32_t HP) {

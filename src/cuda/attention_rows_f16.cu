@@ -177,35 +177,6 @@ __device__ __forceinline__ void rows_softmax_end(const float* sinks, uint32_t hs
     m_run = -INFINITY;
     l_run = 0.0f;
 }
-// The running output times each head's correction (an m-tile's skipped where all are 1: once a
-// head's running max settles, most tiles; multiplying by 1 changes nothing).
-template <uint32_t NTW>
-__device__ __forceinline__ void rows_correct(float (&ob)[kF16MaxMT][NTW][4], const float* corr_s, uint32_t MT,
-                                             uint32_t gid) {
-#pragma unroll
-    for (uint32_t m = 0; m < kF16MaxMT; ++m) {
-        if (m >= MT) continue;
-        const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
-        if (__all_sync(0xffffffffu, c0 == 1.0f && c1 == 1.0f)) continue;
-#pragma unroll
-        for (uint32_t t = 0; t < NTW; ++t) {
-            ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
-            ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
-            ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
-            ob[m][t][3] = __fmul_rn(ob[m][t][3], c1);
-        }
-    }
-}
-template <uint32_t NTW>
-__device__ __forceinline__ void rows_zero(float (&ob)[kF16MaxMT][NTW][4]) {
-#pragma unroll
-    for (uint32_t m = 0; m < kF16MaxMT; ++m)
-#pragma unroll
-        for (uint32_t t = 0; t < NTW; ++t)
-#pragma unroll
-            for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
-}
-
 // Per tile of kF16KT = 16 keys (16 warps; NT = D / 64):
 //   S = Q·Kᵀ: warp w takes m-tile w % 4 and both key n-tiles over the quarter w / 4 of D (NT
 //     k16 steps); the softmax adds the four quarters in order;

@@ -579,12 +579,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
     uint32_t sg1 = sel_of(r1, t1), buf = 0;
 
     float ob[kRowMaxMT][NTW][4];   // running output: heads 16m + gid (+ 8) × this warp's columns
-#pragma unroll
-    for (uint32_t m = 0; m < kRowMaxMT; ++m)
-#pragma unroll
-        for (uint32_t t = 0; t < NTW; ++t)
-#pragma unroll
-            for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
+    rows_zero(ob);
     float m_run = -INFINITY, l_run = 0.0f;   // head hs (four lanes hold it)
     const uint32_t base = w * 8 * NTW;        // this warp's columns of the weighted sum
 
@@ -730,18 +725,7 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
             // 8-key step.
             const uint32_t* ph = reinterpret_cast<const uint32_t*>(s_s);
             const uint32_t* pl = ph + HP * kRowRS;
-#pragma unroll
-            for (uint32_t m = 0; m < kRowMaxMT; ++m) {
-                if (m >= MT) continue;
-                const float c0 = corr_s[16 * m + gid], c1 = corr_s[16 * m + gid + 8];
-#pragma unroll
-                for (uint32_t t = 0; t < NTW; ++t) {
-                    ob[m][t][0] = __fmul_rn(ob[m][t][0], c0);
-                    ob[m][t][1] = __fmul_rn(ob[m][t][1], c0);
-                    ob[m][t][2] = __fmul_rn(ob[m][t][2], c1);
-                    ob[m][t][3] = __fmul_rn(ob[m][t][3], c1);
-                }
-            }
+            rows_correct(ob, corr_s, MT, gid);
 #pragma unroll
             for (uint32_t kk = 0; kk < kRowKT / 8; ++kk) {
                 if (8 * kk >= nt) continue;
@@ -793,11 +777,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1)
                         return __fmul_rn(__fmul_rn(ob[m][t][x], fw), inv);
                     });
                 }
-#pragma unroll
-                for (uint32_t t = 0; t < NTW; ++t)
-#pragma unroll
-                    for (uint32_t i = 0; i < 4; ++i) ob[m][t][i] = 0.0f;
             }
+            rows_zero(ob);
             rows_finish<D, T>(q_s, r, n_head, n_rot, rc_s, rs_s, qn, o, oq, od, q, r1, R, HP, rows, inv_freq);
         }
         if (!more) break;
