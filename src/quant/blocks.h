@@ -4,6 +4,7 @@
 // memcpy. The host must be little-endian, like the files.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -134,11 +135,13 @@ inline float round_half_even(float x) {
     if (diff > 0.5f || (diff == 0.5f && std::fmod(r, 2.0f) != 0.0f)) r += 1.0f;
     return r;
 }
+// round_half_even(x) clamped to [lo, hi] (NaN: 0): nearbyint under the default rounding mode
+// (to nearest, ties to even) is the same integer, without branches, so the activation
+// quantisers' loops vectorise (they were ~12 % of a CPU prefill's time).
 inline int round_clamp(float x, int lo, int hi) {
-    float r = round_half_even(x);
-    if (r < float(lo)) return lo;
-    if (r > float(hi)) return hi;
-    return int(r);
+    float r = std::nearbyint(x);
+    r = r != r ? 0.0f : r;
+    return int(std::min(std::max(r, float(lo)), float(hi)));
 }
 
 // Deterministic generator for random_row (same bytes on every platform).

@@ -282,6 +282,31 @@ TEST(QuantQ8K, TiesZeroAndClamp) {
     for (uint8_t v : q) EXPECT_EQ(v, 0);
 }
 
+// round_clamp (nearbyint, branch-free, so the quantisers' loops vectorise) is round_half_even
+// clamped, NaN to 0: every half-integer and its neighbours in [-300, 300], a sweep over the
+// float bit patterns (every 65,537th: normals, subnormals, large, infinities, NaNs), and the
+// clamp bounds of every quantiser.
+TEST(QuantRounding, RoundClampIsRoundHalfEvenClamped) {
+    auto ref = [](float x, int lo, int hi) {
+        if (std::isnan(x)) return 0;
+        const float r = detail::round_half_even(x);
+        return r < float(lo) ? lo : r > float(hi) ? hi : int(r);
+    };
+    const std::pair<int, int> bounds[] = {{-128, 127}, {0, 15}, {0, 3}, {0, 63}};
+    std::vector<float> xs;
+    for (int i = -600; i <= 600; ++i) {
+        const float h = float(i) * 0.5f;
+        xs.insert(xs.end(), {h, std::nextafter(h, -1e9f), std::nextafter(h, 1e9f)});
+    }
+    for (uint64_t u = 0; u < (1ull << 32); u += 65537) {
+        const uint32_t b = uint32_t(u);
+        xs.push_back(std::bit_cast<float>(b));
+    }
+    xs.insert(xs.end(), {INFINITY, -INFINITY, NAN, 8388608.5f, -8388609.0f, 1e30f, -1e30f});
+    for (const auto& [lo, hi] : bounds)
+        for (float x : xs) ASSERT_EQ(detail::round_clamp(x, lo, hi), ref(x, lo, hi)) << x << " in [" << lo << ", " << hi << "]";
+}
+
 TEST(QuantRoundTrip, Q8_0TiesAndZero) {
     std::vector<float> x(32, 0.0f);
     x[0] = 127.0f;  // d = 1
