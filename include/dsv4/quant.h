@@ -64,6 +64,9 @@ void random_row(Type t, void* dst, size_t n, uint64_t seed, float scale);
 // Dot product of one weight row (type t, n values) with an activation already in
 // traits(t).vec_dot_type (Q8_0 blocks, Q8_K blocks or plain floats). SIMD where available.
 float vec_dot(Type t, const void* w_row, const void* act, size_t n);
+// The same row against four activations: out[a] = vec_dot(t, w_row, act[a], n), bit for bit,
+// with the row's loads and decoding shared (AVX2: Q8_0, Q2_K, IQ2_XXS; else four vec_dots).
+void vec_dot_x4(Type t, const void* w_row, const void* const act[4], size_t n, float out[4]);
 
 // Bytes the activation for vec_dot(t, ..., n) occupies (floats for float weight types).
 size_t act_bytes(Type t, size_t n);

@@ -211,7 +211,14 @@ void CpuBackend::matmul(const Tensor& W, const float* x, uint64_t x_stride, uint
         [&](uint64_t a, uint64_t b) {
             for (uint64_t n = a; n < b; ++n) {
                 const uint8_t* wr = base + n * rb;
-                for (uint32_t r = 0; r < R; ++r) y[r * y_stride + n] = quant::vec_dot(t, wr, act + r * ab, K);
+                uint32_t r = 0;
+                for (; r + 4 <= R; r += 4) {   // (four rows against the weight row: its decoding shared)
+                    const void* acts[4] = {act + r * ab, act + (r + 1) * ab, act + (r + 2) * ab, act + (r + 3) * ab};
+                    float o[4];
+                    quant::vec_dot_x4(t, wr, acts, K, o);
+                    for (uint32_t i = 0; i < 4; ++i) y[(r + i) * y_stride + n] = o[i];
+                }
+                for (; r < R; ++r) y[r * y_stride + n] = quant::vec_dot(t, wr, act + r * ab, K);
             }
         },
         16);
@@ -627,8 +634,25 @@ void CpuBackend::ffn_layer(uint32_t il) {
             const uint32_t e = active[i / F], n = uint32_t(i % F);
             const uint8_t* gr = lw.ffn_gate_exps.data() + (uint64_t(e) * F + n) * rbg;
             const uint8_t* ur = lw.ffn_up_exps.data() + (uint64_t(e) * F + n) * rbu;
-            for (uint32_t pr : pairs_of[e]) {
-                const uint32_t r = pr / K;
+            const std::vector<uint32_t>& prs = pairs_of[e];
+            size_t j = 0;
+            for (; j + 4 <= prs.size(); j += 4) {   // (four pairs against the expert's rows)
+                const void *ag[4], *au[4];
+                for (size_t i = 0; i < 4; ++i) {
+                    const uint32_t r = prs[j + i] / K;
+                    ag[i] = xq.data() + r * abg;
+                    au[i] = xup + r * abu;
+                }
+                float og[4], ou[4];
+                quant::vec_dot_x4(tg, gr, ag, E, og);
+                quant::vec_dot_x4(tu, ur, au, E, ou);
+                for (size_t i = 0; i < 4; ++i) {
+                    gate_[uint64_t(prs[j + i]) * F + n] = og[i];
+                    up_[uint64_t(prs[j + i]) * F + n] = ou[i];
+                }
+            }
+            for (; j < prs.size(); ++j) {
+                const uint32_t pr = prs[j], r = pr / K;
                 gate_[uint64_t(pr) * F + n] = quant::vec_dot(tg, gr, xq.data() + r * abg, E);
                 up_[uint64_t(pr) * F + n] = quant::vec_dot(tu, ur, xup + r * abu, E);
             }
@@ -663,7 +687,17 @@ void CpuBackend::ffn_layer(uint32_t il) {
         for (uint64_t i = a; i < b; ++i) {
             const uint32_t e = active[i / E], n = uint32_t(i % E);
             const uint8_t* dr = lw.ffn_down_exps.data() + (uint64_t(e) * E + n) * rbd;
-            for (uint32_t pr : pairs_of[e]) down_[uint64_t(pr) * E + n] = quant::vec_dot(td, dr, midq.data() + pr * abd, F);
+            const std::vector<uint32_t>& prs = pairs_of[e];
+            size_t j = 0;
+            for (; j + 4 <= prs.size(); j += 4) {
+                const void* ad[4];
+                for (size_t i = 0; i < 4; ++i) ad[i] = midq.data() + uint64_t(prs[j + i]) * abd;
+                float od[4];
+                quant::vec_dot_x4(td, dr, ad, F, od);
+                for (size_t i = 0; i < 4; ++i) down_[uint64_t(prs[j + i]) * E + n] = od[i];
+            }
+            for (; j < prs.size(); ++j)
+                down_[uint64_t(prs[j]) * E + n] = quant::vec_dot(td, dr, midq.data() + uint64_t(prs[j]) * abd, F);
         }
     }, 8);
     // Shared expert: the same clamped SwiGLU with weight 1.

@@ -338,6 +338,88 @@ float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* x, size_t nb) {
     return 0.125f * s;
 }
 
+
+// ---- one weight row against four activations (vec_dot_x4) ------------------------------------
+// Each activation's operations are its single kernel's, in its order (the same bits); what the
+// four share is the weight row's loads and decoding (IQ2_XXS: the grid and sign tables, a
+// quarter of them), and the four (eight for Q8_0) float chains run side by side where one dot's
+// chain is latency-bound. Prompts and grouped experts reach them through vec_dot_x4.
+void dot_q8_0_avx2_x4(const BlockQ8_0* w, const BlockQ8_0* const* x, size_t nb, float* out) {
+    __m256 acc0[4], acc1[4];
+    for (int a = 0; a < 4; ++a) acc0[a] = acc1[a] = _mm256_setzero_ps();
+    auto p_of = [](__m256i wq, const BlockQ8_0& xb) {
+        return dot_i8_32(wq, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs)));
+    };
+    size_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i + 1].qs));
+        const float d0 = load_f16(w[i].d), d1 = load_f16(w[i + 1].d);
+        for (int a = 0; a < 4; ++a) {
+            const __m256i p0 = p_of(w0, x[a][i]), p1 = p_of(w1, x[a][i + 1]);
+            acc0[a] = madd(_mm256_set1_ps(d0 * load_f16(x[a][i].d)), _mm256_cvtepi32_ps(p0), acc0[a]);
+            acc1[a] = madd(_mm256_set1_ps(d1 * load_f16(x[a][i + 1].d)), _mm256_cvtepi32_ps(p1), acc1[a]);
+        }
+    }
+    for (; i < nb; ++i) {
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
+        const float d0 = load_f16(w[i].d);
+        for (int a = 0; a < 4; ++a)
+            acc0[a] = madd(_mm256_set1_ps(d0 * load_f16(x[a][i].d)), _mm256_cvtepi32_ps(p_of(w0, x[a][i])), acc0[a]);
+    }
+    for (int a = 0; a < 4; ++a) out[a] = hsum_ps(_mm256_add_ps(acc0[a], acc1[a]));
+}
+
+void dot_q2_k_avx2_x4(const BlockQ2_K* w, const BlockQ8_K* const* x, size_t nb, float* out) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t i = 0; i < nb; ++i) {
+        __m256i acc[4];
+        for (int a = 0; a < 4; ++a) acc[a] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; ++h) {
+            const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * h));
+            for (int j = 0; j < 4; ++j) {
+                const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), m3);
+                const int k = 8 * h + 2 * j;
+                const __m256i sc = scale_pair(w[i].scales[k] & 0xF, w[i].scales[k + 1] & 0xF);
+                for (int a = 0; a < 4; ++a) {
+                    const __m256i q8 =
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 128 * h + 32 * j));
+                    acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(q2, q8), sc));
+                }
+            }
+        }
+        for (int a = 0; a < 4; ++a) s[a] += k_superblock(w[i], x[a][i], hsum_epi32(acc[a]), q2k_mins(w[i], x[a][i]));
+    }
+    for (int a = 0; a < 4; ++a) out[a] = s[a];
+}
+
+void dot_iq2_xxs_avx2_x4(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t nb, float* out) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t i = 0; i < nb; ++i) {
+        const float dw = load_f16(w[i].d);
+        __m256i acc[4];
+        for (int a = 0; a < 4; ++a) acc[a] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
+            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
+            const __m256i grid = _mm256_set_epi64x(
+                int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
+                int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF]));
+            const __m256i signs = _mm256_set_epi64x(
+                int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
+                int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
+            const __m256i ls = _mm256_set1_epi16(short(2 * (a1 >> 28) + 1));
+            for (int a = 0; a < 4; ++a) {
+                const __m256i q8 = _mm256_sign_epi8(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 32 * g)), signs);
+                acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, q8), ls));
+            }
+        }
+        for (int a = 0; a < 4; ++a) s[a] = std::fma(dw * load_f32(x[a][i].d), float(hsum_epi32(acc[a])), s[a]);
+    }
+    for (int a = 0; a < 4; ++a) out[a] = 0.125f * s[a];
+}
 #endif  // __AVX2__
 
 }  // namespace
@@ -412,6 +494,26 @@ float vec_dot(Type t, const void* w_row, const void* act, size_t n) {
     float r;
     if (detail::vec_dot_simd(t, w_row, act, n, &r)) return r;
     return detail::vec_dot_scalar(t, w_row, act, n);
+}
+
+void vec_dot_x4(Type t, const void* w_row, const void* const act[4], size_t n, float out[4]) {
+    row_blocks("vec_dot", t, n);
+#if defined(__AVX2__)
+    const size_t nb = n / traits(t).block_elems;
+    switch (t) {
+        case Type::Q8_0:
+            return dot_q8_0_avx2_x4(static_cast<const BlockQ8_0*>(w_row), reinterpret_cast<const BlockQ8_0* const*>(act),
+                                    nb, out);
+        case Type::Q2_K:
+            return dot_q2_k_avx2_x4(static_cast<const BlockQ2_K*>(w_row), reinterpret_cast<const BlockQ8_K* const*>(act),
+                                    nb, out);
+        case Type::IQ2_XXS:
+            return dot_iq2_xxs_avx2_x4(static_cast<const BlockIQ2_XXS*>(w_row),
+                                       reinterpret_cast<const BlockQ8_K* const*>(act), nb, out);
+        default: break;
+    }
+#endif
+    for (int a = 0; a < 4; ++a) out[a] = vec_dot(t, w_row, act[a], n);
 }
 
 }  // namespace dsv4::quant

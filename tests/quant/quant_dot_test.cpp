@@ -109,6 +109,36 @@ TEST(QuantDot, SimdAgreesWithScalar) {
 #endif
 }
 
+// vec_dot_x4: one weight row against four activations, each the single dot's bits (every
+// type; odd block counts take the Q8_0 kernel's tail), quantised activations at unaligned
+// offsets (float ones aligned: they are read as floats).
+TEST(QuantDot, FourActivationsEqualFourDots) {
+    for (Type t : kAllTypes) {
+        const size_t be = traits(t).block_elems;
+        const uint64_t skew = traits(traits(t).vec_dot_type).is_quantized ? 1 : 0;
+        for (size_t n : {be * 3, size_t(1024), size_t(4096)}) {
+            if (n % be) continue;
+            const Case c = make_case(t, n, 91 + n, true);
+            std::vector<std::vector<uint8_t>> acts;
+            for (uint64_t a = 0; a < 4; ++a) {
+                auto x = gaussian(n, 300 + a * 17 + n, 1.0f + float(a));
+                std::vector<uint8_t> q(act_bytes(t, n) + 3);
+                quantize_act(t, x.data(), q.data() + skew * (a % 4), n);
+                acts.push_back(std::move(q));
+            }
+            const void* ap[4];
+            for (uint64_t a = 0; a < 4; ++a) ap[a] = acts[a].data() + skew * (a % 4);
+            float out[4];
+            vec_dot_x4(t, c.w.data(), ap, n, out);
+            for (int a = 0; a < 4; ++a) {
+                const float one = vec_dot(t, c.w.data(), ap[a], n);
+                EXPECT_EQ(std::memcmp(&out[a], &one, 4), 0)
+                    << traits(t).name << " n " << n << " activation " << a << ": " << out[a] << " vs " << one;
+            }
+        }
+    }
+}
+
 TEST(QuantDot, UnalignedRows) {
     // Rows inside a GGUF mapping sit at any offset; results must not depend on it.
     for (Type t : kAllTypes) {
