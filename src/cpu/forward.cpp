@@ -198,6 +198,24 @@ void CpuBackend::quantize_rows_into(quant::Type t, const float* x, uint64_t x_st
         std::max<uint64_t>(1, 16384 / std::max<uint64_t>(K, 1)));
 }
 
+// store(i, vec_dot(t, w, act_of(i), K)) for i in [0, n): four activations at a time against the
+// row (quant::vec_dot_x4: its decoding shared, the same bits), a tail of two or three padded with
+// its last activation (cheaper than single dots: the row's decoding dominates), a lone one alone.
+template <typename ActOf, typename Store>
+void dots_of_row(quant::Type t, const uint8_t* w, uint64_t K, size_t n, ActOf&& act_of, Store&& store) {
+    size_t j = 0;
+    while (n - j >= 2) {
+        const void* a[4];
+        for (size_t i = 0; i < 4; ++i) a[i] = act_of(std::min(j + i, n - 1));
+        float o[4];
+        quant::vec_dot_x4(t, w, a, K, o);
+        const size_t m = std::min<size_t>(4, n - j);
+        for (size_t i = 0; i < m; ++i) store(j + i, o[i]);
+        j += m;
+    }
+    if (j < n) store(j, quant::vec_dot(t, w, act_of(j), K));
+}
+
 void CpuBackend::matmul(const Tensor& W, const float* x, uint64_t x_stride, uint32_t R, float* y, uint64_t y_stride,
                         uint64_t N, uint64_t row0) {
     const quant::Type t = W.type();
@@ -209,17 +227,10 @@ void CpuBackend::matmul(const Tensor& W, const float* x, uint64_t x_stride, uint
     pool_.parallel_for(
         N,
         [&](uint64_t a, uint64_t b) {
-            for (uint64_t n = a; n < b; ++n) {
-                const uint8_t* wr = base + n * rb;
-                uint32_t r = 0;
-                for (; r + 4 <= R; r += 4) {   // (four rows against the weight row: its decoding shared)
-                    const void* acts[4] = {act + r * ab, act + (r + 1) * ab, act + (r + 2) * ab, act + (r + 3) * ab};
-                    float o[4];
-                    quant::vec_dot_x4(t, wr, acts, K, o);
-                    for (uint32_t i = 0; i < 4; ++i) y[(r + i) * y_stride + n] = o[i];
-                }
-                for (; r < R; ++r) y[r * y_stride + n] = quant::vec_dot(t, wr, act + r * ab, K);
-            }
+            for (uint64_t n = a; n < b; ++n)
+                dots_of_row(
+                    t, base + n * rb, K, R, [&](size_t r) { return act + r * ab; },
+                    [&](size_t r, float v) { y[r * y_stride + n] = v; });
         },
         16);
 }
@@ -635,27 +646,12 @@ void CpuBackend::ffn_layer(uint32_t il) {
             const uint8_t* gr = lw.ffn_gate_exps.data() + (uint64_t(e) * F + n) * rbg;
             const uint8_t* ur = lw.ffn_up_exps.data() + (uint64_t(e) * F + n) * rbu;
             const std::vector<uint32_t>& prs = pairs_of[e];
-            size_t j = 0;
-            for (; j + 4 <= prs.size(); j += 4) {   // (four pairs against the expert's rows)
-                const void *ag[4], *au[4];
-                for (size_t i = 0; i < 4; ++i) {
-                    const uint32_t r = prs[j + i] / K;
-                    ag[i] = xq.data() + r * abg;
-                    au[i] = xup + r * abu;
-                }
-                float og[4], ou[4];
-                quant::vec_dot_x4(tg, gr, ag, E, og);
-                quant::vec_dot_x4(tu, ur, au, E, ou);
-                for (size_t i = 0; i < 4; ++i) {
-                    gate_[uint64_t(prs[j + i]) * F + n] = og[i];
-                    up_[uint64_t(prs[j + i]) * F + n] = ou[i];
-                }
-            }
-            for (; j < prs.size(); ++j) {
-                const uint32_t pr = prs[j], r = pr / K;
-                gate_[uint64_t(pr) * F + n] = quant::vec_dot(tg, gr, xq.data() + r * abg, E);
-                up_[uint64_t(pr) * F + n] = quant::vec_dot(tu, ur, xup + r * abu, E);
-            }
+            dots_of_row(
+                tg, gr, E, prs.size(), [&](size_t j) { return xq.data() + (prs[j] / K) * abg; },
+                [&](size_t j, float v) { gate_[uint64_t(prs[j]) * F + n] = v; });
+            dots_of_row(
+                tu, ur, E, prs.size(), [&](size_t j) { return xup + (prs[j] / K) * abu; },
+                [&](size_t j, float v) { up_[uint64_t(prs[j]) * F + n] = v; });
         }
     }, 8);
     const float clamp = c_.swiglu_clamp_exp[il];
@@ -688,16 +684,9 @@ void CpuBackend::ffn_layer(uint32_t il) {
             const uint32_t e = active[i / E], n = uint32_t(i % E);
             const uint8_t* dr = lw.ffn_down_exps.data() + (uint64_t(e) * E + n) * rbd;
             const std::vector<uint32_t>& prs = pairs_of[e];
-            size_t j = 0;
-            for (; j + 4 <= prs.size(); j += 4) {
-                const void* ad[4];
-                for (size_t i = 0; i < 4; ++i) ad[i] = midq.data() + uint64_t(prs[j + i]) * abd;
-                float od[4];
-                quant::vec_dot_x4(td, dr, ad, F, od);
-                for (size_t i = 0; i < 4; ++i) down_[uint64_t(prs[j + i]) * E + n] = od[i];
-            }
-            for (; j < prs.size(); ++j)
-                down_[uint64_t(prs[j]) * E + n] = quant::vec_dot(td, dr, midq.data() + uint64_t(prs[j]) * abd, F);
+            dots_of_row(
+                td, dr, F, prs.size(), [&](size_t j) { return midq.data() + uint64_t(prs[j]) * abd; },
+                [&](size_t j, float v) { down_[uint64_t(prs[j]) * E + n] = v; });
         }
     }, 8);
     // Shared expert: the same clamped SwiGLU with weight 1.
