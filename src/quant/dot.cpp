@@ -247,49 +247,10 @@ inline __m256i dot_i8_32(__m256i w, __m256i x) {
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-float dot_q8_0_avx2(const BlockQ8_0* w, const BlockQ8_0* x, size_t nb) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    size_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m256i p0 = dot_i8_32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)),
-                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
-        const __m256i p1 = dot_i8_32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i + 1].qs)),
-                                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i + 1].qs)));
-        acc0 = madd(_mm256_set1_ps(load_f16(w[i].d) * load_f16(x[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-        acc1 = madd(_mm256_set1_ps(load_f16(w[i + 1].d) * load_f16(x[i + 1].d)), _mm256_cvtepi32_ps(p1), acc1);
-    }
-    for (; i < nb; ++i) {
-        const __m256i p = dot_i8_32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs)),
-                                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs)));
-        acc0 = madd(_mm256_set1_ps(load_f16(w[i].d) * load_f16(x[i].d)), _mm256_cvtepi32_ps(p), acc0);
-    }
-    return hsum_ps(_mm256_add_ps(acc0, acc1));
-}
-
 // Two 16-lane int16 scale halves: lanes 0..7 get lo, lanes 8..15 get hi (matching the
 // 128-bit halves of a maddubs result over 32 bytes).
 inline __m256i scale_pair(int lo, int hi) {
     return _mm256_set_m128i(_mm_set1_epi16(short(hi)), _mm_set1_epi16(short(lo)));
-}
-
-float dot_q2_k_avx2(const BlockQ2_K* w, const BlockQ8_K* x, size_t nb) {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    float s = 0.0f;
-    for (size_t i = 0; i < nb; ++i) {
-        __m256i acc = _mm256_setzero_si256();
-        for (int h = 0; h < 2; ++h) {
-            const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * h));
-            for (int j = 0; j < 4; ++j) {
-                const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), m3);
-                const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 128 * h + 32 * j));
-                const __m256i p16 = _mm256_maddubs_epi16(q2, q8);
-                const int k = 8 * h + 2 * j;
-                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, scale_pair(w[i].scales[k] & 0xF, w[i].scales[k + 1] & 0xF)));
-            }
-        }
-        s += k_superblock(w[i], x[i], hsum_epi32(acc), q2k_mins(w[i], x[i]));
-    }
-    return s;
 }
 
 float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
@@ -314,39 +275,16 @@ float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
     return s;
 }
 
-float dot_iq2_xxs_avx2(const BlockIQ2_XXS* w, const BlockQ8_K* x, size_t nb) {
-    float s = 0.0f;
-    for (size_t i = 0; i < nb; ++i) {
-        const float d = load_f16(w[i].d) * load_f32(x[i].d);
-        __m256i acc = _mm256_setzero_si256();
-        for (int g = 0; g < 8; ++g) {
-            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
-            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
-            const __m256i grid = _mm256_set_epi64x(
-                int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
-                int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF]));
-            const __m256i signs = _mm256_set_epi64x(
-                int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
-                int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
-            const __m256i q8 = _mm256_sign_epi8(
-                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[i].qs + 32 * g)), signs);
-            const __m256i p16 = _mm256_maddubs_epi16(grid, q8);
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(short(2 * (a1 >> 28) + 1))));
-        }
-        s = std::fma(d, float(hsum_epi32(acc)), s);
-    }
-    return 0.125f * s;
-}
 
-
-// ---- one weight row against four activations (vec_dot_x4) ------------------------------------
-// Each activation's operations are its single kernel's, in its order (the same bits); what the
-// four share is the weight row's loads and decoding (IQ2_XXS: the grid and sign tables, a
-// quarter of them), and the four (eight for Q8_0) float chains run side by side where one dot's
-// chain is latency-bound. Prompts and grouped experts reach them through vec_dot_x4.
-void dot_q8_0_avx2_x4(const BlockQ8_0* w, const BlockQ8_0* const* x, size_t nb, float* out) {
-    __m256 acc0[4], acc1[4];
-    for (int a = 0; a < 4; ++a) acc0[a] = acc1[a] = _mm256_setzero_ps();
+// ---- Q8_0, Q2_K and IQ2_XXS: one weight row against A activations -----------------------------
+// A = 1: vec_dot; A = 4: vec_dot_x4. Each activation's operations are the same whatever A (the
+// same bits); what A activations share is the weight row's loads and decoding (IQ2_XXS: the grid
+// and sign tables, a quarter of them at A = 4), and their float chains (two each for Q8_0) run
+// side by side where one dot's chain is latency-bound.
+template <int A>
+void dot_q8_0_avx2_n(const BlockQ8_0* w, const BlockQ8_0* const* x, size_t nb, float* out) {
+    __m256 acc0[A], acc1[A];
+    for (int a = 0; a < A; ++a) acc0[a] = acc1[a] = _mm256_setzero_ps();
     auto p_of = [](__m256i wq, const BlockQ8_0& xb) {
         return dot_i8_32(wq, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs)));
     };
@@ -355,7 +293,7 @@ void dot_q8_0_avx2_x4(const BlockQ8_0* w, const BlockQ8_0* const* x, size_t nb, 
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
         const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i + 1].qs));
         const float d0 = load_f16(w[i].d), d1 = load_f16(w[i + 1].d);
-        for (int a = 0; a < 4; ++a) {
+        for (int a = 0; a < A; ++a) {
             const __m256i p0 = p_of(w0, x[a][i]), p1 = p_of(w1, x[a][i + 1]);
             acc0[a] = madd(_mm256_set1_ps(d0 * load_f16(x[a][i].d)), _mm256_cvtepi32_ps(p0), acc0[a]);
             acc1[a] = madd(_mm256_set1_ps(d1 * load_f16(x[a][i + 1].d)), _mm256_cvtepi32_ps(p1), acc1[a]);
@@ -364,42 +302,44 @@ void dot_q8_0_avx2_x4(const BlockQ8_0* w, const BlockQ8_0* const* x, size_t nb, 
     for (; i < nb; ++i) {
         const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs));
         const float d0 = load_f16(w[i].d);
-        for (int a = 0; a < 4; ++a)
+        for (int a = 0; a < A; ++a)
             acc0[a] = madd(_mm256_set1_ps(d0 * load_f16(x[a][i].d)), _mm256_cvtepi32_ps(p_of(w0, x[a][i])), acc0[a]);
     }
-    for (int a = 0; a < 4; ++a) out[a] = hsum_ps(_mm256_add_ps(acc0[a], acc1[a]));
+    for (int a = 0; a < A; ++a) out[a] = hsum_ps(_mm256_add_ps(acc0[a], acc1[a]));
 }
 
-void dot_q2_k_avx2_x4(const BlockQ2_K* w, const BlockQ8_K* const* x, size_t nb, float* out) {
+template <int A>
+void dot_q2_k_avx2_n(const BlockQ2_K* w, const BlockQ8_K* const* x, size_t nb, float* out) {
     const __m256i m3 = _mm256_set1_epi8(3);
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float s[A] = {};
     for (size_t i = 0; i < nb; ++i) {
-        __m256i acc[4];
-        for (int a = 0; a < 4; ++a) acc[a] = _mm256_setzero_si256();
+        __m256i acc[A];
+        for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_si256();
         for (int h = 0; h < 2; ++h) {
             const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].qs + 32 * h));
             for (int j = 0; j < 4; ++j) {
                 const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * j), m3);
                 const int k = 8 * h + 2 * j;
                 const __m256i sc = scale_pair(w[i].scales[k] & 0xF, w[i].scales[k + 1] & 0xF);
-                for (int a = 0; a < 4; ++a) {
+                for (int a = 0; a < A; ++a) {
                     const __m256i q8 =
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 128 * h + 32 * j));
                     acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(q2, q8), sc));
                 }
             }
         }
-        for (int a = 0; a < 4; ++a) s[a] += k_superblock(w[i], x[a][i], hsum_epi32(acc[a]), q2k_mins(w[i], x[a][i]));
+        for (int a = 0; a < A; ++a) s[a] += k_superblock(w[i], x[a][i], hsum_epi32(acc[a]), q2k_mins(w[i], x[a][i]));
     }
-    for (int a = 0; a < 4; ++a) out[a] = s[a];
+    for (int a = 0; a < A; ++a) out[a] = s[a];
 }
 
-void dot_iq2_xxs_avx2_x4(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t nb, float* out) {
-    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+template <int A>
+void dot_iq2_xxs_avx2_n(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t nb, float* out) {
+    float s[A] = {};
     for (size_t i = 0; i < nb; ++i) {
         const float dw = load_f16(w[i].d);
-        __m256i acc[4];
-        for (int a = 0; a < 4; ++a) acc[a] = _mm256_setzero_si256();
+        __m256i acc[A];
+        for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
             const uint32_t a0 = load_u32(w[i].qs + 8 * g);
             const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
@@ -410,15 +350,22 @@ void dot_iq2_xxs_avx2_x4(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_
                 int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
                 int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
             const __m256i ls = _mm256_set1_epi16(short(2 * (a1 >> 28) + 1));
-            for (int a = 0; a < 4; ++a) {
+            for (int a = 0; a < A; ++a) {
                 const __m256i q8 = _mm256_sign_epi8(
                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 32 * g)), signs);
                 acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, q8), ls));
             }
         }
-        for (int a = 0; a < 4; ++a) s[a] = std::fma(dw * load_f32(x[a][i].d), float(hsum_epi32(acc[a])), s[a]);
+        for (int a = 0; a < A; ++a) s[a] = std::fma(dw * load_f32(x[a][i].d), float(hsum_epi32(acc[a])), s[a]);
     }
-    for (int a = 0; a < 4; ++a) out[a] = 0.125f * s[a];
+    for (int a = 0; a < A; ++a) out[a] = 0.125f * s[a];
+}
+// One activation: the kernels at A = 1.
+template <typename W, typename X, void (*K)(const W*, const X* const*, size_t, float*)>
+float dot_one(const W* w, const X* x, size_t nb) {
+    float r;
+    K(w, &x, nb, &r);
+    return r;
 }
 #endif  // __AVX2__
 
@@ -468,16 +415,19 @@ bool vec_dot_simd(Type t, const void* w_row, const void* act, size_t n, float* o
             *out = dot_bf16_avx2(static_cast<const uint8_t*>(w_row), static_cast<const float*>(act), n);
             return true;
         case Type::Q8_0:
-            *out = dot_q8_0_avx2(static_cast<const BlockQ8_0*>(w_row), static_cast<const BlockQ8_0*>(act), nb);
+            *out = dot_one<BlockQ8_0, BlockQ8_0, dot_q8_0_avx2_n<1>>(static_cast<const BlockQ8_0*>(w_row),
+                                                                      static_cast<const BlockQ8_0*>(act), nb);
             return true;
         case Type::Q2_K:
-            *out = dot_q2_k_avx2(static_cast<const BlockQ2_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+            *out = dot_one<BlockQ2_K, BlockQ8_K, dot_q2_k_avx2_n<1>>(static_cast<const BlockQ2_K*>(w_row),
+                                                                      static_cast<const BlockQ8_K*>(act), nb);
             return true;
         case Type::Q4_K:
             *out = dot_q4_k_avx2(static_cast<const BlockQ4_K*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
             return true;
         case Type::IQ2_XXS:
-            *out = dot_iq2_xxs_avx2(static_cast<const BlockIQ2_XXS*>(w_row), static_cast<const BlockQ8_K*>(act), nb);
+            *out = dot_one<BlockIQ2_XXS, BlockQ8_K, dot_iq2_xxs_avx2_n<1>>(static_cast<const BlockIQ2_XXS*>(w_row),
+                                                                             static_cast<const BlockQ8_K*>(act), nb);
             return true;
         default: break;
     }
@@ -502,13 +452,13 @@ void vec_dot_x4(Type t, const void* w_row, const void* const act[4], size_t n, f
     const size_t nb = n / traits(t).block_elems;
     switch (t) {
         case Type::Q8_0:
-            return dot_q8_0_avx2_x4(static_cast<const BlockQ8_0*>(w_row), reinterpret_cast<const BlockQ8_0* const*>(act),
+            return dot_q8_0_avx2_n<4>(static_cast<const BlockQ8_0*>(w_row), reinterpret_cast<const BlockQ8_0* const*>(act),
                                     nb, out);
         case Type::Q2_K:
-            return dot_q2_k_avx2_x4(static_cast<const BlockQ2_K*>(w_row), reinterpret_cast<const BlockQ8_K* const*>(act),
+            return dot_q2_k_avx2_n<4>(static_cast<const BlockQ2_K*>(w_row), reinterpret_cast<const BlockQ8_K* const*>(act),
                                     nb, out);
         case Type::IQ2_XXS:
-            return dot_iq2_xxs_avx2_x4(static_cast<const BlockIQ2_XXS*>(w_row),
+            return dot_iq2_xxs_avx2_n<4>(static_cast<const BlockIQ2_XXS*>(w_row),
                                        reinterpret_cast<const BlockQ8_K* const*>(act), nb, out);
         default: break;
     }
