@@ -275,7 +275,6 @@ float dot_q4_k_avx2(const BlockQ4_K* w, const BlockQ8_K* x, size_t nb) {
     return s;
 }
 
-
 // ---- Q8_0, Q2_K and IQ2_XXS: one weight row against A activations -----------------------------
 // A = 1: vec_dot; A = 4: vec_dot_x4. Each activation's operations are the same whatever A (the
 // same bits); what A activations share is the weight row's loads and decoding (IQ2_XXS: the grid
