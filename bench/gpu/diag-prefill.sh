@@ -8,9 +8,9 @@
 #      launch: the default mix is ratios 0, 0, 4, 128) and of the IQ2_XXS gate+up GEMM;
 #   3. their sections (speed of light, warp states, pipes, memory) and the Q2_K down GEMM's.
 #   run(command="bench/gpu/diag-prefill.sh", carry=[".deps"])
-# DIAG_NEW=1: the same for the fast mode's prepared kernels instead (DSV4_EXPERTS_F16=1,
-# DSV4_ATTN_FAST_KT=32): attn_rows_fast_kernel, and gemm_experts_f16_kernel's gate+up (its first
-# launch) and down (its second).
+# DIAG_NEW=1: the same for the fast mode's newer kernels instead: attn_rows_fast_kernel (its
+# 32-key tiles, the default) unless DIAG_ATTN=0, and gemm_experts_f16_kernel (DSV4_EXPERTS_F16=1:
+# the Q2_K down, its first launch).
 # About 6 minutes on a fresh machine. Files back: $OUT/*.txt (8 at most).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,12 +37,11 @@ sect() {   # $1 kernel regex, $2 skip, $3 file
   grep -E "Duration|Throughput|Issue|Eligible|Stall|Warp Cycles|pct_of_peak|bank_conflicts|wavefronts|inst_executed|Executed Ipc|Pipe|Occupancy" "$OUT/$3" | head -40
 }
 if [[ "${DIAG_NEW:-0}" == 1 ]]; then
-  export DSV4_EXPERTS_F16=1 DSV4_ATTN_FAST_KT=32
-  src 'attn_rows_fast_kernel' 2 attn_src.txt
-  sect 'attn_rows_fast_kernel' 2 attn_sect.txt
+  export DSV4_EXPERTS_F16=1
+  [[ "${DIAG_ATTN:-1}" == 1 ]] && src 'attn_rows_fast_kernel' 2 attn_src.txt
+  [[ "${DIAG_ATTN:-1}" == 1 ]] && sect 'attn_rows_fast_kernel' 2 attn_sect.txt
   src 'gemm_experts_f16_kernel' 0 xf_src.txt
-  sect 'gemm_experts_f16_kernel' 0 xf_gate_up_sect.txt
-  sect 'gemm_experts_f16_kernel' 1 xf_down_sect.txt
+  sect 'gemm_experts_f16_kernel' 0 xf_down_sect.txt
 else
   src 'attn_rows_f16_kernel' 2 attn_src.txt
   sect 'attn_rows_f16_kernel' 2 attn_sect.txt

@@ -21,12 +21,12 @@ OUT=${OUT:-$PWD/build-gpu/logs}
 mkdir -p "$OUT"
 FAST="DSV4_FAST_PREFILL=1"
 OUT=$OUT/ab GTEST_FILTER='*ExpertsPromptOrder*:*FastPrefill*:CudaKernels.Attention*' AB_TIMEOUT=170 \
-  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_EXPERTS_F16=1;$FAST DSV4_EXPERTS_F16=1 DSV4_ATTN_FAST_KT=32}"
+  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_EXPERTS_F16=1;$FAST DSV4_ATTN_FAST_KT=16}"
 grep -E "max rel|median|argmax|bound" "$OUT/ab/quick.log" | head -12
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_EXPERTS_F16=1" "$FAST DSV4_EXPERTS_F16=1 DSV4_ATTN_FAST_KT=32"
+bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_EXPERTS_F16=1"
 if [[ "${NCU:-0}" == 1 ]]; then
   echo "== Nsight Compute, one 2,048-token chunk, fast mode, 4 layers"
-  env $FAST DSV4_EXPERTS_F16=1 DSV4_ATTN_FAST_KT=32 NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \
+  env $FAST DSV4_EXPERTS_F16=1 NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \
     DSV4_BENCH_DECODE=8 OUT=$OUT/ncu scripts/gpu.sh --ncu 2>&1 | sed -n '/^kernel/,/^total/p' | head -30
 fi

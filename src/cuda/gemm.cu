@@ -1131,45 +1131,52 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 }
 
 
-// ---- The fast mode's routed experts: FP16 tensor cores (DSV4_EXPERTS_F16; --fast-prefill) --
+// ---- The fast mode's routed Q2_K experts: FP16 tensor cores (DSV4_EXPERTS_F16; --fast-prefill) --
 // The exact kernels above keep the CPU's k-order bits, which costs them an int32 sum and a
-// scale step per 32-value group and MMA (run 153: ~21 instructions an IMMA, issue-bound at
-// 57 %, the tensor pipe 17 %). The fast mode's rounds may take other bits, so here each
-// weight is expanded once into its FP16 value, d · scale · code (IQ2_XXS: d (2 ls + 1) / 8 ·
-// ±grid; Q2_K: d sc q - dmin m), and the activation codes into q · dx (the same Q8_K codes
-// as the exact kernels: L2 reads as theirs, not twice as many halves), so one m16n8k16 MMA
-// a 16 × 8 × 16 step adds in FP32 across the whole row: no per-group integer sums, scales or
-// float steps. Errors: each operand's FP16 rounding (2^-11 relative), the FP32 sum's order.
-// A block: kXfRows A rows × the group's 64 pairs, 8 warps of 32 rows (2 m-tiles) × 32 pairs
-// (PairTiles: the empty tiles skipped). NW = 2 (IQ2_XXS gate+up): A rows 0-63 gate, 64-127 up
-// of the same 64 output rows, so a thread holds both for its swiglu; NW = 1: 128 output rows.
-// k tiles of 64 in a pipeline of one barrier a tile: at tile i the block waits for the raw
-// stage of tile i + 1 (cp.async, two tiles ahead: kXfStages), expands it into the other
-// A / B buffer, and runs tile i's MMAs, so expansion and MMAs interleave in every warp.
-constexpr int kXfRows = 128;                 // A rows a block
+// scale step per 16-value sub-block and MMA. The fast mode's rounds may take other bits, so
+// here each Q2_K weight becomes its FP16 value d · sc · q - dmin · m (times 2^8) and each Q8_K
+// activation code q · dx, and one m16n8k16 MMA a 16 × 8 × 16 step adds in FP32 across the
+// whole row. Errors: each operand's FP16 rounding (2^-11 relative), the FP32 sum's order.
+// (Its first form, run 155/156, also took the IQ2_XXS gate+up and expanded every weight into
+// shared memory for ldmatrix: L1/shared 92 % busy, gate+up 1.67x slower than the exact kernel,
+// down only 6 % faster. So the weights now never touch shared memory as halves, and IQ2_XXS,
+// whose grid lookups the exact kernel already makes in registers, keeps that kernel.)
+//
+// The weights go straight from their staged code bytes into the A fragments: the k order
+// inside a 64-value tile is permuted (A and B alike, so the sums are the same products) so
+// that the 16 values a thread holds of a row in the tile's four k-steps are one whole
+// sub-block, 16 code bytes at one shift under one scale byte: thread tig of a k-step holds
+// slots 2 tig + e and 2 tig + 8 + e, which carry the tile's logical values
+// 16 tig + 4 ks + 2 hi + e (hi: the second slot pair). The activations are stored in that
+// physical order (xf_slot) when they are expanded; ldmatrix then reads them as usual.
+// A block: 256 weight rows (8 warps of 32 rows, 2 m-tiles) × the group's 64 pairs (8 n-tiles,
+// the empty ones skipped), k tiles of 64 in 4 cp.async stages with one barrier a tile: at tile
+// i the block waits for the stage of tile i + 1, issues tile i + 3 into the stage tile i - 1
+// left, expands tile i + 1's activations into the other B buffer, and runs tile i's MMAs,
+// expanding its weights from the stage as it goes.
+constexpr int kXfRows = 256;                 // weight rows a block
 constexpr int kXfK = 64;                     // k a tile
-constexpr int kXfStages = 3;                 // raw stages: tile i + 1 expanded, i + 2 in flight
-constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a row of 64 halves takes (ldmatrix rows on distinct banks)
-constexpr uint32_t kXfCopies = 4;            // copies of the IQ2_XXS tables (lane % 4 reads its own)
+constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
+constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a B row of 64 halves takes (ldmatrix rows on distinct banks)
 // The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
-// rows of small scales (d (2 ls + 1) / 8 ~ 1e-5 for weights ~ 1e-3) keep normal halves.
+// rows of small scales keep normal halves.
 constexpr float kXfWScale = 256.0f;
-template <uint32_t T>
 struct XfSmem {
     static constexpr int pairs = int(kKqFlatPairs);
-    static constexpr int a = 0;                                   // [2][128] rows of kXfRowH: weights
-    static constexpr int b = a + 2 * kXfRows * kXfRowH;           // [2][64] rows of kXfRowH: activations
-    // a raw stage: code bytes [128][32] (IQ2_XXS: 16 a row), Q2_K scale bytes [128][4], weight
-    // scales [128] words (IQ2_XXS: the aligned word holding d; Q2_K: d, dmin), activation
-    // codes [64][64], their dx [64]
+    static constexpr int b = 0;   // [2][64] rows of kXfRowH: the activations as halves, xf_slot order
+    // a raw stage: code bytes [256][32] (the half of the super-block's 64 holding the tile), scale
+    // bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256], activation codes [64][64], their dx [64]
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * 32, st_dw = st_sc + kXfRows * 4,
                          st_act = st_dw + kXfRows * 4, st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
     static constexpr int stage = b + 2 * pairs * kXfRowH;
-    static constexpr int grid = stage + kXfStages * st_bytes;     // IQ2_XXS: [256][copies] 8 halves
-    static constexpr int sign = grid + (T == T_IQ2_XXS ? 256 * int(kXfCopies) * 16 : 0);   // [128][copies] 4 words
-    static constexpr int bytes = sign + (T == T_IQ2_XXS ? 128 * int(kXfCopies) * 16 : 0);
+    static constexpr int bytes = stage + kXfStages * st_bytes;
 };
-static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast experts: 2 blocks an SM");
+static_assert(2 * (XfSmem::bytes + 1024) <= 228 * 1024, "fast experts: 2 blocks an SM");
+// The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
+// = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
+__host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
+    return 2 * (16 * (j >> 2) + 8 * ((j >> 1) & 1) + 2 * tig);
+}
 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
@@ -1205,222 +1212,142 @@ __device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4
 // exponent of 1024, where the halves' spacing is 1.
 __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
 
-template <uint32_t T, int NW>
 __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
-    static_assert(T == T_IQ2_XXS || NW == 1, "gate+up: IQ2_XXS");
     pdl_begin();
-    using L = XfSmem<T>;
-    constexpr int NT = 4;   // a warp's tiles of 8 pairs
+    using L = XfSmem;
+    constexpr int NT = 8;   // the group's tiles of 8 pairs
     extern __shared__ __align__(16) uint8_t sm[];
     ExpertGroup eg;
     if (!expert_group(p, L::pairs, eg)) return;
-    const uint64_t wbase = eg.wbase;
     const int32_t* gp = eg.pairs;
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const PairTiles<NT> pt(warp >> 2, cnt, p.skip_tiles);
-    constexpr int OUT = NW == 2 ? kXfRows / 2 : kXfRows;   // output rows a block
-    const uint64_t m0 = uint64_t(blockIdx.x) * OUT;
+    const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
+    const uint64_t m0 = uint64_t(blockIdx.x) * kXfRows;
     const int nsb = int(p.K / 256), ntiles = int(p.K / kXfK);
-    // A row r: weight r / 64 (NW = 2) and output row m0 + r % OUT, clamped for the loads
-    auto w_row = [&](uint32_t r) { return wbase + min(m0 + (r % uint32_t(OUT)), p.N - 1); };
-    auto w_of = [&](uint32_t r) { return NW == 2 ? r / uint32_t(OUT) : 0u; };
-
-    if constexpr (T == T_IQ2_XXS) {
-        // the grid rows as 8 halves, the signs as 4 words of sign bits (15, 31), kXfCopies each
-        uint4* gh = reinterpret_cast<uint4*>(sm + L::grid);
-        const uint64_t gv = __ldg(&p.grid[t]);
-        uint32_t w4[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w4[j] = h2_of(float((gv >> (16 * j)) & 0xFF), float((gv >> (16 * j + 8)) & 0xFF));
-#pragma unroll
-        for (uint32_t c = 0; c < kXfCopies; ++c) gh[t * kXfCopies + c] = make_uint4(w4[0], w4[1], w4[2], w4[3]);
-        if (t < 128) {
-            const uint32_t b = t | ((__popc(t) & 1u) << 7);   // ksigns: the eighth sign the parity
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w4[j] = ((b >> (2 * j)) & 1u) << 15 | ((b >> (2 * j + 1)) & 1u) << 31;
-            uint4* sg = reinterpret_cast<uint4*>(sm + L::sign);
-#pragma unroll
-            for (uint32_t c = 0; c < kXfCopies; ++c) sg[t * kXfCopies + c] = make_uint4(w4[0], w4[1], w4[2], w4[3]);
-        }
-    }
+    auto w_row = [&](uint32_t r) { return eg.wbase + min(m0 + r, p.N - 1); };   // clamped for the loads
 
     // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
-    // pair's dx (t < 64), and its weight rows' codes and scales
+    // pair's dx (t < 64), half t % 2 of the codes of rows t / 2 and 128 + t / 2, and row t's
+    // scale bytes and (d, dmin)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
-    // (row pointers: issuing thread t < 128 for A row t, expanding thread t for A row t / 2)
-    const uint32_t ri = min(t, uint32_t(kXfRows) - 1), re = t >> 1;
-    const uint64_t rowi = w_row(ri), rowe = w_row(re);
-    const uint8_t* codes_i = p.wq[w_of(ri)] + rowi * nsb * (T == T_IQ2_XXS ? 64 : 80);
-    const uint8_t* codes_e = p.wq[0] + rowe * nsb * 80;   // (Q2_K: every thread copies half a row's codes)
-    const uint16_t* dw_i = p.wd[w_of(ri)] + rowi * nsb * (T == T_IQ2_XXS ? 1 : 2);
-    const uint16_t* dw_e = p.wd[w_of(re)] + rowe * nsb;   // (IQ2_XXS: the expanding thread's d)
+    // (row indices, not pointers: fewer registers live through the tile loop)
+    const uint32_t row_lo = uint32_t(w_row(t >> 1)), row_hi = uint32_t(w_row(128 + (t >> 1))), row_t = uint32_t(w_row(t));
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
         if (t < uint32_t(L::pairs)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
-        if constexpr (T == T_IQ2_XXS) {
-            if (t < uint32_t(kXfRows)) {
-                // groups 2 tq, 2 tq + 1: code bytes 16 tq .. + 15 of the super-block's 64; the
-                // aligned word holding d
-                cp_async16(st + L::st_codes + t * 32, codes_i + sb * 64 + tq * 16);
-                cp_async4(st + L::st_dw + t * 4,
-                          reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(dw_i + sb) & ~uintptr_t(3)));
-            }
-        } else {
-            // units 2 tq, 2 tq + 1 (32 values each): the code half tq / 2 (32 bytes from byte 16
-            // of the 80; thread t the 16 bytes t % 2 of row t / 2), their 4 scale bytes 4 tq ..,
-            // (d, dmin)
-            cp_async16(st + L::st_codes + re * 32 + (t & 1) * 16, codes_e + sb * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16);
-            if (t < uint32_t(kXfRows)) {
-                cp_async4(st + L::st_sc + t * 4, codes_i + sb * 80 + 4 * tq);
-                cp_async4(st + L::st_dw + t * 4, dw_i + 2 * sb);
-            }
-        }
+        // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
+        // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
+        const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
+        cp_async16(st + L::st_codes + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
+        cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
+        cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
+        cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
     };
-    // Expands raw tile i (its stage) into buffer i % 2: thread t takes A row t / 2 (IQ2_XXS: its
-    // group t % 2 of the tile's two; Q2_K: its unit of 32 values t % 2) and the activation chunk it
-    // copied itself.
-    auto expand = [&](int i) {
+    // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
+    // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
+    auto expand_b = [&](int i) {
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        const int buf = i & 1, tq = i & 3;
-        const uint32_t r = t >> 1, u = t & 1;
-        uint8_t* arow_s = sm + L::a + (buf * kXfRows + r) * kXfRowH + u * 64;
-        if constexpr (T == T_IQ2_XXS) {
-            const uint2 q = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 32 + u * 8);
-            // d: the half of the staged word its address picks
-            const uintptr_t da = reinterpret_cast<uintptr_t>(dw_e + (i >> 2));
-            const uint32_t dword = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-            const float d = f16_to_f32(uint16_t(da & 2 ? dword >> 16 : dword & 0xFFFF));
-            const float s = d * float(2 * (q.y >> 28) + 1) * (0.125f * kXfWScale);
-            const uint32_t s2 = h2_of(s, s);
-            const uint8_t* gb = sm + L::grid + (lane % kXfCopies) * 16;
-            const uint8_t* sgb = sm + L::sign + (lane % kXfCopies) * 16;
+        const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
+        const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
+        const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
+        const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
+        uint8_t* bs = sm + L::b + ((i & 1) * L::pairs + (t >> 2)) * kXfRowH;
 #pragma unroll
-            for (int l = 0; l < 4; ++l) {
-                const uint32_t gi8 = (q.x >> (8 * l)) & 0xFF, si = (q.y >> (7 * l)) & 127;
-                const uint4 gv = *reinterpret_cast<const uint4*>(gb + gi8 * (16 * kXfCopies));
-                const uint4 sv = *reinterpret_cast<const uint4*>(sgb + si * (16 * kXfCopies));
-                *reinterpret_cast<uint4*>(arow_s + l * 16) =
-                    make_uint4(h2_mul(gv.x ^ sv.x, s2), h2_mul(gv.y ^ sv.y, s2), h2_mul(gv.z ^ sv.z, s2),
-                               h2_mul(gv.w ^ sv.w, s2));
-            }
-        } else {
-            // unit c = 2 tq + u of the super-block: code bytes of half tq / 2 at shift 2 (c % 4);
-            // sub-blocks 2c (values 0-15: the first 16 bytes) and 2c + 1 (the next 16)
-            const int sh = 2 * ((2 * tq + int(u)) & 3);
-            const uint32_t scw = *reinterpret_cast<const uint32_t*>(st + L::st_sc + r * 4) >> (16 * u);
-            const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-            const float d = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale,
-                        dmin = f16_to_f32(uint16_t(dd >> 16)) * kXfWScale;
-            const uint32_t k1024 = 0x64006400u;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint32_t sc = (scw >> (8 * h)) & 0xFF;
-                const float a = d * float(sc & 15), b = -dmin * float(sc >> 4);
-                const uint32_t a2 = h2_of(a, a), b2 = h2_of(b, b);
-                const uint4 qv = *reinterpret_cast<const uint4*>(st + L::st_codes + r * 32 + h * 16);
-                const uint32_t qw[4] = {qv.x, qv.y, qv.z, qv.w};
-                uint32_t o[8];
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const uint32_t m = (qw[k] >> sh) & 0x03030303u;
-                    o[2 * k] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2, b2);
-                    o[2 * k + 1] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2, b2);
-                }
-                *reinterpret_cast<uint4*>(arow_s + h * 32) = make_uint4(o[0], o[1], o[2], o[3]);
-                *reinterpret_cast<uint4*>(arow_s + h * 32 + 16) = make_uint4(o[4], o[5], o[6], o[7]);
-            }
-        }
-        // the activation chunk: 16 codes q (int8) as halves q · dx (q: 1024 + (q ^ 0x80) - 1152)
-        {
-            const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
-            const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
-            const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
-            const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
-            uint32_t o[8];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                o[2 * k] = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
-                o[2 * k + 1] = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
-            }
-            uint8_t* bs = sm + L::b + (buf * L::pairs + (t >> 2)) * kXfRowH + (t & 3) * 32;
-            *reinterpret_cast<uint4*>(bs) = make_uint4(o[0], o[1], o[2], o[3]);
-            *reinterpret_cast<uint4*>(bs + 16) = make_uint4(o[4], o[5], o[6], o[7]);
+        for (uint32_t k = 0; k < 4; ++k) {
+            *reinterpret_cast<uint32_t*>(bs + xf_slot(t & 3, 4 * k)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
+            *reinterpret_cast<uint32_t*>(bs + xf_slot(t & 3, 4 * k + 2)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
         }
     };
 
-    // the warp's m-tiles: NW = 2 gate rows wm .. + 15 and the same up rows; NW = 1 rows 32 (warp % 4) + 16 mt
-    uint32_t mrow[2];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) mrow[mt] = NW == 2 ? 64 * mt + 16 * (warp & 3) : 32 * (warp & 3) + 16 * mt;
-
-    issue(0);
-    cp_async_commit();
-    if (ntiles > 1) issue(1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();   // tile 0 landed for all; the tables written
-    if (ntiles > 2) issue(2);
-    cp_async_commit();
-    expand(0);
-    with_tiles<0, NT>(pt.n, [&](auto ntv) {
+    for (int i = 0; i < 3; ++i) {
+        if (i < ntiles) issue(i);
+        cp_async_commit();
+    }
+    cp_async_wait<2>();
+    __syncthreads();   // tile 0 landed for all
+    expand_b(0);
+    with_tiles<1, NT>(nv, [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
         float acc[2][NT][4];
         each(acc, [](float& x) { x = 0.0f; });
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            __syncthreads();      // it landed for all; tile i's buffers expanded; tile i - 1's MMAs done
-            if (i + 3 < ntiles) issue(i + 3);   // into tile i's stage (expanded before the barrier)
+            __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
+            if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (i + 1 < ntiles) expand(i + 1);
-            const uint8_t* as = sm + L::a + (i & 1) * kXfRows * kXfRowH;
+            if (i + 1 < ntiles) expand_b(i + 1);
+            const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::pairs * kXfRowH;
+            // this thread's rows 32 warp + 16 mt + gid + 8 h: its sub-block tig of the tile (16
+            // code bytes at shift sh) and its FP16 step a · q + b
+            const int sh = 2 * (2 * (i & 1) + int(tig >> 1));
+            const uint8_t* qrow[2][2];
+            uint32_t a2[2][2], b2[2][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t r = 32 * warp + 16 * mt + gid + 8 * h;
+                    qrow[mt][h] = st + L::st_codes + r * 32 + (tig & 1) * 16;
+                    const uint32_t sc = st[L::st_sc + r * 4 + tig];
+                    const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
+                    const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
+                                b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
+                    a2[mt][h] = h2_of(a, a);
+                    b2[mt][h] = h2_of(b, b);
+                }
+            uint2 q[2][2];   // code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct banks)
 #pragma unroll
             for (int ks = 0; ks < kXfK / 16; ++ks) {
-                uint32_t b[NT / 2][4];
+                if (ks % 2 == 0)
 #pragma unroll
-                for (int np = 0; np < NT / 2; ++np)
-                    if (2 * np < NV)
-                        ldmatrix_x4(b[np], bsm + pt.ldm_row(np, lane) * kXfRowH + ks * 32 + ((lane >> 3) & 1) * 16);
+                    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    uint32_t a[4];
-                    ldmatrix_x4(a, as + (mrow[mt] + (lane & 7) + ((lane >> 3) & 1) * 8) * kXfRowH + ks * 32 +
-                                       (lane >> 4) * 16);
+                        for (int h = 0; h < 2; ++h) q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
+                // A: code word ks of each row, values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3
+                // (slots 2 tig + 8, + 9)
+                uint32_t a[2][4];
 #pragma unroll
-                    for (int nt = 0; nt < NT; ++nt)
-                        if (nt < NV) mma_f16_acc(acc[mt][nt], a, b[nt >> 1][2 * (nt & 1)], b[nt >> 1][2 * (nt & 1) + 1]);
+                for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
+                        const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
+                        a[mt][h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
+                        a[mt][2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
+                    }
+#pragma unroll
+                for (int np = 0; np < (NV + 1) / 2; ++np) {
+                    uint32_t b[4];
+                    ldmatrix_x4(b, bsm + (16 * np + 8 * (lane >> 4) + (lane & 7)) * kXfRowH + ks * 32 +
+                                       ((lane >> 3) & 1) * 16);
+#pragma unroll
+                    for (int u = 0; u < 2; ++u)
+                        if (2 * np + u < NV)
+#pragma unroll
+                            for (int mt = 0; mt < 2; ++mt) mma_f16_acc(acc[mt][2 * np + u], a[mt], b[2 * u], b[2 * u + 1]);
                 }
             }
         }
         cp_async_wait<0>();
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-            if (nt >= NV) continue;
+        for (int nt = 0; nt < NV; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int c = pt.base(nt) + int(2 * tig) + (e & 1);
+                const int c = 8 * nt + int(2 * tig) + (e & 1);
                 if (c >= cnt) continue;
-                const uint32_t pc = uint32_t(gp[c]);
-                if constexpr (NW == 2) {
-                    const uint64_t n = m0 + 16 * (warp & 3) + gid + 8 * (e >> 1);
-                    if (n < p.N)
-                        p.y[uint64_t(pc) * p.y_stride + n] = swiglu_pair(acc[0][nt][e] * (1.0f / kXfWScale),
-                                                                         acc[1][nt][e] * (1.0f / kXfWScale), p.clamp,
-                                                                         p.ew, pc);
-                } else {
+                const uint64_t pc = uint32_t(gp[c]);
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        const uint64_t n = m0 + mrow[mt] + gid + 8 * (e >> 1);
-                        if (n < p.N) p.y[uint64_t(pc) * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
-                    }
+                for (int mt = 0; mt < 2; ++mt) {
+                    const uint64_t n = m0 + 32 * warp + 16 * mt + gid + 8 * (e >> 1);
+                    if (n < p.N) p.y[pc * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
                 }
             }
-        }
     });
 }
 
@@ -2330,16 +2257,13 @@ int q2k_mins() {
 // against the activation, or by scalar sums for DSV4_GEMM_SMEM=2 (MINS 2 there: ptxas spills
 // 144 bytes inside the decode tree's eight unrolled leaves). False when its shared memory
 // cannot be raised yet (a capture first).
-// The fast mode's expert kernel (gemm_experts_f16_kernel) for IQ2_XXS gate (+ up) or Q2_K; false
-// when its shared memory cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, int NW>
+// The fast mode's Q2_K expert kernel (gemm_experts_f16_kernel); false when its shared memory
+// cannot be raised yet (a capture first: the exact kernels run).
 bool launch_experts_f16(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    const auto kernel = gemm_experts_f16_kernel<T, NW>;
-    constexpr int bytes = XfSmem<T>::bytes;
-    if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
-    const uint64_t out = NW == 2 ? kXfRows / 2 : kXfRows;
-    kernel<<<dim3(uint32_t((N + out - 1) / out), cap), 256, bytes, s>>>(p);
+    constexpr int bytes = XfSmem::bytes;
+    if (!smem_ready(reinterpret_cast<const void*>(gemm_experts_f16_kernel), bytes, ready, s)) return false;
+    gemm_experts_f16_kernel<<<dim3(uint32_t((N + kXfRows - 1) / kXfRows), cap), 256, bytes, s>>>(p);
     return true;
 }
 // DSV4_EXPERTS_F16 (read once; 1: in every prompt round, -1: the round's, so --fast-prefill's; unset:
@@ -2498,11 +2422,8 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     const bool aligned = reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % kXfK == 0 &&
                          reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.ad) % 4 == 0 &&
                          (!Wu || reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0);
-    if (flat && aligned && experts_f16_on() &&
-        (Wg.type == T_IQ2_XXS ? (Wu ? launch_experts_f16<T_IQ2_XXS, 2>(p, N, g.cap, s)
-                                    : launch_experts_f16<T_IQ2_XXS, 1>(p, N, g.cap, s))
-                              : !Wu && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
-                                    launch_experts_f16<T_Q2_K, 1>(p, N, g.cap, s))) {
+    if (flat && aligned && experts_f16_on() && Wg.type == T_Q2_K && !Wu &&
+        reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 && launch_experts_f16(p, N, g.cap, s)) {
         // (launched by launch_experts_f16: the fast mode's bits)
     } else if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
         reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&

@@ -593,7 +593,7 @@ void attn_rows_f16_override(int on);
 void attn_rows_fast_override(int on);
 // Tests: that plain form's key tiles, 16 (attn_rows_f16_kernel) or 32 (attn_rows_fast_kernel: heads
 // of 512, up to 64; the queries rounded to FP16 once by attn_fast_q_kernel into o's rows first);
-// -1: DSV4_ATTN_FAST_KT's (default 16).
+// -1: DSV4_ATTN_FAST_KT's (default 32).
 void attn_rows_fast_kt_override(int kt);
 // Launches of that plain form in this process (tests: the path was taken); kt = 32: those in
 // tiles of 32 keys.
