@@ -1,20 +1,19 @@
 #!/usr/bin/env bash
-# One device call for the fast mode's (--fast-prefill's) two prepared kernels, neither yet run on
-# the device, both opt-in: the routed experts on the FP16 tensor cores (DSV4_EXPERTS_F16=1,
-# gemm_experts_f16_kernel) and the rows attention in tiles of 32 keys (DSV4_ATTN_FAST_KT=32,
-# attn_rows_fast_kernel):
+# One device call for the fast mode's (--fast-prefill's) newer kernels: the routed Q2_K experts
+# on the FP16 tensor cores (DSV4_EXPERTS_F16=1, gemm_experts_f16_kernel, opt-in) and the rows
+# attention in tiles of 32 keys (attn_rows_fast_kernel, the default since run 155; 16 for the
+# kernel before):
 #   1. the build; the expert test (ExpertsPromptOrderEqualCpuDot: the FP16 kernel within its
 #      bounds of the CPU's dots), every attention kernel test (mode 6: the 32-key tiles against
 #      the double reference, alone = batched, the fold, the codes) and the fast mode's model
-#      tests against the CPU (FastPrefillAtFlashWidth: with either attention);
+#      tests against the CPU (FastPrefillAtFlashWidth: either attention, the FP16 experts);
 #   2. the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB cannot hold all
-#      43): exact defaults, the fast mode, the fast mode with the FP16 experts, with them and the
-#      32-key attention;
-#   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token), under the same
-#      fast settings;
+#      43): exact defaults, the fast mode, with the FP16 experts, with the 16-key attention;
+#   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token): the fast mode,
+#      with the FP16 experts;
 #   4. with NCU=1, Nsight Compute: the fast chunk's kernels by device time (~90 s more).
 #   run(command="bench/gpu/fast-round.sh 2>&1 | tail -80", carry=[".deps"], timeout_s=600)
-# About 9 minutes on a fresh machine without NCU.
+# About 5 minutes on a fresh machine without NCU.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/build-gpu/logs}
