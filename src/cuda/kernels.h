@@ -208,8 +208,8 @@ uint64_t gemm_cublas_calls(int kind);
 // gemm_q8_0_cublas / gemm_float_cublas instead of the flat kernels (Q8_0: ~2x faster products,
 // run 149), the rows attention its plain FP16 form (attn_rows_f16), the mHC mix tile its float
 // sums (hc_pre_mix): other bits, not chunking-invariant, and a decode row in such a round gets
-// them too; the attention at heads of 512 in tiles of 32 keys (DSV4_ATTN_FAST_KT). (Opt-in: the
-// routed Q2_K experts on the FP16 tensor cores, DSV4_EXPERTS_F16=-1.)
+// them too; the attention at heads of 512 in tiles of 32 keys (DSV4_ATTN_FAST_KT), the routed Q2_K
+// experts on the FP16 tensor cores (DSV4_EXPERTS_F16).
 void fast_prefill_round(bool on);
 bool fast_prefill_round();
 // Whether a part of that mode runs now: a test's override (0 / 1; -1: unset), else its
@@ -289,7 +289,7 @@ void gemm_iq2_nib_override(int on);
 // The fast mode's routed Q2_K experts (gemm_experts_f16_kernel: each weight and activation code
 // expanded into FP16, FP32 sums on the FP16 tensor cores; other bits, within each operand's FP16
 // rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice (1: every prompt round,
-// -1: the round's, fast_prefill_round; unset: off). Tests.
+// 0: never, -1 (default): the round's, fast_prefill_round). Tests.
 void gemm_experts_f16_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).

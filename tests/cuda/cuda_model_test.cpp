@@ -204,9 +204,9 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 }
 
 // The same at the flash widths (heads of 512: the plain FP16 rows attention in tiles of 32 keys,
-// the default), on a prompt short enough for the CPU, so every row count takes cuBLAS here (the
-// overrides); then with that attention in tiles of 16 keys, and with the routed Q2_K experts on
-// the FP16 tensor cores (opt-in).
+// the routed Q2_K experts on the FP16 tensor cores), on a prompt short enough for the CPU, so
+// every row count takes cuBLAS here (the overrides); then with that attention in tiles of 16
+// keys, and with the exact experts kernels.
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -217,8 +217,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         int experts_f16, kt;
         const char* label;
     };
-    for (const Variant& v : {Variant{0, 32, "flash4-flash fast prefill"}, Variant{0, 16, "flash4 fast, 16-key tiles"},
-                             Variant{1, 32, "flash4 fast, F16 experts"}}) {
+    for (const Variant& v : {Variant{-1, 32, "flash4-flash fast prefill"}, Variant{-1, 16, "flash4 fast, 16-key tiles"},
+                             Variant{0, 32, "flash4 fast, exact experts"}}) {
         cuda::gemm_experts_f16_override(v.experts_f16);
         cuda::attn_rows_fast_kt_override(v.kt);
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
