@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
-# One device call for the fast mode's (--fast-prefill's) newer kernels: the routed Q2_K experts
-# on the FP16 tensor cores (DSV4_EXPERTS_F16=1, gemm_experts_f16_kernel, opt-in) and the rows
-# attention in tiles of 32 keys (attn_rows_fast_kernel, the default since run 155; 16 for the
-# kernel before):
+# One device call for the fast mode's (--fast-prefill's) newer kernels, both its defaults since
+# runs 155-157 (H100): the routed Q2_K experts on the FP16 tensor cores (gemm_experts_f16_kernel;
+# DSV4_EXPERTS_F16=0 for the exact kernel) and the rows attention in tiles of 32 keys
+# (attn_rows_fast_kernel; DSV4_ATTN_FAST_KT=16 for the kernel before):
 #   1. the build; the expert test (ExpertsPromptOrderEqualCpuDot: the FP16 kernel within its
 #      bounds of the CPU's dots), every attention kernel test (mode 6: the 32-key tiles against
 #      the double reference, alone = batched, the fold, the codes) and the fast mode's model
-#      tests against the CPU (FastPrefillAtFlashWidth: either attention, the FP16 experts);
+#      tests against the CPU (FastPrefillAtFlashWidth: either attention, either experts kernel);
 #   2. the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB cannot hold all
-#      43): exact defaults, the fast mode, with the FP16 experts, with the 16-key attention;
+#      43): exact defaults, the fast mode, it with the exact experts, with the 16-key attention;
 #   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token): the fast mode,
-#      with the FP16 experts;
+#      it with the exact experts;
 #   4. with NCU=1, Nsight Compute: the fast chunk's kernels by device time (~90 s more).
 #   run(command="bench/gpu/fast-round.sh 2>&1 | tail -80", carry=[".deps"], timeout_s=600)
-# About 5 minutes on a fresh machine without NCU.
+# About 5 minutes on a fresh H100 without NCU (the 43 layers of an H200: ~7).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/build-gpu/logs}
 mkdir -p "$OUT"
 FAST="DSV4_FAST_PREFILL=1"
 OUT=$OUT/ab GTEST_FILTER='*ExpertsPromptOrder*:*FastPrefill*:CudaKernels.Attention*' AB_TIMEOUT=170 \
-  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_EXPERTS_F16=1;$FAST DSV4_ATTN_FAST_KT=16}"
+  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_EXPERTS_F16=0;$FAST DSV4_ATTN_FAST_KT=16}"
 grep -E "max rel|median|argmax|bound" "$OUT/ab/quick.log" | head -12
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_EXPERTS_F16=1"
+bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_EXPERTS_F16=0"
 if [[ "${NCU:-0}" == 1 ]]; then
   echo "== Nsight Compute, one 2,048-token chunk, fast mode, 4 layers"
-  env $FAST DSV4_EXPERTS_F16=1 NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \
+  env $FAST NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \
     DSV4_BENCH_DECODE=8 OUT=$OUT/ncu scripts/gpu.sh --ncu 2>&1 | sed -n '/^kernel/,/^total/p' | head -30
 fi
