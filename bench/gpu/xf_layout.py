@@ -5,7 +5,8 @@ copies, the activations expanded to their xf_slot as expand_b() does, each threa
 from its stage rows (sub-block tig at shift sh) multiplied into the k-slots that the m16n8k16
 fragments give it (a0..a3: slots 2 tig + e and 2 tig + 8 + e of k-step ks), against the
 weights decoded in ggml's Q2_K order. Prints the largest error relative to the largest output
-(FP16 operands: ~5e-4); a wrong slot, shift or offset gives ~1. Needs Debian's python3-numpy.
+(FP16 operands: ~5e-4); a wrong slot, shift or offset gives ~1. Also checks TABLE's PRMT
+selectors (DSV4_XF_TABLE) for every word of four codes. Needs Debian's python3-numpy.
 """
 import numpy as np
 rng=np.random.default_rng(1)
@@ -71,6 +72,21 @@ for i in range(ntiles):
                 # MMA: row r, k-slot -> times B[pair][slot] for every pair
                 acc[r,:]+=wv*B[:,slot]
 out=acc/256
+# TABLE's selector: for every word m of four 2-bit codes (one a byte), PRMT of the tables
+# {w0, w1}, {w2, w3} by m * 0x22 + 0x10101010 (its low 16 bits), and by that >> 16, must give
+# halves (w[q0], w[q1]) and (w[q2], w[q3])
+def prmt(a, b, c):
+    by = [(a >> 8 * k) & 0xFF for k in range(4)] + [(b >> 8 * k) & 0xFF for k in range(4)]
+    return sum(by[(c >> 4 * k) & 7] << 8 * k for k in range(4))
+W4 = [0x1111, 0x2222, 0x3333, 0x4444]   # four distinct "halves"
+T0, T1 = W4[0] | W4[1] << 16, W4[2] | W4[3] << 16
+for codes in range(256):
+    q = [(codes >> 2 * k) & 3 for k in range(4)]
+    m = q[0] | q[1] << 8 | q[2] << 16 | q[3] << 24
+    sel = (m * 0x22 + 0x10101010) & 0xFFFFFFFF
+    assert prmt(T0, T1, sel) == W4[q[0]] | W4[q[1]] << 16, (q, hex(sel))
+    assert prmt(T0, T1, sel >> 16) == W4[q[2]] | W4[q[3]] << 16, (q, hex(sel))
+print('TABLE selectors: all 256 code words pick their halves')
 err=np.abs(out-ref).max(); mag=np.abs(ref).max()
 print('max abs err',err,'max |ref|',mag, 'rel', err/mag)
 raise SystemExit(0 if err/mag < 2e-3 else 1)

@@ -1212,6 +1212,12 @@ __device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4
 // exponent of 1024, where the halves' spacing is 1.
 __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
 
+// TABLE (DSV4_XF_TABLE=1, opt-in until its first device run): a row's four possible values
+// b, a + b, 2a + b, 3a + b as halves in two registers once a tile, each fragment word then one
+// PRMT whose selector m · 0x22 + 0x10101010 (m: four 2-bit codes, one a byte) picks halves q0, q1
+// (its low 16 bits) or q2, q3 (shifted): ~6 instructions a code word instead of 8, each value
+// rounded to FP16 once (from fmaf) instead of after a and b are.
+template <bool TABLE>
 __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     pdl_begin();
     using L = XfSmem;
@@ -1284,10 +1290,10 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::pairs * kXfRowH;
             // this thread's rows 32 warp + 16 mt + gid + 8 h: its sub-block tig of the tile (16
-            // code bytes at shift sh) and its FP16 step a · q + b
+            // code bytes at shift sh) and its FP16 step a · q + b (TABLE: its 4 values)
             const int sh = 2 * (2 * (i & 1) + int(tig >> 1));
             const uint8_t* qrow[2][2];
-            uint32_t a2[2][2], b2[2][2];
+            uint32_t a2[2][2], b2[2][2];   // a, b as half pairs (TABLE: the halves w0, w1 and w2, w3)
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -1298,8 +1304,13 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                     const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
                     const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
                                 b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
-                    a2[mt][h] = h2_of(a, a);
-                    b2[mt][h] = h2_of(b, b);
+                    if constexpr (TABLE) {
+                        a2[mt][h] = h2_of(b, a + b);
+                        b2[mt][h] = h2_of(fmaf(a, 2.0f, b), fmaf(a, 3.0f, b));
+                    } else {
+                        a2[mt][h] = h2_of(a, a);
+                        b2[mt][h] = h2_of(b, b);
+                    }
                 }
             uint2 q[2][2];   // code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct banks)
 #pragma unroll
@@ -1317,9 +1328,16 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
-                        const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
-                        a[mt][h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
-                        a[mt][2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
+                        const uint32_t m = (w >> sh) & 0x03030303u;
+                        if constexpr (TABLE) {
+                            const uint32_t sel = m * 0x22u + 0x10101010u;
+                            a[mt][h] = prmt(a2[mt][h], b2[mt][h], sel);
+                            a[mt][2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
+                        } else {
+                            const uint32_t k1024 = 0x64006400u;
+                            a[mt][h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
+                            a[mt][2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
+                        }
                     }
 #pragma unroll
                 for (int np = 0; np < (NV + 1) / 2; ++np) {
@@ -2259,12 +2277,22 @@ int q2k_mins() {
 // cannot be raised yet (a capture first).
 // The fast mode's Q2_K expert kernel (gemm_experts_f16_kernel); false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
+template <bool TABLE>
 bool launch_experts_f16(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem::bytes;
-    if (!smem_ready(reinterpret_cast<const void*>(gemm_experts_f16_kernel), bytes, ready, s)) return false;
-    gemm_experts_f16_kernel<<<dim3(uint32_t((N + kXfRows - 1) / kXfRows), cap), 256, bytes, s>>>(p);
+    const auto kernel = gemm_experts_f16_kernel<TABLE>;
+    if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
+    kernel<<<dim3(uint32_t((N + kXfRows - 1) / kXfRows), cap), 256, bytes, s>>>(p);
     return true;
+}
+// DSV4_XF_TABLE (read once; 1: on, else off, until its first device run): that kernel's
+// expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests) wins.
+int g_xf_table_override = -1;
+bool launch_experts_f16(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+    static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
+    const bool table = g_xf_table_override >= 0 ? g_xf_table_override != 0 : env;
+    return table ? launch_experts_f16<true>(p, N, cap, s) : launch_experts_f16<false>(p, N, cap, s);
 }
 // DSV4_EXPERTS_F16 (read once; 1: in every prompt round, 0: never, -1 (default): the round's, so
 // --fast-prefill's): a prompt round's routed Q2_K experts by gemm_experts_f16_kernel (run 157, an
@@ -2305,6 +2333,7 @@ bool fast_part(int override_on, int env_on) {
 void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_experts_f16_override(int on) { g_experts_f16_override = on; }
+void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 void gemm_q8_0_flat_bn(int bn) { g_flat_bn_override = bn; }
 void gemm_q8_0_flat_lean(int on) { g_flat_lean_override = on; }

@@ -291,6 +291,9 @@ void gemm_iq2_nib_override(int on);
 // rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice (1: every prompt round,
 // 0: never, -1 (default): the round's, fast_prefill_round). Tests.
 void gemm_experts_f16_override(int on);
+// That kernel's expansion from a row's four values by PRMT (1) or by HSUB2 and HFMA2 (0); -1:
+// DSV4_XF_TABLE's (off by default). Other bits than 0's, within the same bounds. Tests.
+void gemm_experts_f16_table_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);

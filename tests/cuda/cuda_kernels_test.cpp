@@ -2649,6 +2649,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
             cuda::gemm_q2k_mins(-1);
             cuda::gemm_iq2_nib_override(-1);
             cuda::gemm_experts_f16_override(-1);
+            cuda::gemm_experts_f16_table_override(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2811,19 +2812,25 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     mg[pp * N + n] = float(acc);
                                 }
                             }
+                        // (either expansion: the halves' steps, and a row's four values by PRMT)
                         cuda::gemm_experts_f16_override(1);
-                        for (size_t bi = 0; bi < batches.size(); ++bi) {
-                            const Batch& b = *batches[bi];
-                            const std::string where = what + " f16, batch of " + std::to_string(batch_rows[bi]) + " rows: ";
-                            const auto r1 = gate_alone(b);
-                            for (uint64_t i = 0; i < r1.size(); ++i)
-                                ASSERT_LE(std::fabs(r1[i] - ref[i]), 3e-3f * mg[i] + 1e-6f)
-                                    << where << "pair " << i / N << " row " << i % N << ": " << r1[i] << " vs CPU "
-                                    << ref[i] << ", Σ|terms| " << mg[i];
-                            ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
+                        for (int table = 0; table < 2; ++table) {
+                            cuda::gemm_experts_f16_table_override(table);
+                            for (size_t bi = 0; bi < batches.size(); ++bi) {
+                                const Batch& b = *batches[bi];
+                                const std::string where = what + " f16, table " + std::to_string(table) + ", batch of " +
+                                                          std::to_string(batch_rows[bi]) + " rows: ";
+                                const auto r1 = gate_alone(b);
+                                for (uint64_t i = 0; i < r1.size(); ++i)
+                                    ASSERT_LE(std::fabs(r1[i] - ref[i]), 3e-3f * mg[i] + 1e-6f)
+                                        << where << "pair " << i / N << " row " << i % N << ": " << r1[i]
+                                        << " vs CPU " << ref[i] << ", Σ|terms| " << mg[i];
+                                ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
+                            }
                         }
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                         cuda::gemm_experts_f16_override(-1);
+                        cuda::gemm_experts_f16_table_override(-1);
                         continue;
                     }
                     cuda::gemm_smem_override(smem);
