@@ -1153,7 +1153,8 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 // the empty ones skipped), k tiles of 64 in 4 cp.async stages with one barrier a tile: at tile
 // i the block waits for the stage of tile i + 1, issues tile i + 3 into the stage tile i - 1
 // left, expands tile i + 1's activations into the other B buffer, and runs tile i's MMAs,
-// expanding its weights from the stage as it goes.
+// expanding its weights from the stage as it goes. bench/gpu/xf_layout.py emulates this index
+// math on the host. Run 157 (H100): a fast chunk's down projection 3.54 -> 2.64 us a token.
 constexpr int kXfRows = 256;                 // weight rows a block
 constexpr int kXfK = 64;                     // k a tile
 constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
