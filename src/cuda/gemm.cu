@@ -1240,7 +1240,8 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
     // (row indices, not pointers: fewer registers live through the tile loop)
-    const uint32_t row_lo = uint32_t(w_row(t >> 1)), row_hi = uint32_t(w_row(128 + (t >> 1))), row_t = uint32_t(w_row(t));
+    const uint32_t row_lo = uint32_t(w_row(t >> 1)), row_hi = uint32_t(w_row(128 + (t >> 1)));
+    const uint32_t row_t = uint32_t(w_row(t));
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
@@ -1349,7 +1350,8 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                     for (int u = 0; u < 2; ++u)
                         if (2 * np + u < NV)
 #pragma unroll
-                            for (int mt = 0; mt < 2; ++mt) mma_f16_acc(acc[mt][2 * np + u], a[mt], b[2 * u], b[2 * u + 1]);
+                            for (int mt = 0; mt < 2; ++mt)
+                                mma_f16_acc(acc[mt][2 * np + u], a[mt], b[2 * u], b[2 * u + 1]);
                 }
             }
         }
@@ -2279,7 +2281,7 @@ int q2k_mins() {
 // The fast mode's Q2_K expert kernel (gemm_experts_f16_kernel); false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
 template <bool TABLE>
-bool launch_experts_f16(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem::bytes;
     const auto kernel = gemm_experts_f16_kernel<TABLE>;
@@ -2293,7 +2295,7 @@ int g_xf_table_override = -1;
 bool launch_experts_f16(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = g_xf_table_override >= 0 ? g_xf_table_override != 0 : env;
-    return table ? launch_experts_f16<true>(p, N, cap, s) : launch_experts_f16<false>(p, N, cap, s);
+    return table ? launch_experts_f16_form<true>(p, N, cap, s) : launch_experts_f16_form<false>(p, N, cap, s);
 }
 // DSV4_EXPERTS_F16 (read once; 1: in every prompt round, 0: never, -1 (default): the round's, so
 // --fast-prefill's): a prompt round's routed Q2_K experts by gemm_experts_f16_kernel (run 157, an

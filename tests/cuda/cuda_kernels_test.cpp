@@ -2637,8 +2637,9 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     // Experts with 1 to 130 pairs (past 64 a group splits: 65 = 64 + 1, 130 = 64 + 64 + 2) and
     // none, N with a tail past the blocks' 64 rows (300: past the FP16 kernel's 256 too), K of 1
     // to 16 super-blocks, every path (staged: smem 1 and 2, the Q2_K mins by the split bsums
-    // and by MMAs against the activation; register-fed: 0), and batches of the first 20 rows and of the first row
-    // alone (other groups; the one-row rounds of a prompt chunked token by token), and the
+    // and by MMAs against the activation; register-fed: 0), and batches of the first 20 rows
+    // and of the first row alone (other groups; the one-row rounds of a prompt chunked token by
+    // token), and the
     // staged IQ2_XXS kernel's expansion from the grid as codes (DSV4_IQ2_NIB). The counts
     // leave tiles of 8 pairs partly and wholly empty, which the staged kernels' warps skip.
     // The fast mode's FP16 kernel (DSV4_EXPERTS_F16) is held to bounds instead of bits.
