@@ -87,6 +87,93 @@ for codes in range(256):
     assert prmt(T0, T1, sel) == W4[q[0]] | W4[q[1]] << 16, (q, hex(sel))
     assert prmt(T0, T1, sel >> 16) == W4[q[2]] | W4[q[3]] << 16, (q, hex(sel))
 print('TABLE selectors: all 256 code words pick their halves')
+# ---- IQ2_XXS gate+up (gemm_experts_f16_kernel<T_IQ2_XXS>) ----------------------------------
+# A block: 128 rows of gate (stage rows 0..127, m-tile 0 of each warp) and the same 128 of up
+# (stage rows 128..255, m-tile 1), each thread's 16 values of a row in a tile two grid rows of
+# its 32-value group tig / 2; each half pair one PRMT of the constant bytes of +-8, 25, 43 as
+# halves by the selector (grid table | sign table), times the row's scale.
+import re
+src = open(__file__.replace('bench/gpu/xf_layout.py', 'src/quant/iq2_grid.cpp')).read()
+GRID = [int(x, 16) for x in re.findall(r'0x([0-9a-f]{16})', src)][:256]
+assert len(GRID) == 256
+def ksigns(i): return i | ((bin(i).count('1') & 1) << 7)
+LO = {8: 0xB, 25: 0x3, 43: 0x7}; CODE = {8: 0, 25: 1, 43: 2}
+HGRID = [sum((LO[(g >> 8 * t) & 0xFF] | CODE[(g >> 8 * t) & 0xFF] << 4) << 8 * t for t in range(8)) for g in GRID]
+HSIGN = [sum((((ksigns(i) >> t) & 1) << 6) << 8 * t for t in range(8)) for i in range(128)]
+K0, K1 = 0x40514E48, 0x60D1CEC8   # bytes 0x48 0x4E 0x51 0x40 | 0xC8 0xCE 0xD1 0x60
+def prmt_s(a, b, c):   # PRMT's default mode, a nibble's bit 3 replicating the byte's sign
+    by = [(a >> 8 * k) & 0xFF for k in range(4)] + [(b >> 8 * k) & 0xFF for k in range(4)]
+    out = 0
+    for k in range(4):
+        n = (c >> 4 * k) & 0xF; v = by[n & 7]
+        if n & 8: v = 0xFF if v & 0x80 else 0
+        out |= v << 8 * k
+    return out
+def halves(w): return np.array([w & 0xFFFF, w >> 16], np.uint16).view(np.float16).astype(np.float64)
+# every grid row and sign pattern: the PRMTs give the signed magnitudes exactly
+for gi in range(256):
+    for si in range(0, 128, 7):
+        sel = HGRID[gi] | HSIGN[si]
+        for w in range(2):
+            for hi in range(2):
+                got = halves(prmt_s(K0, K1, (sel >> 32 * w >> 16 * hi) & 0xFFFFFFFF))
+                for e in range(2):
+                    t = 4 * w + 2 * hi + e
+                    want = ((GRID[gi] >> 8 * t) & 0xFF) * (-1 if (ksigns(si) >> t) & 1 else 1)
+                    assert got[e] == want, (gi, si, t, got[e], want)
+print('IQ2_XXS half selectors: every grid row and sign pattern gives its signed magnitudes')
+RQ = 128; NSBQ = 2; KQ = 256 * NSBQ
+qs = rng.integers(0, 256, (2, RQ, NSBQ, 64), dtype=np.uint8)            # [weight][row][sb][64]
+dq = (rng.random((2, RQ, NSBQ)) * 0.002 + 0.0002).astype(np.float16)
+Wq = np.zeros((2, RQ, KQ))
+for wgt in range(2):
+  for r in range(RQ):
+    for sb in range(NSBQ):
+      for ib in range(8):
+        a0 = int(qs[wgt, r, sb, 8 * ib:8 * ib + 4].view(np.uint32)[0]); a1 = int(qs[wgt, r, sb, 8 * ib + 4:8 * ib + 8].view(np.uint32)[0])
+        db = float(dq[wgt, r, sb]) * (0.5 + (a1 >> 28)) * 0.25
+        for l in range(4):
+          g = GRID[(a0 >> 8 * l) & 0xFF]; s = ksigns((a1 >> 7 * l) & 127)
+          for j in range(8):
+            Wq[wgt, r, 256 * sb + 32 * ib + 8 * l + j] = db * ((g >> 8 * j) & 0xFF) * (-1 if (s >> j) & 1 else 1)
+aqq = rng.integers(-127, 128, (P, KQ)).astype(np.int8); adq = (rng.random((P, NSBQ)) * 0.02).astype(np.float32)
+Xq = aqq.astype(np.float64) * np.repeat(adq, 256, axis=1)
+refq = np.einsum('wrk,pk->wrp', Wq, Xq)
+accq = np.zeros((2, RQ, P))
+for i in range(KQ // 64):
+  sb, tq = i >> 2, i & 3
+  st_codes = np.zeros((256, 16), np.uint8); st_d = np.zeros(256, np.float16)
+  for t in range(256):
+    st_codes[t] = qs[t >> 7, t & 127, sb, 16 * tq:16 * tq + 16]; st_d[t] = dq[t >> 7, t & 127, sb]
+  st_act = aqq[:, i * 64:(i + 1) * 64].view(np.uint8); st_dx = adq[:, sb]
+  B = np.zeros((P, 72))
+  for t in range(256):
+    c = t >> 2; part = t & 3; v = st_act[c, 16 * part:16 * part + 16]
+    for j in range(16):
+      q = int(np.uint8(v[j]).view(np.int8))
+      B[c, xf_slot(part, j & ~1) // 2 + (j & 1)] = np.float16(np.float16(q) * np.float16(st_dx[c]))
+  for warp in range(8):
+    for lane in range(32):
+      gid, tig = lane >> 2, lane & 3
+      for mt in range(2):
+        for h in range(2):
+          r = 128 * mt + 16 * warp + gid + 8 * h
+          gw = st_codes[r, 8 * (tig >> 1):8 * (tig >> 1) + 8]
+          a0 = int(gw[:4].view(np.uint32)[0]); a1 = int(gw[4:].view(np.uint32)[0])
+          s2 = np.float16(float(st_d[r]) * (0.5 + (a1 >> 28)) * 64.0)
+          for ks in range(4):
+            l = 2 * (tig & 1) + (ks >> 1)
+            sel = HGRID[(a0 >> 8 * l) & 0xFF] | HSIGN[(a1 >> 7 * l) & 127]
+            word = (sel >> 32 * (ks & 1)) & 0xFFFFFFFF
+            for hi in range(2):
+              hv = halves(prmt_s(K0, K1, word >> 16 * hi))
+              for e in range(2):
+                wv = float(np.float16(hv[e] * float(s2)))
+                accq[mt, r & 127, :] += wv * B[:, 16 * ks + 8 * hi + 2 * tig + e]
+outq = accq / 256
+errq = np.abs(outq - refq).max(); magq = np.abs(refq).max()
+print('IQ2_XXS: max abs err', errq, 'max |ref|', magq, 'rel', errq / magq)
+
 err=np.abs(out-ref).max(); mag=np.abs(ref).max()
 print('max abs err',err,'max |ref|',mag, 'rel', err/mag)
-raise SystemExit(0 if err/mag < 2e-3 else 1)
+raise SystemExit(0 if err/mag < 2e-3 and errq/magq < 2e-3 else 1)

@@ -300,6 +300,7 @@ struct KqGemm {
     const float* ew;
     const uint64_t *grid, *sign;
     const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
+    const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
 };
 
@@ -1155,24 +1156,37 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 // left, expands tile i + 1's activations into the other B buffer, and runs tile i's MMAs,
 // expanding its weights from the stage as it goes. bench/gpu/xf_layout.py emulates this index
 // math on the host. Run 157 (H100): a fast chunk's down projection 3.54 -> 2.64 us a token.
-constexpr int kXfRows = 256;                 // weight rows a block
+constexpr int kXfRows = 256;                 // weight rows a block's stage holds
 constexpr int kXfK = 64;                     // k a tile
 constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
 constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a B row of 64 halves takes (ldmatrix rows on distinct banks)
+constexpr uint32_t kXfGridCopies = 16;       // IQ2_XXS: copies of the half selector tables
 // The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
 // rows of small scales keep normal halves.
 constexpr float kXfWScale = 256.0f;
+// Output rows a block: Q2_K its 256 stage rows; IQ2_XXS 128 rows of gate and the same of up.
+constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
+template <uint32_t T>
 struct XfSmem {
+    static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = int(kKqFlatPairs);
     static constexpr int b = 0;   // [2][64] rows of kXfRowH: the activations as halves, xf_slot order
-    // a raw stage: code bytes [256][32] (the half of the super-block's 64 holding the tile), scale
-    // bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256], activation codes [64][64], their dx [64]
-    static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * 32, st_dw = st_sc + kXfRows * 4,
-                         st_act = st_dw + kXfRows * 4, st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
+    // a raw stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code
+    // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
+    // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
+    // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
+    static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
+                         st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
     static constexpr int stage = b + 2 * pairs * kXfRowH;
-    static constexpr int bytes = stage + kXfStages * st_bytes;
+    // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
+    // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
+    static constexpr int hgrid = stage + kXfStages * st_bytes;
+    static constexpr int hsign = hgrid + (iq2 ? 256 * kXfGridCopies * 8 : 0);
+    static constexpr int bytes = hsign + (iq2 ? 128 * kXfGridCopies * 8 : 0);
 };
-static_assert(2 * (XfSmem::bytes + 1024) <= 228 * 1024, "fast experts: 2 blocks an SM");
+static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
+static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -1213,15 +1227,28 @@ __device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4
 // exponent of 1024, where the halves' spacing is 1.
 __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
 
-// TABLE (DSV4_XF_TABLE=1, opt-in until its first device run): a row's four possible values
-// b, a + b, 2a + b, 3a + b as halves in two registers once a tile, each fragment word then one
-// PRMT whose selector m · 0x22 + 0x10101010 (m: four 2-bit codes, one a byte) picks halves q0, q1
-// (its low 16 bits) or q2, q3 (shifted): ~6 instructions a code word instead of 8, each value
-// rounded to FP16 once (from fmaf) instead of after a and b are.
-template <bool TABLE>
+// T: T_Q2_K (the down projection, one weight) or T_IQ2_XXS (gate+up fused: the swiglu of the
+// two products, as gemm_iq2_smem_kernel<2> gives it).
+// Q2_K: a thread's 16 values of a row in a tile are one sub-block (16 code bytes at shift sh,
+// one scale byte), each half pair a · q + b from its 2-bit codes; TABLE (DSV4_XF_TABLE=1,
+// opt-in until its first device run): a row's four possible values b, a + b, 2a + b, 3a + b as
+// halves in two registers once a tile, each fragment word then one PRMT whose selector m · 0x22
+// + 0x10101010 (m: four 2-bit codes, one a byte) picks halves q0, q1 (its low 16 bits) or q2, q3
+// (shifted): ~6 instructions a code word instead of 8, each value rounded to FP16 once (from
+// fmaf) instead of after a and b are.
+// IQ2_XXS: a thread's 16 values of a row are two grid rows (8 values each) of one 32-value group,
+// whose scale d · (0.5 + s) / 4 (times 2^8) is a half pair once a tile; each half pair of
+// values is one PRMT of the constant bytes of ±8, 25, 43 (iq2.cuh: kIq2HalfLo, kIq2HalfHi) by
+// the OR of two table words in shared memory (the grid row's and the sign pattern's), times
+// that scale: exact signed magnitudes, one rounding. Block: m-tile 0 of each warp is gate's 16
+// rows, m-tile 1 up's same rows, so a thread holds both products of its outputs for the
+// swiglu.
+template <uint32_t T, bool TABLE>
 __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
+    constexpr bool IQ2 = T == T_IQ2_XXS;
+    static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     pdl_begin();
-    using L = XfSmem;
+    using L = XfSmem<T>;
     constexpr int NT = 8;   // the group's tiles of 8 pairs
     extern __shared__ __align__(16) uint8_t sm[];
     ExpertGroup eg;
@@ -1230,30 +1257,54 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
-    const uint64_t m0 = uint64_t(blockIdx.x) * kXfRows;
+    const uint64_t m0 = uint64_t(blockIdx.x) * xf_block_rows(T);
     const int nsb = int(p.K / 256), ntiles = int(p.K / kXfK);
     auto w_row = [&](uint32_t r) { return eg.wbase + min(m0 + r, p.N - 1); };   // clamped for the loads
+    // a stage row of this thread's fragments: m-tile mt, row gid + 8 h
+    auto stage_row = [&](int mt, int h) {
+        return IQ2 ? 128 * mt + 16 * warp + gid + 8 * h : 32 * warp + 16 * mt + gid + 8 * h;
+    };
+    if constexpr (IQ2) {
+        iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
+        iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
+    }
 
     // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
-    // pair's dx (t < 64), half t % 2 of the codes of rows t / 2 and 128 + t / 2, and row t's
-    // scale bytes and (d, dmin)
+    // pair's dx (t < 64); Q2_K: half t % 2 of the codes of rows t / 2 and 128 + t / 2, and row
+    // t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's row t, up's
+    // row t - 128)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
     // (row indices, not pointers: fewer registers live through the tile loop)
-    const uint32_t row_lo = uint32_t(w_row(t >> 1)), row_hi = uint32_t(w_row(128 + (t >> 1)));
-    const uint32_t row_t = uint32_t(w_row(t));
+    const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)), row_hi = IQ2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
+    const uint32_t row_t = uint32_t(w_row(IQ2 ? t & 127 : t));
+    // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
+    // sb's d is the high half of the staged word when that parity differs from sb's)
+    uint32_t dpar = 0;
+    if constexpr (IQ2)
+        for (int mt = 0; mt < 2; ++mt)
+            for (int h = 0; h < 2; ++h)
+                dpar |= uint32_t((w_row(stage_row(mt, h) & 127) * nsb) & 1) << (2 * mt + h);
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
         if (t < uint32_t(L::pairs)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
-        // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
-        // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
-        const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
-        cp_async16(st + L::st_codes + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
-        cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
-        cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
-        cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
+        if constexpr (IQ2) {
+            // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
+            const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
+            const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
+            cp_async16(st + L::st_codes + t * 16, wq + (uint64_t(row_t) * nsb + sb) * 64 + 16 * tq);
+            cp_async4(st + L::st_dw + t * 4, wd + ((uint64_t(row_t) * nsb + sb) & ~uint64_t(1)));
+        } else {
+            // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
+            // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
+            const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
+            cp_async16(st + L::st_codes + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
+            cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
+            cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
+            cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
+        }
     };
     // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
     // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
@@ -1276,7 +1327,7 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
         cp_async_commit();
     }
     cp_async_wait<2>();
-    __syncthreads();   // tile 0 landed for all
+    __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
     expand_b(0);
     with_tiles<1, NT>(nv, [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
@@ -1291,52 +1342,86 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
             if (i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::pairs * kXfRowH;
-            // this thread's rows 32 warp + 16 mt + gid + 8 h: its sub-block tig of the tile (16
-            // code bytes at shift sh) and its FP16 step a · q + b (TABLE: its 4 values)
-            const int sh = 2 * (2 * (i & 1) + int(tig >> 1));
-            const uint8_t* qrow[2][2];
-            uint32_t a2[2][2], b2[2][2];   // a, b as half pairs (TABLE: the halves w0, w1 and w2, w3)
+            // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
+            // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
+            // (grid indices shifted to grid row 2 (tig % 2), signs to its 7 bits) and scale
+            [[maybe_unused]] const int sh = 2 * (2 * (i & 1) + int(tig >> 1));
+            [[maybe_unused]] const uint8_t* qrow[2][2];
+            uint32_t a2[2][2], b2[2][2];   // a, b as half pairs (TABLE: the halves w0, w1 and w2, w3; IQ2_XXS: the
+                                           // grid indices and the signs)
+            [[maybe_unused]] uint32_t s2[2][2];   // IQ2_XXS: the scale as a half pair
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const uint32_t r = 32 * warp + 16 * mt + gid + 8 * h;
-                    qrow[mt][h] = st + L::st_codes + r * 32 + (tig & 1) * 16;
-                    const uint32_t sc = st[L::st_sc + r * 4 + tig];
-                    const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-                    const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
-                                b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
-                    if constexpr (TABLE) {
-                        a2[mt][h] = h2_of(b, a + b);
-                        b2[mt][h] = h2_of(fmaf(a, 2.0f, b), fmaf(a, 3.0f, b));
+                    const uint32_t r = stage_row(mt, h);
+                    if constexpr (IQ2) {
+                        const uint2 gw = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 16 + (tig >> 1) * 8);
+                        const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
+                        const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
+                        const float s = f16_to_f32(uint16_t(dd >> (16 * hi))) * (0.5f + float(gw.y >> 28)) *
+                                        (0.25f * kXfWScale);
+                        a2[mt][h] = gw.x >> (16 * (tig & 1));
+                        b2[mt][h] = gw.y >> (14 * (tig & 1));
+                        s2[mt][h] = h2_of(s, s);
                     } else {
-                        a2[mt][h] = h2_of(a, a);
-                        b2[mt][h] = h2_of(b, b);
+                        qrow[mt][h] = st + L::st_codes + r * 32 + (tig & 1) * 16;
+                        const uint32_t sc = st[L::st_sc + r * 4 + tig];
+                        const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
+                        const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
+                                    b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
+                        if constexpr (TABLE) {
+                            a2[mt][h] = h2_of(b, a + b);
+                            b2[mt][h] = h2_of(fmaf(a, 2.0f, b), fmaf(a, 3.0f, b));
+                        } else {
+                            a2[mt][h] = h2_of(a, a);
+                            b2[mt][h] = h2_of(b, b);
+                        }
                     }
                 }
-            uint2 q[2][2];   // code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct banks)
+            // Q2_K: code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct
+            // banks); IQ2_XXS: the selectors of grid row ks / 2 (words: values 0-3, 4-7)
+            uint2 q[2][2];
+            [[maybe_unused]] const uint8_t* gtab = sm + L::hgrid + (lane % kXfGridCopies) * 8;
+            [[maybe_unused]] const uint8_t* stab = sm + L::hsign + (lane % kXfGridCopies) * 8;
 #pragma unroll
             for (int ks = 0; ks < kXfK / 16; ++ks) {
                 if (ks % 2 == 0)
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
-                // A: code word ks of each row, values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3
-                // (slots 2 tig + 8, + 9)
+                        for (int h = 0; h < 2; ++h) {
+                            if constexpr (IQ2) {
+                                // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
+                                // 128: the tables' row stride)
+                                const uint32_t go = shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7);
+                                const uint32_t so = shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7);
+                                const uint2 g = *reinterpret_cast<const uint2*>(gtab + go);
+                                const uint2 sg = *reinterpret_cast<const uint2*>(stab + so);
+                                q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
+                            } else {
+                                q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
+                            }
+                        }
+                // A: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3 (slots 2 tig + 8, + 9) of
+                // each row (Q2_K: code word ks; IQ2_XXS: selector word ks % 2 of its grid row)
                 uint32_t a[2][4];
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
-                        const uint32_t m = (w >> sh) & 0x03030303u;
-                        if constexpr (TABLE) {
+                        if constexpr (IQ2) {
+                            // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
+                            a[mt][h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
+                            a[mt][2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
+                        } else if constexpr (TABLE) {
+                            const uint32_t m = (w >> sh) & 0x03030303u;
                             const uint32_t sel = m * 0x22u + 0x10101010u;
                             a[mt][h] = prmt(a2[mt][h], b2[mt][h], sel);
                             a[mt][2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
                         } else {
-                            const uint32_t k1024 = 0x64006400u;
+                            const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
                             a[mt][h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
                             a[mt][2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
                         }
@@ -1363,10 +1448,18 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                 const int c = 8 * nt + int(2 * tig) + (e & 1);
                 if (c >= cnt) continue;
                 const uint64_t pc = uint32_t(gp[c]);
+                if constexpr (IQ2) {
+                    const uint64_t n = m0 + 16 * warp + gid + 8 * (e >> 1);
+                    if (n < p.N)
+                        p.y[pc * p.y_stride + n] = swiglu_pair(acc[0][nt][e] * (1.0f / kXfWScale),
+                                                               acc[1][nt][e] * (1.0f / kXfWScale), p.clamp, p.ew,
+                                                               uint32_t(pc));
+                } else {
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    const uint64_t n = m0 + 32 * warp + 16 * mt + gid + 8 * (e >> 1);
-                    if (n < p.N) p.y[pc * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
+                    for (int mt = 0; mt < 2; ++mt) {
+                        const uint64_t n = m0 + 32 * warp + 16 * mt + gid + 8 * (e >> 1);
+                        if (n < p.N) p.y[pc * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
+                    }
                 }
             }
     });
@@ -2278,32 +2371,38 @@ int q2k_mins() {
 // against the activation, or by scalar sums for DSV4_GEMM_SMEM=2 (MINS 2 there: ptxas spills
 // 144 bytes inside the decode tree's eight unrolled leaves). False when its shared memory
 // cannot be raised yet (a capture first).
-// The fast mode's Q2_K expert kernel (gemm_experts_f16_kernel); false when its shared memory
+// The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <bool TABLE>
+template <uint32_t T, bool TABLE>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem::bytes;
-    const auto kernel = gemm_experts_f16_kernel<TABLE>;
+    constexpr int bytes = XfSmem<T>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
-    kernel<<<dim3(uint32_t((N + kXfRows - 1) / kXfRows), cap), 256, bytes, s>>>(p);
+    kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), 256, bytes, s>>>(p);
     return true;
 }
-// DSV4_XF_TABLE (read once; 1: on, else off, until its first device run): that kernel's
+// DSV4_XF_TABLE (read once; 1: on, else off, until its first device run): the Q2_K kernel's
 // expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests) wins.
 int g_xf_table_override = -1;
-bool launch_experts_f16(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
+    if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = g_xf_table_override >= 0 ? g_xf_table_override != 0 : env;
-    return table ? launch_experts_f16_form<true>(p, N, cap, s) : launch_experts_f16_form<false>(p, N, cap, s);
+    return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
+                 : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
 }
 // DSV4_EXPERTS_F16 (read once; 1: in every prompt round, 0: never, -1 (default): the round's, so
-// --fast-prefill's): a prompt round's routed Q2_K experts by gemm_experts_f16_kernel (run 157, an
-// H100: a fast chunk's down projection 3.54 -> 2.64 us a token); gemm_experts_f16_override
-// (tests) wins.
+// --fast-prefill's): a prompt round's routed Q2_K experts (the down projection) by
+// gemm_experts_f16_kernel (run 157, an H100: a fast chunk's down projection 3.54 -> 2.64 us a
+// token), and its IQ2_XXS gate+up too unless DSV4_XF_IQ2=0 (read once); gemm_experts_f16_override
+// (tests) wins over the first, gemm_experts_f16_iq2_override over the second.
 int g_experts_f16_override = -1;
-bool experts_f16_on() {
+int g_xf_iq2_override = -1;
+bool experts_f16_on(uint32_t type) {
     static const int env = env_int("DSV4_EXPERTS_F16", -1);
+    static const bool iq2 = env_switch("DSV4_XF_IQ2", true);
+    if (type == T_IQ2_XXS && !(g_xf_iq2_override >= 0 ? g_xf_iq2_override != 0 : iq2)) return false;
     return fast_part(g_experts_f16_override, env);
 }
 bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
@@ -2337,6 +2436,7 @@ void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_experts_f16_override(int on) { g_experts_f16_override = on; }
 void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
+void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 void gemm_q8_0_flat_bn(int bn) { g_flat_bn_override = bn; }
 void gemm_q8_0_flat_lean(int on) { g_flat_lean_override = on; }
@@ -2446,6 +2546,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.clamp = clamp;
     p.ew = ew;
     iq2_tables(&p.grid, &p.sign, &p.sel);
+    iq2_half_tables(&p.hgrid, &p.hsign);
     p.skip_tiles = kq_skip_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
@@ -2455,8 +2556,10 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     const bool aligned = reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % kXfK == 0 &&
                          reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.ad) % 4 == 0 &&
                          (!Wu || reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0);
-    if (flat && aligned && experts_f16_on() && Wg.type == T_Q2_K && !Wu &&
-        reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 && launch_experts_f16(p, N, g.cap, s)) {
+    // the fast mode's FP16 kernel: Q2_K alone (the down projection), IQ2_XXS gate+up fused
+    const bool xf_shape = Wg.type == T_Q2_K ? !Wu : Wu && reinterpret_cast<uintptr_t>(p.wd[1]) % 4 == 0;
+    if (flat && aligned && xf_shape && experts_f16_on(Wg.type) && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
+        launch_experts_f16(p, Wg.type, N, g.cap, s)) {
         // (launched by launch_experts_f16: the fast mode's bits)
     } else if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
         reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&

@@ -66,24 +66,30 @@ __device__ __forceinline__ void iq2_fill_sel(uint4* sel_s, const uint32_t* sel, 
     for (uint32_t j = 0; j < NS; ++j) sel_s[tid + NT * j] = make_uint4(sv[j], sv[j], sv[j], sv[j]);
 }
 
-template <uint32_t NT, uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
-__device__ __forceinline__ void iq2_fill_rep(uint4* grid_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
-                                             uint32_t tid) {
-    static_assert(GRID_COPIES == 16 || GRID_COPIES == 8, "grid copies: 16 or 8");
-    constexpr uint32_t GB = iq2_grid_rep_bytes(GRID_COPIES);
-    constexpr uint32_t NG = GB / 16 / NT;
-    static_assert(NG % 4 == 0 && NG * NT * 16 == GB, "fill shape");
-    iq2_fill_sel<NT, SEL_COPIES>(sel_s, sel, tid);
+// A table of ROWS 64-bit rows in COPIES copies (row i, copy c at 8-byte slot COPIES i + c) from
+// src in global memory, by the block's NT threads: loads in rounds of 4 (few registers beside
+// loads the caller has in flight), then 16-byte stores to consecutive addresses per warp.
+template <uint32_t NT, uint32_t ROWS, uint32_t COPIES>
+__device__ __forceinline__ void iq2_fill_rows(uint4* dst, const uint64_t* src, uint32_t tid) {
+    constexpr uint32_t NG = ROWS * COPIES * 8 / 16 / NT;
+    static_assert(NG % 4 == 0 && NG * NT * 16 == ROWS * COPIES * 8, "fill shape");
 #pragma unroll
     for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
         uint64_t g[4];
 #pragma unroll
-        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&grid[(tid + NT * (j0 + j)) / (GRID_COPIES / 2)]);
+        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(&src[(tid + NT * (j0 + j)) / (COPIES / 2)]);
 #pragma unroll
         for (uint32_t j = 0; j < 4; ++j)
-            grid_s[tid + NT * (j0 + j)] =
-                make_uint4(uint32_t(g[j]), uint32_t(g[j] >> 32), uint32_t(g[j]), uint32_t(g[j] >> 32));
+            dst[tid + NT * (j0 + j)] = make_uint4(uint32_t(g[j]), uint32_t(g[j] >> 32), uint32_t(g[j]), uint32_t(g[j] >> 32));
     }
+}
+
+template <uint32_t NT, uint32_t SEL_COPIES, uint32_t GRID_COPIES = kIq2GridCopies>
+__device__ __forceinline__ void iq2_fill_rep(uint4* grid_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
+                                             uint32_t tid) {
+    static_assert(GRID_COPIES == 16 || GRID_COPIES == 8, "grid copies: 16 or 8");
+    iq2_fill_sel<NT, SEL_COPIES>(sel_s, sel, tid);
+    iq2_fill_rows<NT, 256, GRID_COPIES>(grid_s, grid, tid);
 }
 
 // prmt without __byte_perm's masking of the selector (an extra AND per call): the
@@ -180,6 +186,37 @@ __device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const u
         w[2 * l] = prmt(g.x, 0x01010100u - g.x, sel);
         w[2 * l + 1] = prmt(g.y, 0x01010100u - g.y, sel >> 16);
     }
+}
+
+// ---- The fast mode's FP16 expansion (gemm.cu: gemm_experts_f16_kernel<T_IQ2_XXS>) ----------
+// Every signed grid value ±8, ±25, ±43 is an exact half (0x4800, 0x4E40, 0x5160 and the same
+// with bit 15), whose bytes are only eight: high 0x48 0x4E 0x51 0xC8 0xCE 0xD1, low 0x40 0x60
+// and 0x00, the last from PRMT's sign replication (a selector nibble's bit 3) of the positive
+// byte 0x40. So one PRMT of the two constant words kIq2HalfLo (bytes 0x48 0x4E 0x51 0x40) and
+// kIq2HalfHi (0xC8 0xCE 0xD1 0x60) makes a pair of signed values as halves, its selector two
+// bytes, one a value: low nibble the low byte (code c = 0, 1, 2 for 8, 25, 43: 0xB, 3, 7), high
+// nibble the high byte (c + 4 · sign). The byte is the OR of a grid part (iq2_half_grid_byte:
+// the low nibble and c << 4) and a sign part (0x40 when negative), so the selectors of a grid
+// row's 8 values are one 64-bit word of each table, ORed.
+constexpr uint32_t kIq2HalfLo = 0x40514E48u, kIq2HalfHi = 0x60D1CEC8u;
+// The grid part of a value's selector byte from its magnitude (8, 25 or 43).
+__host__ __device__ constexpr uint32_t iq2_half_grid_byte(uint32_t magnitude) {
+    const uint32_t c = uint32_t(magnitude > 8) + uint32_t(magnitude > 25);
+    return (c == 0 ? 0xBu : c == 1 ? 0x3u : 0x7u) | c << 4;
+}
+// The sign parts of the 128 sign patterns: byte t 0x40 when value t is negative (ksigns).
+struct Iq2HalfSigns {
+    uint64_t v[128];
+};
+constexpr Iq2HalfSigns iq2_half_signs() {
+    Iq2HalfSigns r{};
+    for (uint32_t i = 0; i < 128; ++i) {
+        uint32_t v = i, par = 0;
+        for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
+        v |= par << 7;   // ksigns(i)
+        for (int t = 0; t < 8; ++t) r.v[i] |= uint64_t((v >> t) & 1) << (8 * t + 6);
+    }
+    return r;
 }
 
 }  // namespace dsv4::cuda

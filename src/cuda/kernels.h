@@ -286,17 +286,23 @@ void gemm_float_flat_ntw_override(int ntw);
 // Prompt rounds' IQ2_XXS expert GEMM expanding from the grid as 2-bit codes (1) or from the grid's
 // bytes (0); -1: DSV4_IQ2_NIB (on by default). The same bits. Tests.
 void gemm_iq2_nib_override(int on);
-// The fast mode's routed Q2_K experts (gemm_experts_f16_kernel: each weight and activation code
-// expanded into FP16, FP32 sums on the FP16 tensor cores; other bits, within each operand's FP16
+// The fast mode's routed experts, Q2_K down and IQ2_XXS gate+up (gemm_experts_f16_kernel: each
+// weight and activation code expanded into FP16, FP32 sums on the FP16 tensor cores; other bits, within each operand's FP16
 // rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice (1: every prompt round,
 // 0: never, -1 (default): the round's, fast_prefill_round). Tests.
 void gemm_experts_f16_override(int on);
 // That kernel's expansion from a row's four values by PRMT (1) or by HSUB2 and HFMA2 (0); -1:
 // DSV4_XF_TABLE's (off by default). Other bits than 0's, within the same bounds. Tests.
 void gemm_experts_f16_table_override(int on);
+// Whether that kernel also takes the IQ2_XXS gate+up (1) or leaves it to the exact kernels (0);
+// -1: DSV4_XF_IQ2's (on by default). Tests.
+void gemm_experts_f16_iq2_override(int on);
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
 // of the sign selectors (iq2.cuh; constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);
+// Device addresses of the fast experts kernel's IQ2_XXS half selectors (iq2.cuh): the grid's
+// parts (upload_iq2xxs_grid) and the signs' (constants).
+void iq2_half_tables(const uint64_t** hgrid, const uint64_t** hsign);
 
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).

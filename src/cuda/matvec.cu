@@ -19,6 +19,10 @@ namespace {
 // negative: ksigns(i) bit t), read through the L1 cache by every lane.
 __device__ uint64_t g_iq2_grid[256];
 __device__ uint64_t g_iq2_sign[128];
+// The fast experts kernel's half selectors (iq2.cuh): the grid parts (from the grid, at its
+// upload) and the sign parts (constants).
+__device__ uint64_t g_iq2_hgrid[256];
+__device__ const Iq2HalfSigns g_iq2_hsign = iq2_half_signs();
 
 __device__ __forceinline__ uint32_t ksigns(uint32_t i) { return i | ((uint32_t(__popc(i)) & 1u) << 7); }
 
@@ -1539,6 +1543,24 @@ void upload_iq2xxs_grid(const uint64_t* grid) {
             if ((sg >> t) & 1) sign[i] |= uint64_t(0xFF) << (8 * t);
     }
     check(cudaMemcpyToSymbol(g_iq2_sign, sign, sizeof(sign)), "upload of the IQ2_XXS signs");
+    uint64_t hgrid[256];
+    for (uint32_t i = 0; i < 256; ++i) {
+        hgrid[i] = 0;
+        for (int t = 0; t < 8; ++t) hgrid[i] |= uint64_t(iq2_half_grid_byte(uint32_t(grid[i] >> (8 * t)) & 0xFF)) << (8 * t);
+    }
+    check(cudaMemcpyToSymbol(g_iq2_hgrid, hgrid, sizeof(hgrid)), "upload of the IQ2_XXS half selectors");
+}
+
+void iq2_half_tables(const uint64_t** hgrid, const uint64_t** hsign) {
+    static const std::pair<const uint64_t*, const uint64_t*> t = [] {
+        void* g = nullptr;
+        void* sg = nullptr;
+        check(cudaGetSymbolAddress(&g, g_iq2_hgrid), "IQ2_XXS half selectors");
+        check(cudaGetSymbolAddress(&sg, g_iq2_hsign), "IQ2_XXS half sign selectors");
+        return std::pair{static_cast<const uint64_t*>(g), static_cast<const uint64_t*>(sg)};
+    }();
+    *hgrid = t.first;
+    *hsign = t.second;
 }
 
 ActKind act_kind(uint32_t t) {

@@ -2642,7 +2642,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     // token), and the
     // staged IQ2_XXS kernel's expansion from the grid as codes (DSV4_IQ2_NIB). The counts
     // leave tiles of 8 pairs partly and wholly empty, which the staged kernels' warps skip.
-    // The fast mode's FP16 kernel (DSV4_EXPERTS_F16) is held to bounds instead of bits.
+    // The fast mode's FP16 kernel (DSV4_EXPERTS_F16: the Q2_K alone, the IQ2_XXS gate+up fused) is
+    // held to bounds instead of bits.
     struct Restore {
         ~Restore() {
             cuda::gemm_prefill_order(false);
@@ -2651,6 +2652,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
             cuda::gemm_iq2_nib_override(-1);
             cuda::gemm_experts_f16_override(-1);
             cuda::gemm_experts_f16_table_override(-1);
+            cuda::gemm_experts_f16_iq2_override(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2791,30 +2793,71 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                 for (const auto& [smem, mins, nib, f16] : paths) {
                     if (nib && !fused) continue;   // (an IQ2_XXS path)
                     if (f16) {
-                        // the fast mode's kernel (gemm_experts_f16_kernel; Q2_K alone, IQ2_XXS keeps its
-                        // exact kernel): each weight and activation code rounded to FP16 once, FP32
-                        // sums in its own order, against the CPU's exact dots: within 3e-3 of
-                        // Σ_k |terms_k| |x_k| (the operands' roundings give ~1.5e-3; a weight's terms
-                        // d·sc·q and dmin·m counted apart, as its FP16 form rounds them apart); and
-                        // not the exact bits everywhere (the kernel ran)
-                        if (fused) continue;
+                        // the fast mode's kernel (gemm_experts_f16_kernel: Q2_K alone, IQ2_XXS gate+up
+                        // fused): each weight and activation code rounded to FP16 once (an IQ2_XXS
+                        // weight: its scale, then its product with the exact ±grid value), FP32 sums
+                        // in its own order, against the CPU's exact dots: within 3e-3 of Σ_k |terms_k|
+                        // |x_k| (the operands' roundings give ~1.5e-3; a Q2_K weight's terms d·sc·q
+                        // and dmin·m counted apart, as its FP16 form rounds them apart); gate+up: those
+                        // bounds through the swiglu (silu' <= 1.1, the clamp 1-Lipschitz); and not the
+                        // exact bits everywhere (the kernel ran)
                         const auto qv = ah.q.download();
                         const auto qd = ah.d.download();
                         std::vector<float> xa(R * K);
                         for (uint64_t i = 0; i < xa.size(); ++i) xa[i] = std::fabs(float(qv[i]) * qd[i / 256]);
-                        std::vector<float> mg(P * N), tm(K);
+                        std::vector<float> mg(P * N), mgu(fused ? P * N : 0), tm(K), tmu(K);
                         for (uint32_t e = 0; e < NEXP; ++e)
                             for (uint64_t n = 0; n < N; ++n) {
                                 weight_term_magnitudes(wt, hg.bytes.data() + (e * RPE + n) * rb, tm.data(), K);
+                                if (fused) weight_term_magnitudes(wt, hu.bytes.data() + (e * RPE + n) * rb, tmu.data(), K);
                                 for (uint32_t pp = 0; pp < P; ++pp) {
                                     if (uint32_t(mixed[pp]) != e) continue;
-                                    double acc = 0.0;
-                                    for (uint64_t k = 0; k < K; ++k) acc += double(tm[k]) * xa[(pp / KU) * K + k];
+                                    double acc = 0.0, accu = 0.0;
+                                    for (uint64_t k = 0; k < K; ++k) {
+                                        acc += double(tm[k]) * xa[(pp / KU) * K + k];
+                                        if (fused) accu += double(tmu[k]) * xa[(pp / KU) * K + k];
+                                    }
                                     mg[pp * N + n] = float(acc);
+                                    if (fused) mgu[pp * N + n] = float(accu);
                                 }
                             }
-                        // (either expansion: the halves' steps, and a row's four values by PRMT)
                         cuda::gemm_experts_f16_override(1);
+                        if (fused) {
+                            for (size_t bi = 0; bi < batches.size(); ++bi) {
+                                const Batch& b = *batches[bi];
+                                const std::string where = what + " f16, batch of " + std::to_string(batch_rows[bi]) + " rows: ";
+                                // the gate alone keeps its exact kernel
+                                const auto r1 = gate_alone(b);
+                                ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
+                                    << where << "gate alone, first difference at " << first_diff(r1, ref, b.P);
+                                for (int c = 0; c < 2; ++c) {
+                                    const auto r2 = gate_up(b, c);
+                                    for (uint64_t i = 0; i < r2.size(); ++i) {
+                                        const float eg = 3e-3f * mg[i] + 1e-6f, eu = 3e-3f * mgu[i] + 1e-6f;
+                                        const float w = c ? 1.0f : wv[i / N];
+                                        const float bound = w * (1.1f * eg * (std::fabs(ref_u[i]) + eu) +
+                                                                 (std::fabs(ref[i]) + eg) * eu) +
+                                                            1e-5f * std::fabs(sw_ref[c][i]) + 1e-6f;
+                                        ASSERT_LE(std::fabs(r2[i] - sw_ref[c][i]), bound)
+                                            << where << "gate+up, clamp " << clamps[c] << ", pair " << i / N << " row "
+                                            << i % N << ": " << r2[i] << " vs the swiglu of the CPU's dots " << sw_ref[c][i];
+                                    }
+                                    ASSERT_NE(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
+                                        << where << "gate+up, the exact bits";
+                                }
+                                // DSV4_XF_IQ2=0: gate+up back on the exact kernel
+                                cuda::gemm_experts_f16_iq2_override(0);
+                                const auto r3 = gate_up(b, 1);
+                                cuda::gemm_experts_f16_iq2_override(-1);
+                                ASSERT_EQ(0, std::memcmp(r3.data(), sw_ref[1].data(), r3.size() * 4))
+                                    << where << "gate+up without its FP16 form, first difference at "
+                                    << first_diff(r3, sw_ref[1], b.P);
+                            }
+                            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                            cuda::gemm_experts_f16_override(-1);
+                            continue;
+                        }
+                        // (either expansion: the halves' steps, and a row's four values by PRMT)
                         for (int table = 0; table < 2; ++table) {
                             cuda::gemm_experts_f16_table_override(table);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
