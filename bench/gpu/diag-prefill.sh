@@ -9,8 +9,9 @@
 #   3. their sections (speed of light, warp states, pipes, memory) and the Q2_K down GEMM's.
 #   run(command="bench/gpu/diag-prefill.sh", carry=[".deps"])
 # DIAG_NEW=1: the same for the fast mode's newer kernels instead: attn_rows_fast_kernel (its
-# 32-key tiles, the default) unless DIAG_ATTN=0, and gemm_experts_f16_kernel (DSV4_EXPERTS_F16=1:
-# the Q2_K down, its first launch).
+# 32-key tiles, the default) unless DIAG_ATTN=0, and gemm_experts_f16_kernel (DSV4_EXPERTS_F16=1):
+# its first launch the IQ2_XXS gate+up (source counters, sections), its second the Q2_K down
+# (sections).
 # About 6 minutes on a fresh machine. Files back: $OUT/*.txt (8 at most).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,7 +42,8 @@ if [[ "${DIAG_NEW:-0}" == 1 ]]; then
   [[ "${DIAG_ATTN:-1}" == 1 ]] && src 'attn_rows_fast_kernel' 2 attn_src.txt
   [[ "${DIAG_ATTN:-1}" == 1 ]] && sect 'attn_rows_fast_kernel' 2 attn_sect.txt
   src 'gemm_experts_f16_kernel' 0 xf_src.txt
-  sect 'gemm_experts_f16_kernel' 0 xf_down_sect.txt
+  sect 'gemm_experts_f16_kernel' 0 xf_gate_sect.txt
+  sect 'gemm_experts_f16_kernel' 1 xf_down_sect.txt
 else
   src 'attn_rows_f16_kernel' 2 attn_src.txt
   sect 'attn_rows_f16_kernel' 2 attn_sect.txt
