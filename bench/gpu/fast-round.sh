@@ -9,8 +9,8 @@
 #      tests against the CPU (FastPrefillAtFlashWidth: either attention, either experts kernel);
 #   2. the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB cannot hold all
 #      43): exact defaults, the fast mode, it with the IQ2_XXS gate+up on its exact kernel
-#      (DSV4_XF_IQ2=0), it with the Q2_K kernel's expansion by HSUB2 and HFMA2 instead of
-#      PRMT (DSV4_XF_TABLE=0);
+#      (DSV4_XF_IQ2=0: the FP16 form is new, not yet run on a device), it with the Q2_K
+#      kernel's PRMT expansion (DSV4_XF_TABLE=1, opt-in, not yet run on a device);
 #   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token): the same three
 #      fast settings;
 #   4. with NCU=1, Nsight Compute: the fast chunk's kernels by device time (~90 s more).
@@ -22,10 +22,10 @@ OUT=${OUT:-$PWD/build-gpu/logs}
 mkdir -p "$OUT"
 FAST="DSV4_FAST_PREFILL=1"
 OUT=$OUT/ab GTEST_FILTER='*ExpertsPromptOrder*:*FastPrefill*:CudaKernels.Attention*' AB_TIMEOUT=170 \
-  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_XF_IQ2=0;$FAST DSV4_XF_TABLE=0}"
+  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_XF_IQ2=0;$FAST DSV4_XF_TABLE=1}"
 grep -E "max rel|median|argmax|bound" "$OUT/ab/quick.log" | head -12
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_XF_IQ2=0" "$FAST DSV4_XF_TABLE=0"
+bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_XF_IQ2=0" "$FAST DSV4_XF_TABLE=1"
 if [[ "${NCU:-0}" == 1 ]]; then
   echo "== Nsight Compute, one 2,048-token chunk, fast mode, 4 layers"
   env $FAST NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Host emulation of gemm_experts_f16_kernel's index math (src/cuda/gemm.cu), for changing it
 without a GPU: one block of 256 Q2_K rows x 64 pairs over 2 super-blocks, staged as issue()
-copies, the activations expanded to their xf_slot as xf_act_kernel does, each thread's A values
+copies, the activations expanded to their xf_slot as expand_b() does, each thread's A values
 from its stage rows (sub-block tig at shift sh) multiplied into the k-slots that the m16n8k16
 fragments give it (a0..a3: slots 2 tig + e and 2 tig + 8 + e of k-step ks), against the
 weights decoded in ggml's Q2_K order. Prints the largest error relative to the largest output

@@ -520,7 +520,6 @@ private:
     DBuf<int32_t> act_b_, act2_b_;
     ActBuf act_, act2_;
     DBuf<int8_t> xn8_q_, xnk_q_;
-    DBuf<uint16_t> act_h_, xnk_h_;
     DBuf<float> xn8_d_, xnk_d_;
     DBuf<int32_t> xn8_b_, xnk_b_;
     ActBuf xn8_, xnk_;
@@ -711,10 +710,7 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     act_q_.ensure(vals, "workspace", g);
     act_d_.ensure(vals / 32, "workspace", g);
     act_b_.ensure(vals / 16, "workspace", g);
-    // (and the FP16 form of the routed experts' activations, down's here and gate+up's in xnk_:
-    // the fast mode's expert kernel, gemm.cu)
-    act_h_.ensure(vals, "workspace", g);
-    act_ = {act_q_.get(), act_d_.get(), act_b_.get(), vals, act_h_.get()};
+    act_ = {act_q_.get(), act_d_.get(), act_b_.get(), vals};
     const uint64_t vals2 = (n * std::max(E, FS) + 255) / 256 * 256;
     act2_q_.ensure(vals2, "workspace", g);
     act2_d_.ensure(vals2 / 32, "workspace", g);
@@ -732,8 +728,7 @@ void CudaBackend::ensure_workspace(uint32_t R) {
     xnk_q_.ensure(vals2, "workspace", g);
     xnk_d_.ensure(vals2 / 32, "workspace", g);
     xnk_b_.ensure(vals2 / 16, "workspace", g);
-    xnk_h_.ensure(vals2, "workspace", g);
-    xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2, xnk_h_.get()};
+    xnk_ = {xnk_q_.get(), xnk_d_.get(), xnk_b_.get(), vals2};
     hc_gate_.ensure(n * (H + 1), "workspace", g);
     hc_part_.ensure(hc_pre_partials(R, H, E), "workspace", g);
     if (tail_count_.ensure(2, "workspace", g))

@@ -301,7 +301,6 @@ struct KqGemm {
     const uint64_t *grid, *sign;
     const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
     const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
-    const uint16_t* xf;              // the activations' FP16 form (xf_act_kernel; the fast experts kernel)
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
 };
 
@@ -1149,19 +1148,17 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 // that the 16 values a thread holds of a row in the tile's four k-steps are one whole
 // sub-block, 16 code bytes at one shift under one scale byte: thread tig of a k-step holds
 // slots 2 tig + e and 2 tig + 8 + e, which carry the tile's logical values
-// 16 tig + 4 ks + 2 hi + e (hi: the second slot pair). The activations are in that physical
-// order (xf_slot) already as halves: xf_act_kernel writes them once for all the blocks (each
-// block expanded them itself until run 159: a 16th of the instructions of the IQ2_XXS kernel,
-// which every one of a group's 16 row blocks repeated); ldmatrix then reads them as usual.
+// 16 tig + 4 ks + 2 hi + e (hi: the second slot pair). The activations are stored in that
+// physical order (xf_slot) when they are expanded; ldmatrix then reads them as usual.
 // A block: 256 weight rows (8 warps of 32 rows, 2 m-tiles) × the group's 64 pairs (8 n-tiles,
 // the empty ones skipped), k tiles of 64 in 4 cp.async stages with one barrier a tile: at tile
-// i the block waits for tile i's stage, issues tile i + 3 into the stage tile i - 1 left, and
-// runs tile i's MMAs, expanding its weights from the stage as it goes. bench/gpu/xf_layout.py
-// emulates this index math on the host. Run 157 (H100): a fast chunk's down projection 3.54 ->
-// 2.64 us a token.
+// i the block waits for the stage of tile i + 1, issues tile i + 3 into the stage tile i - 1
+// left, expands tile i + 1's activations into the other B buffer, and runs tile i's MMAs,
+// expanding its weights from the stage as it goes. bench/gpu/xf_layout.py emulates this index
+// math on the host. Run 157 (H100): a fast chunk's down projection 3.54 -> 2.64 us a token.
 constexpr int kXfRows = 256;                 // weight rows a block's stage holds
 constexpr int kXfK = 64;                     // k a tile
-constexpr int kXfStages = 4;                 // stages: tile i read, i + 1 .. i + 3 in flight
+constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
 constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a B row of 64 halves takes (ldmatrix rows on distinct banks)
 constexpr uint32_t kXfGridCopies = 16;       // IQ2_XXS: copies of the half selector tables
 // The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
@@ -1173,15 +1170,15 @@ template <uint32_t T>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = int(kKqFlatPairs);
-    // a stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code bytes
-    // holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then up's),
-    // Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d and its
-    // neighbour, the 4-byte word holding it), the pairs' activations as halves [64] rows of
-    // kXfRowH (xf_slot order, as xf_act_kernel wrote them)
+    static constexpr int b = 0;   // [2][64] rows of kXfRowH: the activations as halves, xf_slot order
+    // a raw stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code
+    // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
+    // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
+    // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
-                         st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_b = st_dw + kXfRows * 4,
-                         st_bytes = st_b + pairs * kXfRowH;
-    static constexpr int stage = 0;
+                         st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
+    static constexpr int stage = b + 2 * pairs * kXfRowH;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
     static constexpr int hgrid = stage + kXfStages * st_bytes;
@@ -1230,32 +1227,11 @@ __device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4
 // exponent of 1024, where the halves' spacing is 1.
 __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
 
-// The fast experts kernel's B operand, once for all its blocks: rows of K (% 256 == 0) Q8_K
-// codes q (n16 units of 16 values) as halves q · dx (dx rounded to a half, the product once:
-// q is 1024 + (q ^ 0x80) - 1152 exactly), each 64-value tile's values at their xf_slot. A
-// thread: one unit, part u % 4 of its tile.
-__global__ void xf_act_kernel(const int8_t* __restrict__ q, const float* __restrict__ d, uint64_t n16,
-                              uint16_t* __restrict__ h) {
-    pdl_begin();
-    const uint64_t u = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (u >= n16) return;
-    const uint4 v = *reinterpret_cast<const uint4*>(q + 16 * u);
-    const float dx = d[u / 16];   // (16 units a 256-value block)
-    const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u, part = uint32_t(u & 3);
-    const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
-    uint8_t* tile = reinterpret_cast<uint8_t*>(h + 16 * (u & ~uint64_t(3)));
-#pragma unroll
-    for (uint32_t k = 0; k < 4; ++k) {
-        *reinterpret_cast<uint32_t*>(tile + xf_slot(part, 4 * k)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
-        *reinterpret_cast<uint32_t*>(tile + xf_slot(part, 4 * k + 2)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
-    }
-}
-
 // T: T_Q2_K (the down projection, one weight) or T_IQ2_XXS (gate+up fused: the swiglu of the
 // two products, as gemm_iq2_smem_kernel<2> gives it).
 // Q2_K: a thread's 16 values of a row in a tile are one sub-block (16 code bytes at shift sh,
-// one scale byte), each half pair a · q + b from its 2-bit codes; TABLE (DSV4_XF_TABLE, the
-// default since run 158): a row's four possible values b, a + b, 2a + b, 3a + b as
+// one scale byte), each half pair a · q + b from its 2-bit codes; TABLE (DSV4_XF_TABLE=1,
+// opt-in until its first device run): a row's four possible values b, a + b, 2a + b, 3a + b as
 // halves in two registers once a tile, each fragment word then one PRMT whose selector m · 0x22
 // + 0x10101010 (m: four 2-bit codes, one a byte) picks halves q0, q1 (its low 16 bits) or q2, q3
 // (shifted): ~6 instructions a code word instead of 8, each value rounded to FP16 once (from
@@ -1293,11 +1269,12 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
         iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
     }
 
-    // this thread's copies of a tile: a quarter of its pair's activations (pair t / 4: halves
-    // 16 (t % 4) ..+ 15 of the tile); Q2_K: half t % 2 of the codes of rows t / 2 and 128 + t / 2,
-    // and row t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's row
-    // t, up's row t - 128)
+    // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
+    // pair's dx (t < 64); Q2_K: half t % 2 of the codes of rows t / 2 and 128 + t / 2, and row
+    // t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's row t, up's
+    // row t - 128)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
+    const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
     // (row indices, not pointers: fewer registers live through the tile loop)
     const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)), row_hi = IQ2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
     const uint32_t row_t = uint32_t(w_row(IQ2 ? t & 127 : t));
@@ -1311,9 +1288,8 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        const uint16_t* xa = p.xf + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16;
-        cp_async16(st + L::st_b + (t >> 2) * kXfRowH + (t & 3) * 32, xa);
-        cp_async16(st + L::st_b + (t >> 2) * kXfRowH + (t & 3) * 32 + 16, xa + 8);
+        cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
+        if (t < uint32_t(L::pairs)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -1330,22 +1306,42 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
             cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
         }
     };
+    // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
+    // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
+    auto expand_b = [&](int i) {
+        const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
+        const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
+        const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
+        const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
+        const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
+        uint8_t* bs = sm + L::b + ((i & 1) * L::pairs + (t >> 2)) * kXfRowH;
+#pragma unroll
+        for (uint32_t k = 0; k < 4; ++k) {
+            *reinterpret_cast<uint32_t*>(bs + xf_slot(t & 3, 4 * k)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
+            *reinterpret_cast<uint32_t*>(bs + xf_slot(t & 3, 4 * k + 2)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
+        }
+    };
+
     for (int i = 0; i < 3; ++i) {
         if (i < ntiles) issue(i);
         cp_async_commit();
     }
+    cp_async_wait<2>();
+    __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
+    expand_b(0);
     with_tiles<1, NT>(nv, [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
         float acc[2][NT][4];
         each(acc, [](float& x) { x = 0.0f; });
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
-            cp_async_wait<2>();   // tile i's stage (tiles i + 1, i + 2 may still fly)
-            __syncthreads();      // it landed for all (the IQ2_XXS tables filled); tile i - 1's MMAs done
+            cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
+            __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
+            if (i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-            const uint8_t* bsm = st + L::st_b;
+            const uint8_t* bsm = sm + L::b + (i & 1) * L::pairs * kXfRowH;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
             // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
             // (grid indices shifted to grid row 2 (tig % 2), signs to its 7 bits) and scale
@@ -1456,8 +1452,8 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                     const uint64_t n = m0 + 16 * warp + gid + 8 * (e >> 1);
                     if (n < p.N)
                         p.y[pc * p.y_stride + n] = swiglu_pair<true>(acc[0][nt][e] * (1.0f / kXfWScale),
-                                                               acc[1][nt][e] * (1.0f / kXfWScale), p.clamp, p.ew,
-                                                               uint32_t(pc));
+                                                                     acc[1][nt][e] * (1.0f / kXfWScale), p.clamp,
+                                                                     p.ew, uint32_t(pc));
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < 2; ++mt) {
@@ -2386,20 +2382,12 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), 256, bytes, s>>>(p);
     return true;
 }
-// The activation rows of P pairs (act_div a row) in their FP16 form (xf_act_kernel), then the
-// kernel for T.
-void xf_act(const KqGemm& p, uint32_t P, cudaStream_t s) {
-    const uint64_t n16 = (uint64_t(P - 1) / p.act_div + 1) * (p.AL / 16);
-    xf_act_kernel<<<uint32_t((n16 + 255) / 256), 256, 0, s>>>(p.aq, p.ad, n16, const_cast<uint16_t*>(p.xf));
-}
-// DSV4_XF_TABLE (read once; on unless 0): the Q2_K kernel's expansion from a row's four values
-// (TABLE; run 158, an H100: a fast chunk's down projection 2.64 -> 2.58 us a token, the 36-layer
-// fast prefill 6,249 -> 6,292 tok/s); gemm_experts_f16_table_override (tests) wins.
+// DSV4_XF_TABLE (read once; 1: on, else off, until its first device run): the Q2_K kernel's
+// expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests) wins.
 int g_xf_table_override = -1;
-bool launch_experts_f16(const KqGemm& p, uint32_t type, uint32_t P, uint64_t N, uint32_t cap, cudaStream_t s) {
-    xf_act(p, P, s);
+bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
-    static const bool env = env_switch("DSV4_XF_TABLE", true);
+    static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = g_xf_table_override >= 0 ? g_xf_table_override != 0 : env;
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2559,7 +2547,6 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.ew = ew;
     iq2_tables(&p.grid, &p.sign, &p.sel);
     iq2_half_tables(&p.hgrid, &p.hsign);
-    p.xf = a.xf;
     p.skip_tiles = kq_skip_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
@@ -2570,10 +2557,9 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
                          reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.ad) % 4 == 0 &&
                          (!Wu || reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0);
     // the fast mode's FP16 kernel: Q2_K alone (the down projection), IQ2_XXS gate+up fused
-    const bool xf_shape = (Wg.type == T_Q2_K ? !Wu : Wu && reinterpret_cast<uintptr_t>(p.wd[1]) % 4 == 0) && a.xf &&
-                          reinterpret_cast<uintptr_t>(a.xf) % 16 == 0 && p.AL % 256 == 0;
+    const bool xf_shape = Wg.type == T_Q2_K ? !Wu : Wu && reinterpret_cast<uintptr_t>(p.wd[1]) % 4 == 0;
     if (flat && aligned && xf_shape && experts_f16_on(Wg.type) && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
-        launch_experts_f16(p, Wg.type, P, N, g.cap, s)) {
+        launch_experts_f16(p, Wg.type, N, g.cap, s)) {
         // (launched by launch_experts_f16: the fast mode's bits)
     } else if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
         reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&

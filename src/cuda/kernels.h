@@ -76,9 +76,6 @@ struct DevAct {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* bsum = nullptr;
-    // Room for the codes' FP16 form (Q8_K: cap_values halves; ActBuf::h), which the fast mode's
-    // expert kernel writes and reads; null: that kernel is not used.
-    uint16_t* xf = nullptr;
 };
 
 // Scratch for quantised activations (device memory, owned by the caller).
@@ -87,7 +84,6 @@ struct ActBuf {
     float* d = nullptr;
     int32_t* bsum = nullptr;
     uint64_t cap_values = 0;   // q holds cap_values; d cap_values/32; bsum cap_values/16
-    uint16_t* h = nullptr;     // optional: cap_values halves (the routed experts' activations)
 };
 
 // The activation of rows of K values whose codes (of a quantised kind) are, or are about to
@@ -99,7 +95,6 @@ inline DevAct codes_in(ActKind kind, uint64_t K, const ActBuf& buf) {
     a.q = buf.q;
     a.d = buf.d;
     a.bsum = buf.bsum;
-    a.xf = buf.h;
     return a;
 }
 
@@ -297,7 +292,7 @@ void gemm_iq2_nib_override(int on);
 // 0: never, -1 (default): the round's, fast_prefill_round). Tests.
 void gemm_experts_f16_override(int on);
 // That kernel's expansion from a row's four values by PRMT (1) or by HSUB2 and HFMA2 (0); -1:
-// DSV4_XF_TABLE's (on by default). Other bits than 0's, within the same bounds. Tests.
+// DSV4_XF_TABLE's (off by default). Other bits than 0's, within the same bounds. Tests.
 void gemm_experts_f16_table_override(int on);
 // Whether that kernel also takes the IQ2_XXS gate+up (1) or leaves it to the exact kernels (0);
 // -1: DSV4_XF_IQ2's (on by default). Tests.

@@ -78,10 +78,9 @@ struct ActHolder {
     DevVec<int8_t> q;
     DevVec<float> d;
     DevVec<int32_t> b;
-    DevVec<uint16_t> h;
     cuda::ActBuf buf;
-    explicit ActHolder(uint64_t values) : q(values), d(values / 32 + 1), b(values / 16 + 1), h(values) {
-        buf = {q.get(), d.get(), b.get(), values, h.get()};
+    explicit ActHolder(uint64_t values) : q(values), d(values / 32 + 1), b(values / 16 + 1) {
+        buf = {q.get(), d.get(), b.get(), values};
     }
 };
 
