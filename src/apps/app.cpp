@@ -46,7 +46,7 @@ void ModelOptions::add_to(CLI::App& app, bool model_required) {
     app.add_option("--chunk", chunk, "prefill chunk in tokens (default: 512 on the CPU, 2048 on CUDA)")
         ->check(CLI::Range(1u, 1u << 20));
     app.add_flag("--fast-prefill", fast_prefill,
-                 "CUDA: prompts' products through cuBLAS in FP16, their Q2_K experts and attention in plain FP16 "
+                 "CUDA: prompts' products through cuBLAS in FP16, their 2-bit experts and attention in plain FP16 "
                  "(faster; not the CPU's bits)");
     app.add_flag("--kv-eager", kv_eager, "commit all KV memory at session creation (for comparison)");
     app.add_option("--kv-initial-rows", kv_initial_rows, "compressed KV rows per stream committed at creation");

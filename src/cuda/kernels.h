@@ -208,8 +208,8 @@ uint64_t gemm_cublas_calls(int kind);
 // gemm_q8_0_cublas / gemm_float_cublas instead of the flat kernels (Q8_0: ~2x faster products,
 // run 149), the rows attention its plain FP16 form (attn_rows_f16), the mHC mix tile its float
 // sums (hc_pre_mix): other bits, not chunking-invariant, and a decode row in such a round gets
-// them too; the attention at heads of 512 in tiles of 32 keys (DSV4_ATTN_FAST_KT), the routed Q2_K
-// experts on the FP16 tensor cores (DSV4_EXPERTS_F16).
+// them too; the attention at heads of 512 in tiles of 32 keys (DSV4_ATTN_FAST_KT), the routed
+// 2-bit experts (Q2_K down, IQ2_XXS gate+up) on the FP16 tensor cores (DSV4_EXPERTS_F16).
 void fast_prefill_round(bool on);
 bool fast_prefill_round();
 // Whether a part of that mode runs now: a test's override (0 / 1; -1: unset), else its
@@ -287,9 +287,9 @@ void gemm_float_flat_ntw_override(int ntw);
 // bytes (0); -1: DSV4_IQ2_NIB (on by default). The same bits. Tests.
 void gemm_iq2_nib_override(int on);
 // The fast mode's routed experts, Q2_K down and IQ2_XXS gate+up (gemm_experts_f16_kernel: each
-// weight and activation code expanded into FP16, FP32 sums on the FP16 tensor cores; other bits, within each operand's FP16
-// rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice (1: every prompt round,
-// 0: never, -1 (default): the round's, fast_prefill_round). Tests.
+// weight and activation code expanded into FP16, FP32 sums on the FP16 tensor cores; other bits,
+// within each operand's FP16 rounding): 1 / 0 in every prompt round, -1 DSV4_EXPERTS_F16's choice
+// (1: every prompt round, 0: never, -1 (default): the round's, fast_prefill_round). Tests.
 void gemm_experts_f16_override(int on);
 // That kernel's expansion from a row's four values by PRMT (1) or by HSUB2 and HFMA2 (0); -1:
 // DSV4_XF_TABLE's (off by default). Other bits than 0's, within the same bounds. Tests.
