@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call for the fast mode's (--fast-prefill's) newer kernels, both its defaults since
-# runs 155-157 (H100): the routed Q2_K experts on the FP16 tensor cores (gemm_experts_f16_kernel;
-# DSV4_EXPERTS_F16=0 for the exact kernel) and the rows attention in tiles of 32 keys
+# One device call for the fast mode's (--fast-prefill's) newer kernels, its defaults since
+# runs 155-161 (H100): the routed 2-bit experts on the FP16 tensor cores (gemm_experts_f16_kernel:
+# Q2_K down since run 157, IQ2_XXS gate+up since run 158; DSV4_EXPERTS_F16=0 for the exact
+# kernels, DSV4_XF_IQ2=0 for the gate+up's alone) and the rows attention in tiles of 32 keys
 # (attn_rows_fast_kernel; DSV4_ATTN_FAST_KT=16 for the kernel before):
 #   1. the build; the expert test (ExpertsPromptOrderEqualCpuDot: the FP16 kernel within its
 #      bounds of the CPU's dots), every attention kernel test (mode 6: the 32-key tiles against
@@ -9,8 +10,8 @@
 #      tests against the CPU (FastPrefillAtFlashWidth: either attention, either experts kernel);
 #   2. the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB cannot hold all
 #      43): exact defaults, the fast mode, it with the IQ2_XXS gate+up on its exact kernel
-#      (DSV4_XF_IQ2=0: the FP16 form is new, not yet run on a device), it with the Q2_K
-#      kernel's PRMT expansion (DSV4_XF_TABLE=1, opt-in, not yet run on a device);
+#      (DSV4_XF_IQ2=0), it with the Q2_K kernel's PRMT expansion (DSV4_XF_TABLE=1, opt-in:
+#      within noise in runs 158 and 160);
 #   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token): the same three
 #      fast settings;
 #   4. with NCU=1, Nsight Compute: the fast chunk's kernels by device time (~90 s more).
