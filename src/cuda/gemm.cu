@@ -1155,7 +1155,8 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 // i the block waits for the stage of tile i + 1, issues tile i + 3 into the stage tile i - 1
 // left, expands tile i + 1's activations into the other B buffer, and runs tile i's MMAs,
 // expanding its weights from the stage as it goes. bench/gpu/xf_layout.py emulates this index
-// math on the host. Run 157 (H100): a fast chunk's down projection 3.54 -> 2.64 us a token.
+// math on the host. Run 157 (H100): a fast chunk's down projection 3.54 -> 2.64 us a token;
+// run 161 (H100): its IQ2_XXS gate+up (below) 4.28 -> 4.04.
 constexpr int kXfRows = 256;                 // weight rows a block's stage holds
 constexpr int kXfK = 64;                     // k a tile
 constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
@@ -1231,7 +1232,7 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // two products, as gemm_iq2_smem_kernel<2> gives it).
 // Q2_K: a thread's 16 values of a row in a tile are one sub-block (16 code bytes at shift sh,
 // one scale byte), each half pair a · q + b from its 2-bit codes; TABLE (DSV4_XF_TABLE=1,
-// opt-in until its first device run): a row's four possible values b, a + b, 2a + b, 3a + b as
+// opt-in: within noise of the default in runs 158 and 160): a row's four possible values b, a + b, 2a + b, 3a + b as
 // halves in two registers once a tile, each fragment word then one PRMT whose selector m · 0x22
 // + 0x10101010 (m: four 2-bit codes, one a byte) picks halves q0, q1 (its low 16 bits) or q2, q3
 // (shifted): ~6 instructions a code word instead of 8, each value rounded to FP16 once (from
@@ -1242,7 +1243,8 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // the OR of two table words in shared memory (the grid row's and the sign pattern's), times
 // that scale: exact signed magnitudes, one rounding. Block: m-tile 0 of each warp is gate's 16
 // rows, m-tile 1 up's same rows, so a thread holds both products of its outputs for the
-// swiglu.
+// swiglu (run 159, Nsight Compute: latency-bound, issue slots 55 % busy at 4 warps a scheduler,
+// ~9.7 instructions an MMA; bench/gpu/NOTES.md "Thirty-fourth round").
 template <uint32_t T, bool TABLE>
 __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS;
@@ -2382,8 +2384,9 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), 256, bytes, s>>>(p);
     return true;
 }
-// DSV4_XF_TABLE (read once; 1: on, else off, until its first device run): the Q2_K kernel's
-// expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests) wins.
+// DSV4_XF_TABLE (read once; 1: on, else off: within noise in runs 158 and 160): the Q2_K
+// kernel's expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests)
+// wins.
 int g_xf_table_override = -1;
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
