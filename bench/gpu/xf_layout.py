@@ -31,6 +31,16 @@ for r in range(R):
 X=aq.astype(np.float64)*np.repeat(adx,256,axis=1)
 ref=W@X.T   # [R][P]
 def xf_slot(tig,j): return 2*(16*(j>>2)+8*((j>>1)&1)+2*tig)
+def expand_b(st_act,st_dx):
+  """expand_b: a tile's activation codes (pairs x 64 bytes) as B rows of 72 halves, each thread's
+  16 values (pair t / 4, part t % 4) at their xf_slot, q * dx rounded as the kernel rounds it"""
+  B=np.zeros((st_act.shape[0],72),np.float64)
+  for t in range(4*st_act.shape[0]):
+    c=t>>2; part=t&3; v=st_act[c,16*part:16*part+16]
+    for j in range(16):
+      q=int(np.uint8(v[j]).view(np.int8))
+      B[c,xf_slot(part,j&~1)//2+(j&1)]=np.float16(np.float16(q)*np.float16(st_dx[c]))
+  return B
 acc=np.zeros((R,P))
 ntiles=K//64
 for i in range(ntiles):
@@ -44,13 +54,7 @@ for i in range(ntiles):
     r=128+(t>>1); st_codes[r,(t&1)*16:(t&1)*16+16]=flat[r,off:off+16]
     st_sc[t]=flat[t,sb*80+4*tq:sb*80+4*tq+4]; st_dw[t]=dw[t,sb]
   st_act=aq[:,i*64:(i+1)*64].view(np.uint8); st_dx=adx[:,sb]
-  # expand_b: B rows of 72 halves
-  B=np.zeros((P,72),np.float64)
-  for t in range(256):
-    c=t>>2; part=t&3; v=st_act[c,16*part:16*part+16]
-    for j in range(16):
-      q=int(np.uint8(v[j]).view(np.int8))
-      B[c,xf_slot(part,j&~1)//2+(j&1)]=np.float16(np.float16(q)*np.float16(st_dx[c]))
+  B=expand_b(st_act,st_dx)
   # A fragments and MMAs per warp
   for warp in range(8):
     for lane in range(32):
@@ -146,12 +150,7 @@ for i in range(KQ // 64):
   for t in range(256):
     st_codes[t] = qs[t >> 7, t & 127, sb, 16 * tq:16 * tq + 16]; st_d[t] = dq[t >> 7, t & 127, sb]
   st_act = aqq[:, i * 64:(i + 1) * 64].view(np.uint8); st_dx = adq[:, sb]
-  B = np.zeros((P, 72))
-  for t in range(256):
-    c = t >> 2; part = t & 3; v = st_act[c, 16 * part:16 * part + 16]
-    for j in range(16):
-      q = int(np.uint8(v[j]).view(np.int8))
-      B[c, xf_slot(part, j & ~1) // 2 + (j & 1)] = np.float16(np.float16(q) * np.float16(st_dx[c]))
+  B = expand_b(st_act, st_dx)
   for warp in range(8):
     for lane in range(32):
       gid, tig = lane >> 2, lane & 3

@@ -2548,8 +2548,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.y_stride = y_stride;
     p.clamp = clamp;
     p.ew = ew;
-    iq2_tables(&p.grid, &p.sign, &p.sel);
-    iq2_half_tables(&p.hgrid, &p.hsign);
+    iq2_tables(&p.grid, &p.sign, &p.sel, &p.hgrid, &p.hsign);
     p.skip_tiles = kq_skip_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders

@@ -29,6 +29,14 @@ constexpr uint32_t kIq2GridRepBytes = 256 * kIq2GridCopies * 8;   // 32 KB
 // bytes of the grid in `copies` copies (16 or 8)
 constexpr uint32_t iq2_grid_rep_bytes(uint32_t copies) { return 256 * copies * 8; }
 
+// ggml's ksigns_iq2xs: sign pattern i's 7 bits and their parity as bit 7 (an even count of
+// negative values in every grid row), for the tables built at compile time or on the host.
+__host__ __device__ constexpr uint32_t iq2_ksigns(uint32_t i) {
+    uint32_t par = 0;
+    for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
+    return i | par << 7;
+}
+
 // The 128 selectors (a constant: they depend on ksigns alone), built at compile time.
 struct Iq2Selectors {
     uint32_t v[128];
@@ -36,9 +44,7 @@ struct Iq2Selectors {
 constexpr Iq2Selectors iq2_selectors() {
     Iq2Selectors r{};
     for (uint32_t i = 0; i < 128; ++i) {
-        uint32_t v = i, par = 0;
-        for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
-        v |= par << 7;   // ksigns(i)
+        const uint32_t v = iq2_ksigns(i);
         uint32_t s = 0;
         for (int t = 0; t < 8; ++t) s |= (uint32_t(t & 3) + 4 * ((v >> t) & 1)) << (4 * (t & 3) + 16 * (t >> 2));
         r.v[i] = s;
@@ -210,12 +216,8 @@ struct Iq2HalfSigns {
 };
 constexpr Iq2HalfSigns iq2_half_signs() {
     Iq2HalfSigns r{};
-    for (uint32_t i = 0; i < 128; ++i) {
-        uint32_t v = i, par = 0;
-        for (int t = 0; t < 7; ++t) par ^= (i >> t) & 1;
-        v |= par << 7;   // ksigns(i)
-        for (int t = 0; t < 8; ++t) r.v[i] |= uint64_t((v >> t) & 1) << (8 * t + 6);
-    }
+    for (uint32_t i = 0; i < 128; ++i)
+        for (int t = 0; t < 8; ++t) r.v[i] |= uint64_t((iq2_ksigns(i) >> t) & 1) << (8 * t + 6);
     return r;
 }
 

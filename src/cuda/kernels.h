@@ -297,12 +297,11 @@ void gemm_experts_f16_table_override(int on);
 // Whether that kernel also takes the IQ2_XXS gate+up (1) or leaves it to the exact kernels (0);
 // -1: DSV4_XF_IQ2's (on by default). Tests.
 void gemm_experts_f16_iq2_override(int on);
-// Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them) and
-// of the sign selectors (iq2.cuh; constants).
-void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel);
-// Device addresses of the fast experts kernel's IQ2_XXS half selectors (iq2.cuh): the grid's
-// parts (upload_iq2xxs_grid) and the signs' (constants).
-void iq2_half_tables(const uint64_t** hgrid, const uint64_t** hsign);
+// Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
+// sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
+// the grid's parts (upload_iq2xxs_grid) and the signs' (constants).
+void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel, const uint64_t** hgrid,
+                const uint64_t** hsign);
 
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).

@@ -1512,32 +1512,38 @@ uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert) {
     return 32;
 }
 
-void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel) {
+void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel, const uint64_t** hgrid,
+                const uint64_t** hsign) {
     // looked up once: the symbols' addresses do not change within the process
     struct Tables {
         const uint64_t *grid, *sign;
         const uint32_t* sel;
+        const uint64_t *hgrid, *hsign;
     };
     static const Tables t = [] {
-        void* g = nullptr;
-        void* sg = nullptr;
-        void* se = nullptr;
-        check(cudaGetSymbolAddress(&g, g_iq2_grid), "IQ2_XXS grid");
-        check(cudaGetSymbolAddress(&sg, g_iq2_sign), "IQ2_XXS signs");
-        check(cudaGetSymbolAddress(&se, g_iq2_sel), "IQ2_XXS sign selectors");
-        return Tables{static_cast<const uint64_t*>(g), static_cast<const uint64_t*>(sg),
-                      static_cast<const uint32_t*>(se)};
+        auto addr = [](const auto& symbol, const char* what) {
+            void* a = nullptr;
+            check(cudaGetSymbolAddress(&a, symbol), what);
+            return a;
+        };
+        return Tables{static_cast<const uint64_t*>(addr(g_iq2_grid, "IQ2_XXS grid")),
+                      static_cast<const uint64_t*>(addr(g_iq2_sign, "IQ2_XXS signs")),
+                      static_cast<const uint32_t*>(addr(g_iq2_sel, "IQ2_XXS sign selectors")),
+                      static_cast<const uint64_t*>(addr(g_iq2_hgrid, "IQ2_XXS half selectors")),
+                      static_cast<const uint64_t*>(addr(g_iq2_hsign, "IQ2_XXS half sign selectors"))};
     }();
     *grid = t.grid;
     *sign = t.sign;
     *sel = t.sel;
+    *hgrid = t.hgrid;
+    *hsign = t.hsign;
 }
 
 void upload_iq2xxs_grid(const uint64_t* grid) {
     check(cudaMemcpyToSymbol(g_iq2_grid, grid, 256 * sizeof(uint64_t)), "upload of the IQ2_XXS grid");
     uint64_t sign[128];
     for (uint32_t i = 0; i < 128; ++i) {
-        const uint32_t sg = i | ((uint32_t(__builtin_popcount(i)) & 1u) << 7);
+        const uint32_t sg = iq2_ksigns(i);
         sign[i] = 0;
         for (int t = 0; t < 8; ++t)
             if ((sg >> t) & 1) sign[i] |= uint64_t(0xFF) << (8 * t);
@@ -1549,18 +1555,6 @@ void upload_iq2xxs_grid(const uint64_t* grid) {
         for (int t = 0; t < 8; ++t) hgrid[i] |= uint64_t(iq2_half_grid_byte(uint32_t(grid[i] >> (8 * t)) & 0xFF)) << (8 * t);
     }
     check(cudaMemcpyToSymbol(g_iq2_hgrid, hgrid, sizeof(hgrid)), "upload of the IQ2_XXS half selectors");
-}
-
-void iq2_half_tables(const uint64_t** hgrid, const uint64_t** hsign) {
-    static const std::pair<const uint64_t*, const uint64_t*> t = [] {
-        void* g = nullptr;
-        void* sg = nullptr;
-        check(cudaGetSymbolAddress(&g, g_iq2_hgrid), "IQ2_XXS half selectors");
-        check(cudaGetSymbolAddress(&sg, g_iq2_hsign), "IQ2_XXS half sign selectors");
-        return std::pair{static_cast<const uint64_t*>(g), static_cast<const uint64_t*>(sg)};
-    }();
-    *hgrid = t.first;
-    *hsign = t.second;
 }
 
 ActKind act_kind(uint32_t t) {

@@ -2805,22 +2805,22 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         const auto qd = ah.d.download();
                         std::vector<float> xa(R * K);
                         for (uint64_t i = 0; i < xa.size(); ++i) xa[i] = std::fabs(float(qv[i]) * qd[i / 256]);
-                        std::vector<float> mg(P * N), mgu(fused ? P * N : 0), tm(K), tmu(K);
-                        for (uint32_t e = 0; e < NEXP; ++e)
-                            for (uint64_t n = 0; n < N; ++n) {
-                                weight_term_magnitudes(wt, hg.bytes.data() + (e * RPE + n) * rb, tm.data(), K);
-                                if (fused) weight_term_magnitudes(wt, hu.bytes.data() + (e * RPE + n) * rb, tmu.data(), K);
-                                for (uint32_t pp = 0; pp < P; ++pp) {
-                                    if (uint32_t(mixed[pp]) != e) continue;
-                                    double acc = 0.0, accu = 0.0;
-                                    for (uint64_t k = 0; k < K; ++k) {
-                                        acc += double(tm[k]) * xa[(pp / KU) * K + k];
-                                        if (fused) accu += double(tmu[k]) * xa[(pp / KU) * K + k];
+                        // Σ_k |terms_k| |x_k| of every (pair, row) of a weight
+                        auto magnitudes = [&](const HostWeight& hw) {
+                            std::vector<float> m(P * N), tm(K);
+                            for (uint32_t e = 0; e < NEXP; ++e)
+                                for (uint64_t n = 0; n < N; ++n) {
+                                    weight_term_magnitudes(wt, hw.bytes.data() + (e * RPE + n) * rb, tm.data(), K);
+                                    for (uint32_t pp = 0; pp < P; ++pp) {
+                                        if (uint32_t(mixed[pp]) != e) continue;
+                                        double acc = 0.0;
+                                        for (uint64_t k = 0; k < K; ++k) acc += double(tm[k]) * xa[(pp / KU) * K + k];
+                                        m[pp * N + n] = float(acc);
                                     }
-                                    mg[pp * N + n] = float(acc);
-                                    if (fused) mgu[pp * N + n] = float(accu);
                                 }
-                            }
+                            return m;
+                        };
+                        const std::vector<float> mg = magnitudes(hg), mgu = fused ? magnitudes(hu) : std::vector<float>();
                         cuda::gemm_experts_f16_override(1);
                         if (fused) {
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
