@@ -137,8 +137,9 @@ int main() {
         const char* name;
         uint32_t lbo, sbo;
     };
-    for (const Reading& rd : {Reading{"LBO = K step (1,024), SBO = 8 pairs (128)", 1024, 128},
-                              Reading{"LBO = 8 pairs (128), SBO = K step (1,024)", 128, 1024}}) {
+    // (the other reading, LBO 128 and SBO 1,024, reads past the 8 KB of B: an illegal address on
+    // the H100 of run 163, so only the reading that was exact there is checked)
+    for (const Reading& rd : {Reading{"LBO = K step (1,024), SBO = 8 pairs (128)", 1024, 128}}) {
         CHECK(cudaMemset(dd, 0, kM * kN * 4));
         probe<<<1, 128>>>(da, db, dd, rd.lbo, rd.sbo, 1, nullptr);
         CHECK(cudaGetLastError());

@@ -17,9 +17,11 @@
 #include <cooperative_groups.h>
 
 #include "cuda/common.cuh"
+#include "cuda/experts_f16.cuh"
 #include "cuda/iq2.cuh"
 
 namespace dsv4::cuda {
+using namespace xf;
 namespace {
 
 constexpr int kBM = 64;    // weight rows per block (2 warps × 2 MMA tiles of 16)
@@ -55,29 +57,6 @@ __device__ __forceinline__ uint32_t ld32(const int8_t* p) { return *reinterpret_
 constexpr int kQ8Magic = 0x4B400000;   // 12,582,912.0f
 __device__ __forceinline__ float magic_float(int biased) { return __int_as_float(biased) - 12582912.0f; }
 
-// Element-wise over register fragment arrays of any shape (fully unrolled).
-template <typename F>
-__device__ __forceinline__ void each(float& x, F&& f) {
-    f(x);
-}
-template <typename F>
-__device__ __forceinline__ void each(int& x, F&& f) {
-    f(x);
-}
-template <typename T, int N, typename F>
-__device__ __forceinline__ void each(T (&a)[N], F&& f) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) each(a[i], f);
-}
-template <typename F>
-__device__ __forceinline__ void each2(float& x, float& y, F&& f) {
-    f(x, y);
-}
-template <typename T, int N, typename F>
-__device__ __forceinline__ void each2(T (&a)[N], T (&b)[N], F&& f) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) each2(a[i], b[i], f);
-}
 
 // The decode kernels' butterfly (xor 16, 8, ...) adds its leaves as a complete binary tree;
 // visiting the leaves in bit-reversed order, leaf j's sum `cur` joins the finished subtrees
@@ -284,40 +263,6 @@ __device__ __forceinline__ uint32_t iq2_word(const uint64_t* grid, const uint64_
     return (g ^ mw) + (mw & 0x01010101u);
 }
 
-struct KqGemm {
-    const uint8_t* wq[2];     // repacked code bytes of gate (and up)
-    const uint16_t* wd[2];    // their f16 scales
-    uint64_t K, N, rows_per_expert;
-    const int8_t* aq;
-    const float* ad;
-    const int32_t* absum;
-    uint64_t AL;
-    uint32_t act_div;
-    const int32_t *grp, *pairs, *count;
-    float* y;
-    uint64_t y_stride;
-    float clamp;
-    const float* ew;
-    const uint64_t *grid, *sign;
-    const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
-    const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
-    bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
-};
-
-// A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
-// their count (at most cap); false past the round's groups.
-struct ExpertGroup {
-    uint64_t wbase;
-    const int32_t* pairs;
-    int cnt;
-};
-__device__ __forceinline__ bool expert_group(const KqGemm& p, int cap, ExpertGroup& eg) {
-    const uint32_t gi = blockIdx.y;
-    if (gi >= uint32_t(*p.count)) return false;
-    const int32_t* g = p.grp + 3 * gi;
-    eg = {uint64_t(g[0]) * p.rows_per_expert, p.pairs + g[1], min(g[2], cap)};
-    return true;
-}
 
 // A warp: MT tiles of 16 weight rows × NT tiles of 8 pairs, so each expanded weight
 // fragment serves NT × 8 pairs; a group of kKqPairs pairs takes kKqPairs / (8 NT) passes.
@@ -326,7 +271,6 @@ __device__ __forceinline__ bool expert_group(const KqGemm& p, int cap, ExpertGro
 // kernels): one running sum an output instead of the leaves and the stack; groups of up to
 // kKqFlatPairs pairs (more passes).
 constexpr uint32_t kKqPairs = 32;       // MoeGroups::per_group for these kernels (decode's order)
-constexpr uint32_t kKqFlatPairs = 64;   // the same in k order (prompt rounds)
 template <uint32_t T>
 constexpr int kq_mt() { return T == T_IQ2_XXS ? 1 : 2; }
 template <uint32_t T>
@@ -553,14 +497,6 @@ struct PairTiles {
     // lane's ldmatrix.x4 row for tiles 2 np (matrices 0, 1) and 2 np + 1 (matrices 2, 3)
     __device__ uint32_t ldm_row(int np, uint32_t lane) const { return uint32_t(base(2 * np + int(lane >> 4))) + (lane & 7); }
 };
-// f(std::integral_constant<int, min(n, NT)>) for a run-time n >= I: the kernel's tile loops
-// with the count a constant.
-template <int I, int NT, typename F>
-__device__ __forceinline__ void with_tiles(int n, F&& f) {
-    if constexpr (I >= NT) f(std::integral_constant<int, NT>{});
-    else if (n <= I) f(std::integral_constant<int, I>{});
-    else with_tiles<I + 1, NT>(n, f);
-}
 
 // REP: the tables replicated (iq2.cuh: the grid in 16 copies, the sign selectors in 16), each
 // lane reading its own copy: a warp's 64-bit grid lookups take the minimum 2 shared-memory
@@ -598,16 +534,6 @@ struct Iq2Smem {
 };
 static_assert(Iq2Smem<2, true, true>::bytes + 1024 <= 228 * 1024 / 2, "FLAT IQ2_XXS: 2 blocks an SM");
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
 
 // NIB (FLAT only, the default; DSV4_IQ2_NIB=0 off): the grid as 2-bit codes (iq2.cuh: iq2_expand_nib) in
 // 16 copies in the grid's 16 KB, the same int8 values, so the same bits.
@@ -1132,340 +1058,6 @@ __global__ void __launch_bounds__(256, 3) gemm_q2k_smem_kernel(KqGemm p) {
 }
 
 
-// ---- The fast mode's routed Q2_K experts: FP16 tensor cores (DSV4_EXPERTS_F16; --fast-prefill) --
-// The exact kernels above keep the CPU's k-order bits, which costs them an int32 sum and a
-// scale step per 16-value sub-block and MMA. The fast mode's rounds may take other bits, so
-// here each Q2_K weight becomes its FP16 value d · sc · q - dmin · m (times 2^8) and each Q8_K
-// activation code q · dx, and one m16n8k16 MMA a 16 × 8 × 16 step adds in FP32 across the
-// whole row. Errors: each operand's FP16 rounding (2^-11 relative), the FP32 sum's order.
-// (Its first form, run 155/156, also took the IQ2_XXS gate+up and expanded every weight into
-// shared memory for ldmatrix: L1/shared 92 % busy, gate+up 1.67x slower than the exact kernel,
-// down only 6 % faster. So the weights now never touch shared memory as halves, and IQ2_XXS,
-// whose grid lookups the exact kernel already makes in registers, keeps that kernel.)
-//
-// The weights go straight from their staged code bytes into the A fragments: the k order
-// inside a 64-value tile is permuted (A and B alike, so the sums are the same products) so
-// that the 16 values a thread holds of a row in the tile's four k-steps are one whole
-// sub-block, 16 code bytes at one shift under one scale byte: thread tig of a k-step holds
-// slots 2 tig + e and 2 tig + 8 + e, which carry the tile's logical values
-// 16 tig + 4 ks + 2 hi + e (hi: the second slot pair). The activations are stored in that
-// physical order (xf_slot) when they are expanded; ldmatrix then reads them as usual.
-// A block: 256 weight rows (8 warps of 32 rows, 2 m-tiles) × the group's 64 pairs (8 n-tiles,
-// the empty ones skipped), k tiles of 64 in 4 cp.async stages with one barrier a tile: at tile
-// i the block waits for the stage of tile i + 1, issues tile i + 3 into the stage tile i - 1
-// left, expands tile i + 1's activations into the other B buffer, and runs tile i's MMAs,
-// expanding its weights from the stage as it goes. bench/gpu/xf_layout.py emulates this index
-// math on the host. Run 157 (H100): a fast chunk's down projection 3.54 -> 2.64 us a token;
-// run 161 (H100): its IQ2_XXS gate+up (below) 4.28 -> 4.04.
-constexpr int kXfRows = 256;                 // weight rows a block's stage holds
-constexpr int kXfK = 64;                     // k a tile
-constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
-constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a B row of 64 halves takes (ldmatrix rows on distinct banks)
-constexpr uint32_t kXfGridCopies = 16;       // IQ2_XXS: copies of the half selector tables
-// The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
-// rows of small scales keep normal halves.
-constexpr float kXfWScale = 256.0f;
-// Output rows a block: Q2_K its 256 stage rows; IQ2_XXS 128 rows of gate and the same of up.
-constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
-template <uint32_t T>
-struct XfSmem {
-    static constexpr bool iq2 = T == T_IQ2_XXS;
-    static constexpr int pairs = int(kKqFlatPairs);
-    static constexpr int b = 0;   // [2][64] rows of kXfRowH: the activations as halves, xf_slot order
-    // a raw stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code
-    // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
-    // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
-    // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
-    static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
-                         st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
-                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
-    static constexpr int stage = b + 2 * pairs * kXfRowH;
-    // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
-    // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
-    static constexpr int hgrid = stage + kXfStages * st_bytes;
-    static constexpr int hsign = hgrid + (iq2 ? 256 * kXfGridCopies * 8 : 0);
-    static constexpr int bytes = hsign + (iq2 ? 128 * kXfGridCopies * 8 : 0);
-};
-static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
-static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
-// The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
-// = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
-__host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
-    return 2 * (16 * (j >> 2) + 8 * ((j >> 1) & 1) + 2 * tig);
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ uint32_t h2_mul(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-__device__ __forceinline__ uint32_t h2_sub(uint32_t a, uint32_t b) {
-    uint32_t d;
-    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-__device__ __forceinline__ uint32_t h2_fma(uint32_t a, uint32_t b, uint32_t c) {
-    uint32_t d;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-}
-__device__ __forceinline__ uint32_t h2_of(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
-__device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of w as halves 1024 + byte: the byte under the
-// exponent of 1024, where the halves' spacing is 1.
-__device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
-
-// T: T_Q2_K (the down projection, one weight) or T_IQ2_XXS (gate+up fused: the swiglu of the
-// two products, as gemm_iq2_smem_kernel<2> gives it).
-// Q2_K: a thread's 16 values of a row in a tile are one sub-block (16 code bytes at shift sh,
-// one scale byte), each half pair a · q + b from its 2-bit codes; TABLE (DSV4_XF_TABLE=1,
-// opt-in: within noise of the default in runs 158 and 160): a row's four possible values b, a + b, 2a + b, 3a + b as
-// halves in two registers once a tile, each fragment word then one PRMT whose selector m · 0x22
-// + 0x10101010 (m: four 2-bit codes, one a byte) picks halves q0, q1 (its low 16 bits) or q2, q3
-// (shifted): ~6 instructions a code word instead of 8, each value rounded to FP16 once (from
-// fmaf) instead of after a and b are.
-// IQ2_XXS: a thread's 16 values of a row are two grid rows (8 values each) of one 32-value group,
-// whose scale d · (0.5 + s) / 4 (times 2^8) is a half pair once a tile; each half pair of
-// values is one PRMT of the constant bytes of ±8, 25, 43 (iq2.cuh: kIq2HalfLo, kIq2HalfHi) by
-// the OR of two table words in shared memory (the grid row's and the sign pattern's), times
-// that scale: exact signed magnitudes, one rounding. Block: m-tile 0 of each warp is gate's 16
-// rows, m-tile 1 up's same rows, so a thread holds both products of its outputs for the
-// swiglu (run 159, Nsight Compute: latency-bound, issue slots 55 % busy at 4 warps a scheduler,
-// ~9.7 instructions an MMA; bench/gpu/NOTES.md "Thirty-fourth round").
-template <uint32_t T, bool TABLE>
-__global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
-    constexpr bool IQ2 = T == T_IQ2_XXS;
-    static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
-    pdl_begin();
-    using L = XfSmem<T>;
-    constexpr int NT = 8;   // the group's tiles of 8 pairs
-    extern __shared__ __align__(16) uint8_t sm[];
-    ExpertGroup eg;
-    if (!expert_group(p, L::pairs, eg)) return;
-    const int32_t* gp = eg.pairs;
-    const int cnt = eg.cnt;
-    const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
-    const uint64_t m0 = uint64_t(blockIdx.x) * xf_block_rows(T);
-    const int nsb = int(p.K / 256), ntiles = int(p.K / kXfK);
-    auto w_row = [&](uint32_t r) { return eg.wbase + min(m0 + r, p.N - 1); };   // clamped for the loads
-    // a stage row of this thread's fragments: m-tile mt, row gid + 8 h
-    auto stage_row = [&](int mt, int h) {
-        return IQ2 ? 128 * mt + 16 * warp + gid + 8 * h : 32 * warp + 16 * mt + gid + 8 * h;
-    };
-    if constexpr (IQ2) {
-        iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
-        iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
-    }
-
-    // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
-    // pair's dx (t < 64); Q2_K: half t % 2 of the codes of rows t / 2 and 128 + t / 2, and row
-    // t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's row t, up's
-    // row t - 128)
-    const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
-    const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
-    // (row indices, not pointers: fewer registers live through the tile loop)
-    const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)), row_hi = IQ2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
-    const uint32_t row_t = uint32_t(w_row(IQ2 ? t & 127 : t));
-    // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
-    // sb's d is the high half of the staged word when that parity differs from sb's)
-    uint32_t dpar = 0;
-    if constexpr (IQ2)
-        for (int mt = 0; mt < 2; ++mt)
-            for (int h = 0; h < 2; ++h)
-                dpar |= uint32_t((w_row(stage_row(mt, h) & 127) * nsb) & 1) << (2 * mt + h);
-    auto issue = [&](int i) {
-        uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        const int sb = i >> 2, tq = i & 3;
-        cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
-        if (t < uint32_t(L::pairs)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
-        if constexpr (IQ2) {
-            // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
-            const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
-            const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
-            cp_async16(st + L::st_codes + t * 16, wq + (uint64_t(row_t) * nsb + sb) * 64 + 16 * tq);
-            cp_async4(st + L::st_dw + t * 4, wd + ((uint64_t(row_t) * nsb + sb) & ~uint64_t(1)));
-        } else {
-            // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
-            // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
-            const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
-            cp_async16(st + L::st_codes + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
-            cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
-            cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
-            cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
-        }
-    };
-    // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
-    // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
-    auto expand_b = [&](int i) {
-        const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
-        const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
-        const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
-        const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
-        uint8_t* bs = sm + L::b + ((i & 1) * L::pairs + (t >> 2)) * kXfRowH;
-#pragma unroll
-        for (uint32_t k = 0; k < 4; ++k) {
-            *reinterpret_cast<uint32_t*>(bs + xf_slot(t & 3, 4 * k)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
-            *reinterpret_cast<uint32_t*>(bs + xf_slot(t & 3, 4 * k + 2)) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
-        }
-    };
-
-    for (int i = 0; i < 3; ++i) {
-        if (i < ntiles) issue(i);
-        cp_async_commit();
-    }
-    cp_async_wait<2>();
-    __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
-    expand_b(0);
-    with_tiles<1, NT>(nv, [&](auto ntv) {
-        constexpr int NV = decltype(ntv)::value;
-        float acc[2][NT][4];
-        each(acc, [](float& x) { x = 0.0f; });
-#pragma unroll 1
-        for (int i = 0; i < ntiles; ++i) {
-            cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
-            if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
-            cp_async_commit();
-            if (i + 1 < ntiles) expand_b(i + 1);
-            const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-            const uint8_t* bsm = sm + L::b + (i & 1) * L::pairs * kXfRowH;
-            // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
-            // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
-            // (grid indices shifted to grid row 2 (tig % 2), signs to its 7 bits) and scale
-            [[maybe_unused]] const int sh = 2 * (2 * (i & 1) + int(tig >> 1));
-            [[maybe_unused]] const uint8_t* qrow[2][2];
-            uint32_t a2[2][2], b2[2][2];   // a, b as half pairs (TABLE: the halves w0, w1 and w2, w3; IQ2_XXS: the
-                                           // grid indices and the signs)
-            [[maybe_unused]] uint32_t s2[2][2];   // IQ2_XXS: the scale as a half pair
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const uint32_t r = stage_row(mt, h);
-                    if constexpr (IQ2) {
-                        const uint2 gw = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 16 + (tig >> 1) * 8);
-                        const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-                        const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
-                        const float s = f16_to_f32(uint16_t(dd >> (16 * hi))) * (0.5f + float(gw.y >> 28)) *
-                                        (0.25f * kXfWScale);
-                        a2[mt][h] = gw.x >> (16 * (tig & 1));
-                        b2[mt][h] = gw.y >> (14 * (tig & 1));
-                        s2[mt][h] = h2_of(s, s);
-                    } else {
-                        qrow[mt][h] = st + L::st_codes + r * 32 + (tig & 1) * 16;
-                        const uint32_t sc = st[L::st_sc + r * 4 + tig];
-                        const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-                        const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
-                                    b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
-                        if constexpr (TABLE) {
-                            a2[mt][h] = h2_of(b, a + b);
-                            b2[mt][h] = h2_of(fmaf(a, 2.0f, b), fmaf(a, 3.0f, b));
-                        } else {
-                            a2[mt][h] = h2_of(a, a);
-                            b2[mt][h] = h2_of(b, b);
-                        }
-                    }
-                }
-            // Q2_K: code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct
-            // banks); IQ2_XXS: the selectors of grid row ks / 2 (words: values 0-3, 4-7)
-            uint2 q[2][2];
-            [[maybe_unused]] const uint8_t* gtab = sm + L::hgrid + (lane % kXfGridCopies) * 8;
-            [[maybe_unused]] const uint8_t* stab = sm + L::hsign + (lane % kXfGridCopies) * 8;
-#pragma unroll
-            for (int ks = 0; ks < kXfK / 16; ++ks) {
-                if (ks % 2 == 0)
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            if constexpr (IQ2) {
-                                // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
-                                // 128: the tables' row stride)
-                                const uint32_t go = shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7);
-                                const uint32_t so = shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7);
-                                const uint2 g = *reinterpret_cast<const uint2*>(gtab + go);
-                                const uint2 sg = *reinterpret_cast<const uint2*>(stab + so);
-                                q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
-                            } else {
-                                q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
-                            }
-                        }
-                // A: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3 (slots 2 tig + 8, + 9) of
-                // each row (Q2_K: code word ks; IQ2_XXS: selector word ks % 2 of its grid row)
-                uint32_t a[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
-                        if constexpr (IQ2) {
-                            // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
-                            a[mt][h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
-                            a[mt][2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
-                        } else if constexpr (TABLE) {
-                            const uint32_t m = (w >> sh) & 0x03030303u;
-                            const uint32_t sel = m * 0x22u + 0x10101010u;
-                            a[mt][h] = prmt(a2[mt][h], b2[mt][h], sel);
-                            a[mt][2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
-                        } else {
-                            const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
-                            a[mt][h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
-                            a[mt][2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
-                        }
-                    }
-#pragma unroll
-                for (int np = 0; np < (NV + 1) / 2; ++np) {
-                    uint32_t b[4];
-                    ldmatrix_x4(b, bsm + (16 * np + 8 * (lane >> 4) + (lane & 7)) * kXfRowH + ks * 32 +
-                                       ((lane >> 3) & 1) * 16);
-#pragma unroll
-                    for (int u = 0; u < 2; ++u)
-                        if (2 * np + u < NV)
-#pragma unroll
-                            for (int mt = 0; mt < 2; ++mt)
-                                mma_f16_acc(acc[mt][2 * np + u], a[mt], b[2 * u], b[2 * u + 1]);
-                }
-            }
-        }
-        cp_async_wait<0>();
-#pragma unroll
-        for (int nt = 0; nt < NV; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int c = 8 * nt + int(2 * tig) + (e & 1);
-                if (c >= cnt) continue;
-                const uint64_t pc = uint32_t(gp[c]);
-                if constexpr (IQ2) {
-                    const uint64_t n = m0 + 16 * warp + gid + 8 * (e >> 1);
-                    if (n < p.N)
-                        p.y[pc * p.y_stride + n] = swiglu_pair<true>(acc[0][nt][e] * (1.0f / kXfWScale),
-                                                                     acc[1][nt][e] * (1.0f / kXfWScale), p.clamp,
-                                                                     p.ew, uint32_t(pc));
-                } else {
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        const uint64_t n = m0 + 32 * warp + 16 * mt + gid + 8 * (e >> 1);
-                        if (n < p.N) p.y[pc * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
-                    }
-                }
-            }
-    });
-}
 
 // ---- Q8_0 products staged through shared memory (DSV4_GEMM_SMEM_Q8=1, opt-in; warp-per-row
 // order only, WT = 32) --------------------------------------------------------------------
@@ -2229,18 +1821,6 @@ bool smem_q8_on() {
     return g_smem_override >= 0 ? g_smem_override != 0 : on;
 }
 
-// Dynamic shared memory above 48 KB must be allowed once per kernel, outside stream capture:
-// done at the first launch on a stream that is not capturing; until then (a capture first)
-// the register-fed kernel runs, which gives the same bits.
-bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s) {
-    if (ready) return true;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
-    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-          "gemm: dynamic shared memory of a staged kernel");
-    ready = true;
-    return true;
-}
 template <int NW, bool REP, bool FLAT = false, bool NIB = false>
 bool iq2_smem_ready(cudaStream_t s) {
     static bool ready = false;
@@ -2373,25 +1953,22 @@ int q2k_mins() {
 // against the activation, or by scalar sums for DSV4_GEMM_SMEM=2 (MINS 2 there: ptxas spills
 // 144 bytes inside the decode tree's eight unrolled leaves). False when its shared memory
 // cannot be raised yet (a capture first).
-// The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
-// cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE>
-bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
-    static bool ready = false;
-    constexpr int bytes = XfSmem<T>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE>;
-    if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
-    kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), 256, bytes, s>>>(p);
-    return true;
-}
 // DSV4_XF_TABLE (read once; 1: on, else off: within noise in runs 158 and 160): the Q2_K
 // kernel's expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests)
 // wins.
 int g_xf_table_override = -1;
+// DSV4_XF_WGMMA (read once; 1: on, else off): the kernel's warpgroup-MMA form (WG,
+// sm90a/experts_wgmma.cu) on a device that has it; gemm_experts_f16_wgmma_override (tests) wins.
+int g_xf_wgmma_override = -1;
+bool xf_wgmma_on() {
+    static const bool env = env_switch("DSV4_XF_WGMMA", false);
+    return (g_xf_wgmma_override >= 0 ? g_xf_wgmma_override != 0 : env) && gemm_experts_wgmma_available();
+}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
-    if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
-    const bool table = g_xf_table_override >= 0 ? g_xf_table_override != 0 : env;
+    const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
+    if (!table && xf_wgmma_on()) return launch_experts_wgmma(p, type, N, cap, s);
+    if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
 }
@@ -2414,6 +1991,21 @@ bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaS
     return smem_mode() == 2 ? q2k_smem_launch<0, false>(p, grid, s) : q2k_smem_launch<1, false>(p, grid, s);
 }
 }  // namespace
+
+namespace xf {
+// Dynamic shared memory above 48 KB must be allowed once per kernel, outside stream capture:
+// done at the first launch on a stream that is not capturing; until then (a capture first)
+// the register-fed kernel runs, which gives the same bits.
+bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s) {
+    if (ready) return true;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+          "gemm: dynamic shared memory of a staged kernel");
+    ready = true;
+    return true;
+}
+}  // namespace xf
 
 // Rows from which a prompt round's Q8_0 (kind 0) or F16 (kind 1) products take cuBLAS (0:
 // never; kernels.h).
@@ -2440,6 +2032,21 @@ void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_experts_f16_override(int on) { g_experts_f16_override = on; }
 void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
 void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
+void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
+bool gemm_experts_wgmma_available() {
+    // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
+    static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (cc[dev] == 0) {
+        int major = 0, minor = 0;
+        const bool yes = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+                         major == 9 && minor == 0;
+        cc[dev] = yes ? 1 : 2;
+    }
+    return cc[dev] == 1;
+}
 void gemm_q8_0_version(int v) { g_q8_version_override = v; }
 void gemm_q8_0_flat_bn(int bn) { g_flat_bn_override = bn; }
 void gemm_q8_0_flat_lean(int on) { g_flat_lean_override = on; }

@@ -297,6 +297,12 @@ void gemm_experts_f16_table_override(int on);
 // Whether that kernel also takes the IQ2_XXS gate+up (1) or leaves it to the exact kernels (0);
 // -1: DSV4_XF_IQ2's (on by default). Tests.
 void gemm_experts_f16_iq2_override(int on);
+// Whether that kernel takes its warpgroup-MMA form (1) or mma.sync (0); -1: DSV4_XF_WGMMA's (off
+// by default). Only where gemm_experts_wgmma_available(): a device of compute capability 9.0
+// (the form's machine code is sm_90a's alone). Other bits than mma.sync's, within the same
+// bounds. Tests.
+void gemm_experts_f16_wgmma_override(int on);
+bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
 // the grid's parts (upload_iq2xxs_grid) and the signs' (constants).

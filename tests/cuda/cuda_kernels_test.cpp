@@ -2653,6 +2653,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
             cuda::gemm_experts_f16_override(-1);
             cuda::gemm_experts_f16_table_override(-1);
             cuda::gemm_experts_f16_iq2_override(-1);
+            cuda::gemm_experts_f16_wgmma_override(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2822,10 +2823,16 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         };
                         const std::vector<float> mg = magnitudes(hg), mgu = fused ? magnitudes(hu) : std::vector<float>();
                         cuda::gemm_experts_f16_override(1);
+                        // the kernel's forms: mma.sync, and wgmma where the device has it
+                        const int forms = cuda::gemm_experts_wgmma_available() ? 2 : 1;
                         if (fused) {
-                            for (size_t bi = 0; bi < batches.size(); ++bi) {
+                            for (size_t fb = 0; fb < forms * batches.size(); ++fb) {
+                                const size_t bi = fb % batches.size();
+                                const int wg = int(fb / batches.size());
+                                cuda::gemm_experts_f16_wgmma_override(wg);
                                 const Batch& b = *batches[bi];
-                                const std::string where = what + " f16, batch of " + std::to_string(batch_rows[bi]) + " rows: ";
+                                const std::string where = what + " f16" + (wg ? " (wgmma)" : "") + ", batch of " +
+                                                          std::to_string(batch_rows[bi]) + " rows: ";
                                 // the gate alone keeps its exact kernel
                                 const auto r1 = gate_alone(b);
                                 ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
@@ -2855,14 +2862,19 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             }
                             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                             cuda::gemm_experts_f16_override(-1);
+                            cuda::gemm_experts_f16_wgmma_override(-1);
                             continue;
                         }
-                        // (either expansion: the halves' steps, and a row's four values by PRMT)
-                        for (int table = 0; table < 2; ++table) {
+                        // (either expansion: the halves' steps, and a row's four values by PRMT;
+                        // form 2: the halves' steps by wgmma)
+                        for (int form = 0; form < 1 + forms; ++form) {
+                            const int table = form == 1;
                             cuda::gemm_experts_f16_table_override(table);
+                            cuda::gemm_experts_f16_wgmma_override(form == 2);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 const Batch& b = *batches[bi];
-                                const std::string where = what + " f16, table " + std::to_string(table) + ", batch of " +
+                                const std::string where = what + " f16, table " + std::to_string(table) +
+                                                          (form == 2 ? " (wgmma)" : "") + ", batch of " +
                                                           std::to_string(batch_rows[bi]) + " rows: ";
                                 const auto r1 = gate_alone(b);
                                 for (uint64_t i = 0; i < r1.size(); ++i)
@@ -2875,6 +2887,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                         cuda::gemm_experts_f16_override(-1);
                         cuda::gemm_experts_f16_table_override(-1);
+                        cuda::gemm_experts_f16_wgmma_override(-1);
                         continue;
                     }
                     cuda::gemm_smem_override(smem);

@@ -206,8 +206,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // The same at the flash widths (heads of 512: the plain FP16 rows attention in tiles of 32 keys,
 // the routed experts, Q2_K down and IQ2_XXS gate+up, on the FP16 tensor cores), on a prompt short
 // enough for the CPU, so every row count takes cuBLAS here (the overrides); then with that
-// attention in tiles of 16 keys, with the gate+up on its exact kernel, and with the exact experts
-// kernels.
+// attention in tiles of 16 keys, with the gate+up on its exact kernel, with the exact experts
+// kernels, and (on a device that has it) with the experts kernel's warpgroup-MMA form.
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -215,19 +215,23 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     cuda::gemm_q8_0_cublas_override(1);
     cuda::gemm_float_cublas_override(1);
     struct Variant {
-        int experts_f16, iq2, kt;
+        int experts_f16, iq2, kt, wgmma;
         const char* label;
     };
     for (const Variant& v :
-         {Variant{-1, -1, 32, "flash4-flash fast prefill"}, Variant{-1, -1, 16, "flash4 fast, 16-key tiles"},
-          Variant{-1, 0, 32, "flash4 fast, exact gate+up"}, Variant{0, -1, 32, "flash4 fast, exact experts"}}) {
+         {Variant{-1, -1, 32, 0, "flash4-flash fast prefill"}, Variant{-1, -1, 16, 0, "flash4 fast, 16-key tiles"},
+          Variant{-1, 0, 32, 0, "flash4 fast, exact gate+up"}, Variant{0, -1, 32, 0, "flash4 fast, exact experts"},
+          Variant{-1, -1, 32, 1, "flash4 fast, experts by wgmma"}}) {
+        if (v.wgmma && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::gemm_experts_f16_override(v.experts_f16);
         cuda::gemm_experts_f16_iq2_override(v.iq2);
+        cuda::gemm_experts_f16_wgmma_override(v.wgmma);
         cuda::attn_rows_fast_kt_override(v.kt);
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
     }
     cuda::gemm_experts_f16_override(-1);
     cuda::gemm_experts_f16_iq2_override(-1);
+    cuda::gemm_experts_f16_wgmma_override(-1);
     cuda::attn_rows_fast_kt_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_float_cublas_override(-1);
