@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # One device call for the fast mode's (--fast-prefill's) newer kernels, its defaults since
-# runs 155-161 (H100): the routed 2-bit experts on the FP16 tensor cores (gemm_experts_f16_kernel:
-# Q2_K down since run 157, IQ2_XXS gate+up since run 158; DSV4_EXPERTS_F16=0 for the exact
-# kernels, DSV4_XF_IQ2=0 for the gate+up's alone) and the rows attention in tiles of 32 keys
-# (attn_rows_fast_kernel; DSV4_ATTN_FAST_KT=16 for the kernel before):
+# runs 155-164 (H100): the routed 2-bit experts on the FP16 tensor cores (gemm_experts_f16_kernel:
+# Q2_K down since run 157, IQ2_XXS gate+up since run 158, both by Hopper's warpgroup MMA since
+# run 164; DSV4_EXPERTS_F16=0 for the exact kernels, DSV4_XF_IQ2=0 for the gate+up's alone,
+# DSV4_XF_WGMMA=0 for mma.sync) and the rows attention in tiles of 32 keys (attn_rows_fast_kernel;
+# DSV4_ATTN_FAST_KT=16 for the kernel before):
 #   1. the build; the expert test (ExpertsPromptOrderEqualCpuDot: the FP16 kernel within its
 #      bounds of the CPU's dots), every attention kernel test (mode 6: the 32-key tiles against
 #      the double reference, alone = batched, the fold, the codes) and the fast mode's model
 #      tests against the CPU (FastPrefillAtFlashWidth: either attention, either experts kernel);
 #   2. the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB cannot hold all
-#      43): exact defaults, the fast mode, it with the IQ2_XXS gate+up on its exact kernel
-#      (DSV4_XF_IQ2=0), it with the Q2_K kernel's PRMT expansion (DSV4_XF_TABLE=1, opt-in:
-#      within noise in runs 158 and 160);
+#      43): exact defaults, the fast mode, it with the experts on mma.sync (DSV4_XF_WGMMA=0),
+#      it with the IQ2_XXS gate+up on its exact kernel (DSV4_XF_IQ2=0);
 #   3. the group profile of one 2,048-token chunk, 4 layers at 4K (µs a token): the same three
 #      fast settings;
 #   4. with NCU=1, Nsight Compute: the fast chunk's kernels by device time (~90 s more).
@@ -23,10 +23,10 @@ OUT=${OUT:-$PWD/build-gpu/logs}
 mkdir -p "$OUT"
 FAST="DSV4_FAST_PREFILL=1"
 OUT=$OUT/ab GTEST_FILTER='*ExpertsPromptOrder*:*FastPrefill*:CudaKernels.Attention*' AB_TIMEOUT=170 \
-  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_XF_IQ2=0;$FAST DSV4_XF_TABLE=1}"
+  bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST;$FAST DSV4_XF_WGMMA=0;$FAST DSV4_XF_IQ2=0}"
 grep -E "max rel|median|argmax|bound" "$OUT/ab/quick.log" | head -12
 export LD_LIBRARY_PATH=$PWD/.deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_XF_IQ2=0" "$FAST DSV4_XF_TABLE=1"
+bench/gpu/group-profile.sh "$FAST" "$FAST DSV4_XF_WGMMA=0" "$FAST DSV4_XF_IQ2=0"
 if [[ "${NCU:-0}" == 1 ]]; then
   echo "== Nsight Compute, one 2,048-token chunk, fast mode, 4 layers"
   env $FAST NCU_STEP=prefill NCU_CACHE=none NCU_TESTS=CudaBench.FlashDecodePrefillKv BENCH_TIMEOUT=150 \

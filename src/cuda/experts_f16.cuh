@@ -458,39 +458,47 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                                 q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
                             }
                         }
-                // A: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3 (slots 2 tig + 8, + 9) of
-                // each row (Q2_K: code word ks; IQ2_XXS: selector word ks % 2 of its grid row)
-                uint32_t a[2][4];
-#pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
+                // m-tile mt's A fragment: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3
+                // (slots 2 tig + 8, + 9) of its rows (Q2_K: code word ks; IQ2_XXS: selector word
+                // ks % 2 of its grid row)
+                auto frag = [&](int mt, uint32_t (&a)[4]) {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
                         if constexpr (IQ2) {
                             // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
-                            a[mt][h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
-                            a[mt][2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
+                            a[h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
+                            a[2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
                         } else if constexpr (TABLE) {
                             const uint32_t m = (w >> sh) & 0x03030303u;
                             const uint32_t sel = m * 0x22u + 0x10101010u;
-                            a[mt][h] = prmt(a2[mt][h], b2[mt][h], sel);
-                            a[mt][2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
+                            a[h] = prmt(a2[mt][h], b2[mt][h], sel);
+                            a[2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
                         } else {
                             const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
-                            a[mt][h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
-                            a[mt][2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
+                            a[h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
+                            a[2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
                         }
                     }
+                };
                 if constexpr (WG) {
-                    // N = 8 NV rounded up to 16 (the pairs past cnt are staged copies of the last)
+                    // one commit group an m-tile, so only two fragments (8 registers) are live: the
+                    // one in flight and the one being written. N = 8 NV rounded up to 16 (the pairs
+                    // past cnt are staged copies of the last).
                     constexpr int N = 16 * ((NV + 1) / 2);
-                    wg_fence();   // this k-step's fragments written
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
-                        wg_mma<N>(reinterpret_cast<float(&)[32]>(acc[mt]), a[mt], wg_desc(bsm + ks * 2048));
-                    wg_commit();
-                    wg_wait<1>();   // the k-step before done: its fragments' registers free
+                    for (int mt = 0; mt < 2; ++mt) {
+                        uint32_t a[4];
+                        frag(mt, a);
+                        wg_fence();   // the fragment written
+                        wg_mma<N>(reinterpret_cast<float(&)[32]>(acc[mt]), a, wg_desc(bsm + ks * 2048));
+                        wg_commit();
+                        wg_wait<1>();   // the group before done: its fragment's registers free
+                    }
                 } else {
+                    uint32_t a[2][4];
+                    frag(0, a[0]);
+                    frag(1, a[1]);
 #pragma unroll
                     for (int np = 0; np < (NV + 1) / 2; ++np) {
                         uint32_t b[4];
