@@ -72,6 +72,20 @@ __device__ __forceinline__ bool expert_group(const KqGemm& p, int cap, ExpertGro
     eg = {uint64_t(g[0]) * p.rows_per_expert, p.pairs + g[1], min(g[2], cap)};
     return true;
 }
+// Two groups a block (the fast experts kernel's WG2 form): the block of a group also takes the
+// next group if it is the same expert's (an expert's groups are consecutive, each but its last
+// full, their pairs contiguous: matvec.cu, moe_groups_kernel), so eg grows to up to twice the
+// group size; false (nothing to do) for a group after an odd number of its expert's groups,
+// which the block before takes.
+__device__ __forceinline__ bool expert_group_pair(const KqGemm& p, ExpertGroup& eg) {
+    const int gi = int(blockIdx.y);
+    const int32_t e = p.grp[3 * gi];
+    int before = 0;
+    while (before < gi && p.grp[3 * (gi - before - 1)] == e) ++before;
+    if (before & 1) return false;
+    if (gi + 1 < *p.count && p.grp[3 * (gi + 1)] == e) eg.cnt += p.grp[3 * (gi + 1) + 2];
+    return true;
+}
 
 constexpr uint32_t kKqFlatPairs = 64;   // the same in k order (prompt rounds)
 
@@ -130,13 +144,18 @@ constexpr uint32_t kXfGridCopies = 16;       // IQ2_XXS: copies of the half sele
 constexpr float kXfWScale = 256.0f;
 // Output rows a block: Q2_K its 256 stage rows; IQ2_XXS 128 rows of gate and the same of up.
 constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
-template <uint32_t T, bool WG = false>
+// The kernel's forms: kXfMma (mma.sync), kXfWg (warpgroup MMA), kXfWg2 (warpgroup MMA over two
+// groups of an expert at once: 128 pairs, 512 threads; below).
+constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
+constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
+constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
+template <uint32_t T, int FORM = kXfMma>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
-    static constexpr int pairs = int(kKqFlatPairs);
+    static constexpr int pairs = xf_pairs(FORM);
     // [2] B buffers: the activations as halves, xf_slot order: 64 rows of kXfRowH (ldmatrix), or
-    // (WG) wgmma's K-major core matrices (xf_wg_offset)
-    static constexpr int b = 0, b_bytes = WG ? pairs * kXfK * 2 : pairs * kXfRowH;
+    // wgmma's K-major core matrices (xf_wg_offset)
+    static constexpr int b = 0, b_bytes = FORM != kXfMma ? pairs * kXfK * 2 : pairs * kXfRowH;
     // a raw stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code
     // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
     // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
@@ -153,6 +172,7 @@ struct XfSmem {
 };
 static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
+static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -196,13 +216,15 @@ __device__ __forceinline__ void mma_f16_acc(float (&d)[4], const uint32_t (&a)[4
 // contiguous bytes each; LBO: the two core matrices of a k-step's 16 k, SBO: groups of 8 rows),
 // the sums in mma.sync's D layout side by side (run 163, an H100: bench/gpu/wgmma_probe.cu
 // exact in this layout; ~925 TFLOP/s at 4 warpgroups an SM).
-// The descriptor of a B k-step at smem: LBO 1,024 bytes (64 pairs × 16), SBO 128.
+// The descriptor of a B k-step of PAIRS pairs at smem: LBO PAIRS × 16 bytes, SBO 128.
+template <int PAIRS>
 __device__ __forceinline__ uint64_t wg_desc(const void* smem) {
-    return uint64_t((smem_addr(smem) & 0x3FFFF) >> 4) | uint64_t(1024 >> 4) << 16 | uint64_t(128 >> 4) << 32;
+    return uint64_t((smem_addr(smem) & 0x3FFFF) >> 4) | uint64_t((PAIRS * 16) >> 4) << 16 | uint64_t(128 >> 4) << 32;
 }
-// d += A · Bᵀ for N pairs (the first N / 2 of d)
-template <int N>
-__device__ __forceinline__ void wg_mma(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+// d += A · Bᵀ for N pairs (the first N / 2 of d; N a multiple of 16 up to 128)
+template <int N, int D>
+__device__ __forceinline__ void wg_mma(float (&d)[D], const uint32_t (&a)[4], uint64_t desc) {
+    static_assert(N % 16 == 0 && N >= 16 && N <= 128 && N / 2 <= D, "wgmma m64nNk16 here: N 16..128");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if constexpr (N == 16)
         asm volatile(
@@ -227,6 +249,30 @@ __device__ __forceinline__ void wg_mma(float (&d)[32], const uint32_t (&a)[4], u
             "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    if constexpr (N == 80)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39}, {%40,%41,%42,%43}, %44, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    if constexpr (N == 96)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, {%48,%49,%50,%51}, %52, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    if constexpr (N == 112)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n112k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, {%56,%57,%58,%59}, %60, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+    if constexpr (N == 128)
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
 #else
     (void)d, (void)a, (void)desc;
@@ -257,10 +303,11 @@ __device__ __forceinline__ void fence_proxy_async() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 #endif
 }
-// The byte offset in a WG B buffer of pair n's half pair at xf_slot(tig, j): its physical k
-// slot 16 ks + 8 hi + 2 tig in core matrix (ks, hi, n / 8), row n % 8.
+// The byte offset in a wgmma B buffer of PAIRS pairs of pair n's half pair at xf_slot(tig, j):
+// its physical k slot 16 ks + 8 hi + 2 tig in core matrix (ks, hi, n / 8), row n % 8.
+template <int PAIRS>
 __host__ __device__ constexpr uint32_t xf_wg_offset(uint32_t n, uint32_t tig, uint32_t j) {
-    return (j >> 2) * 2048 + ((j >> 1) & 1) * 1024 + (n / 8) * 128 + (n % 8) * 16 + 4 * tig;
+    return (j >> 2) * (PAIRS * 32) + ((j >> 1) & 1) * (PAIRS * 16) + (n / 8) * 128 + (n % 8) * 16 + 4 * tig;
 }
 
 // Bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of w as halves 1024 + byte: the byte under the
@@ -292,16 +339,27 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // k-step's wgmma run while the next k-step's fragments are expanded (at most one group in flight
 // when a fragment is written); each tile's end waits for all, so the barrier that follows frees
 // its B buffer.
-template <uint32_t T, bool TABLE, bool WG = false>
-__global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
-    constexpr bool IQ2 = T == T_IQ2_XXS;
+// WG2 (kXfWg2, opt-in: DSV4_XF_WGMMA=2): the WG form over 512 threads (4 warpgroups) and up to 128
+// pairs: a block takes its group and the next group of the same expert, so each weight row is
+// expanded once for up to 128 pairs instead of 64 (4,096-token rounds: ~96 pairs an expert). A
+// warp holds one m-tile (16 rows: Q2_K rows 16 w ..; IQ2_XXS gate's rows 8 w .. as its fragment
+// rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
+// registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
+// and pair stay those of WG.
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
+__global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
+    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
+    static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
-    using L = XfSmem<T, WG>;
-    constexpr int NT = 8;   // the group's tiles of 8 pairs
+    using L = XfSmem<T, FORM>;
+    constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
+    constexpr int MT = FORM == kXfWg2 ? 1 : 2;        // m-tiles (16 rows) a warp
     extern __shared__ __align__(16) uint8_t sm[];
     ExpertGroup eg;
-    if (!expert_group(p, L::pairs, eg)) return;
+    if (!expert_group(p, int(kKqFlatPairs), eg)) return;
+    if constexpr (FORM == kXfWg2)
+        if (!expert_group_pair(p, eg)) return;
     const int32_t* gp = eg.pairs;
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
@@ -310,49 +368,56 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     const int nsb = int(p.K / 256), ntiles = int(p.K / kXfK);
     auto w_row = [&](uint32_t r) { return eg.wbase + min(m0 + r, p.N - 1); };   // clamped for the loads
     // a stage row of this thread's fragments: m-tile mt, row gid + 8 h
-    auto stage_row = [&](int mt, int h) {
+    auto stage_row = [&](int mt, int h) -> uint32_t {
+        if constexpr (FORM == kXfWg2) return IQ2 ? 128 * h + 8 * warp + gid : 16 * warp + gid + 8 * h;
         return IQ2 ? 128 * mt + 16 * warp + gid + 8 * h : 32 * warp + 16 * mt + gid + 8 * h;
     };
-    if constexpr (IQ2) {
+    if (IQ2 && t < 256) {
         iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
         iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
     }
 
     // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
-    // pair's dx (t < 64); Q2_K: half t % 2 of the codes of rows t / 2 and 128 + t / 2, and row
-    // t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's row t, up's
-    // row t - 128)
+    // pair's dx (t < PAIRS); Q2_K: half t % 2 of the codes of rows t / 2 and (256 threads) 128 + t
+    // / 2, and row t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's
+    // row t, up's row t - 128); threads from 256 on (WG2) the activations and the codes only
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
     // (row indices, not pointers: fewer registers live through the tile loop)
-    const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)), row_hi = IQ2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
+    const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)),
+                   row_hi = IQ2 || FORM == kXfWg2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
     const uint32_t row_t = uint32_t(w_row(IQ2 ? t & 127 : t));
     // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
     // sb's d is the high half of the staged word when that parity differs from sb's)
     uint32_t dpar = 0;
     if constexpr (IQ2)
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
             for (int h = 0; h < 2; ++h)
                 dpar |= uint32_t((w_row(stage_row(mt, h) & 127) * nsb) & 1) << (2 * mt + h);
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
-        if (t < uint32_t(L::pairs)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
+        if (t < uint32_t(PAIRS)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
-            cp_async16(st + L::st_codes + t * 16, wq + (uint64_t(row_t) * nsb + sb) * 64 + 16 * tq);
-            cp_async4(st + L::st_dw + t * 4, wd + ((uint64_t(row_t) * nsb + sb) & ~uint64_t(1)));
+            if (t < uint32_t(kXfRows)) {
+                cp_async16(st + L::st_codes + t * 16, wq + (uint64_t(row_t) * nsb + sb) * 64 + 16 * tq);
+                cp_async4(st + L::st_dw + t * 4, wd + ((uint64_t(row_t) * nsb + sb) & ~uint64_t(1)));
+            }
         } else {
             // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
             // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
             const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
             cp_async16(st + L::st_codes + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
-            cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
-            cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
-            cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
+            if constexpr (FORM != kXfWg2)
+                cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
+            if (t < uint32_t(kXfRows)) {
+                cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
+                cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
+            }
         }
     };
     // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
@@ -365,7 +430,7 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
         auto at = [&](uint32_t j) -> uint32_t* {
-            const uint32_t o = WG ? (i & 1) * L::b_bytes + xf_wg_offset(t >> 2, t & 3, j)
+            const uint32_t o = WG ? (i & 1) * L::b_bytes + xf_wg_offset<PAIRS>(t >> 2, t & 3, j)
                                   : ((i & 1) * L::pairs + (t >> 2)) * kXfRowH + xf_slot(t & 3, j);
             return reinterpret_cast<uint32_t*>(sm + L::b + o);
         };
@@ -384,9 +449,9 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
     cp_async_wait<2>();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
     expand_b(0);
-    with_tiles<1, NT>(nv, [&](auto ntv) {
+    auto run = [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
-        float acc[2][NT][4];
+        float acc[MT][NT][4];
         each(acc, [](float& x) { x = 0.0f; });
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
@@ -401,12 +466,12 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
             // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
             // (grid indices shifted to grid row 2 (tig % 2), signs to its 7 bits) and scale
             [[maybe_unused]] const int sh = 2 * (2 * (i & 1) + int(tig >> 1));
-            [[maybe_unused]] const uint8_t* qrow[2][2];
-            uint32_t a2[2][2], b2[2][2];   // a, b as half pairs (TABLE: the halves w0, w1 and w2, w3; IQ2_XXS: the
-                                           // grid indices and the signs)
-            [[maybe_unused]] uint32_t s2[2][2];   // IQ2_XXS: the scale as a half pair
+            [[maybe_unused]] const uint8_t* qrow[MT][2];
+            uint32_t a2[MT][2], b2[MT][2];   // a, b as half pairs (TABLE: the halves w0, w1 and w2, w3; IQ2_XXS: the
+                                             // grid indices and the signs)
+            [[maybe_unused]] uint32_t s2[MT][2];   // IQ2_XXS: the scale as a half pair
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const uint32_t r = stage_row(mt, h);
@@ -436,14 +501,14 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                 }
             // Q2_K: code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct
             // banks); IQ2_XXS: the selectors of grid row ks / 2 (words: values 0-3, 4-7)
-            uint2 q[2][2];
+            uint2 q[MT][2];
             [[maybe_unused]] const uint8_t* gtab = sm + L::hgrid + (lane % kXfGridCopies) * 8;
             [[maybe_unused]] const uint8_t* stab = sm + L::hsign + (lane % kXfGridCopies) * 8;
 #pragma unroll
             for (int ks = 0; ks < kXfK / 16; ++ks) {
                 if (ks % 2 == 0)
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt)
+                    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             if constexpr (IQ2) {
@@ -483,19 +548,21 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                 };
                 if constexpr (WG) {
                     // one commit group an m-tile, so only two fragments (8 registers) are live: the
-                    // one in flight and the one being written. N = 8 NV rounded up to 16 (the pairs
+                    // one in flight and the one being written. N = 8 NV (NV even here; the pairs
                     // past cnt are staged copies of the last).
-                    constexpr int N = 16 * ((NV + 1) / 2);
+                    constexpr int N = 8 * NV;
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
+                    for (int mt = 0; mt < MT; ++mt) {
                         uint32_t a[4];
                         frag(mt, a);
                         wg_fence();   // the fragment written
-                        wg_mma<N>(reinterpret_cast<float(&)[32]>(acc[mt]), a, wg_desc(bsm + ks * 2048));
+                        wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
+                                  wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
                         wg_commit();
                         wg_wait<1>();   // the group before done: its fragment's registers free
                     }
                 } else {
+                    static_assert(MT == 2, "mma.sync: two m-tiles a warp");
                     uint32_t a[2][4];
                     frag(0, a[0]);
                     frag(1, a[1]);
@@ -525,20 +592,26 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
                 if (c >= cnt) continue;
                 const uint64_t pc = uint32_t(gp[c]);
                 if constexpr (IQ2) {
-                    const uint64_t n = m0 + 16 * warp + gid + 8 * (e >> 1);
+                    // gate's and up's sums of output row n: m-tiles 0 and 1 (WG2: fragment rows gid
+                    // and gid + 8)
+                    if (FORM == kXfWg2 && e >= 2) continue;
+                    const uint64_t n = m0 + (FORM == kXfWg2 ? 8 * warp + gid : 16 * warp + gid + 8 * (e >> 1));
+                    const float g = acc[0][nt][e], u = FORM == kXfWg2 ? acc[0][nt][(e + 2) & 3] : acc[MT - 1][nt][e];
                     if (n < p.N)
-                        p.y[pc * p.y_stride + n] = swiglu_pair<true>(acc[0][nt][e] * (1.0f / kXfWScale),
-                                                                     acc[1][nt][e] * (1.0f / kXfWScale), p.clamp,
-                                                                     p.ew, uint32_t(pc));
+                        p.y[pc * p.y_stride + n] = swiglu_pair<true>(g * (1.0f / kXfWScale), u * (1.0f / kXfWScale),
+                                                                     p.clamp, p.ew, uint32_t(pc));
                 } else {
 #pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        const uint64_t n = m0 + 32 * warp + 16 * mt + gid + 8 * (e >> 1);
+                    for (int mt = 0; mt < MT; ++mt) {
+                        const uint64_t n = m0 + 16 * MT * warp + 16 * mt + gid + 8 * (e >> 1);
                         if (n < p.N) p.y[pc * p.y_stride + n] = acc[mt][nt][e] * (1.0f / kXfWScale);
                     }
                 }
             }
-    });
+    };
+    // (the wgmma forms in steps of 16 pairs, the shapes' step here)
+    if constexpr (WG) with_tiles<1, NT / 2>((nv + 1) / 2, [&](auto n2) { run(std::integral_constant<int, 2 * decltype(n2)::value>{}); });
+    else with_tiles<1, NT>(nv, run);
 }
 
 // Dynamic shared memory above 48 KB for kernel, allowed once (ready) outside stream capture;
@@ -546,17 +619,17 @@ __global__ void __launch_bounds__(256, 2) gemm_experts_f16_kernel(KqGemm p) {
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, bool WG = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem<T, WG>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, WG>;
+    constexpr int bytes = XfSmem<T, FORM>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
-    kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), 256, bytes, s>>>(p);
+    kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
-// The same with the WG kernel (sm90a/experts_wgmma.cu: only sm_90a machine code, so only for
-// a device of compute capability 9.0).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s);
+// The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
+// so only for a device of compute capability 9.0).
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

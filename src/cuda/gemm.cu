@@ -1957,18 +1957,20 @@ int q2k_mins() {
 // kernel's expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests)
 // wins.
 int g_xf_table_override = -1;
-// DSV4_XF_WGMMA (read once; 0: off, else on): the kernel's warpgroup-MMA form (WG,
+// DSV4_XF_WGMMA (read once; 0: off, 1 (default): on): the kernel's warpgroup-MMA form (WG,
 // sm90a/experts_wgmma.cu) on a device that has it (run 164, an H100: a fast chunk's gate+up 4.02
 // -> 3.53 us a token, its down 2.63 -> 2.27); gemm_experts_f16_wgmma_override (tests) wins.
+// 2: its WG2 form (two groups of an expert a block, opt-in).
 int g_xf_wgmma_override = -1;
-bool xf_wgmma_on() {
-    static const bool env = env_switch("DSV4_XF_WGMMA", true);
-    return (g_xf_wgmma_override >= 0 ? g_xf_wgmma_override != 0 : env) && gemm_experts_wgmma_available();
+int xf_wgmma_form() {
+    static const int env = env_int("DSV4_XF_WGMMA", kXfWg);
+    const int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
+    return form == kXfWg || form == kXfWg2 ? (gemm_experts_wgmma_available() ? form : kXfMma) : kXfMma;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
-    if (!table && xf_wgmma_on()) return launch_experts_wgmma(p, type, N, cap, s);
+    if (const int form = xf_wgmma_form(); !table && form != kXfMma) return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);

@@ -273,13 +273,14 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         return r;
     };
     // Per group of kernels (events between groups, no graphs): decode steps at ctx_tokens,
-    // or one 2,048-token prefill chunk after ctx_tokens - 2,048 tokens.
+    // or one prefill chunk after the tokens before it: 2,048 tokens, or DSV4_BENCH_PREFILL_CHUNK's
+    // round where that is larger (at most the whole prompt: 4,096 tokens from the first).
     auto profile = [&](bool prefill) {
         kv::Budget budget;
         auto kv = session(*g, small_ctx, &budget);
         const auto prompt = random_tokens(ctx_tokens, 0, int32_t(V), 1);
         std::vector<float> lg(V);
-        const uint32_t chunk = std::min<uint32_t>(2048, ctx_tokens);
+        const uint32_t chunk = std::min<uint32_t>(std::max<uint32_t>(2048, env_u32("DSV4_BENCH_PREFILL_CHUNK", 2048)), ctx_tokens);
         const std::vector<int32_t> head(prompt.begin(), prompt.end() - (prefill ? chunk : 0));
         if (!head.empty()) g->forward_one(*kv, head, false, lg.data());
         // Under Nsight Compute (ncu --profile-from-start off): only these decode steps
@@ -303,7 +304,8 @@ TEST(CudaBench, FlashDecodePrefillKv) {
         double total = 0;
         for (const auto& e : prof) total += e.ms;
         std::printf("\n== %s profile at %u tokens (no graphs; events between groups), per token ==\n",
-                    prefill ? "prefill (one 2,048-token chunk)" : "decode", ctx_tokens);
+                    prefill ? ("prefill (one " + std::to_string(chunk) + "-token chunk)").c_str() : "decode",
+                    ctx_tokens);
         std::printf("%-22s %10s %8s %12s %10s\n", "group", "us/token", "share", "weight GB/s", "of copy");
         for (const auto& e : prof) {
             const double us = 1000.0 * e.ms / n;

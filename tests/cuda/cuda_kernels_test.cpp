@@ -2823,15 +2823,17 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         };
                         const std::vector<float> mg = magnitudes(hg), mgu = fused ? magnitudes(hu) : std::vector<float>();
                         cuda::gemm_experts_f16_override(1);
-                        // the kernel's forms: mma.sync, and wgmma where the device has it
-                        const int forms = cuda::gemm_experts_wgmma_available() ? 2 : 1;
+                        // the kernel's forms: mma.sync, and where the device has it wgmma, and wgmma
+                        // over two groups of an expert a block (the counts 65 and 130: a pair of
+                        // groups, and a third group alone)
+                        const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
                         if (fused) {
                             for (size_t fb = 0; fb < forms * batches.size(); ++fb) {
                                 const size_t bi = fb % batches.size();
                                 const int wg = int(fb / batches.size());
                                 cuda::gemm_experts_f16_wgmma_override(wg);
                                 const Batch& b = *batches[bi];
-                                const std::string where = what + " f16" + (wg ? " (wgmma)" : "") + ", batch of " +
+                                const std::string where = what + " f16" + (wg ? wg == 2 ? " (wgmma, 2 groups)" : " (wgmma)" : "") + ", batch of " +
                                                           std::to_string(batch_rows[bi]) + " rows: ";
                                 // the gate alone keeps its exact kernel
                                 const auto r1 = gate_alone(b);
@@ -2866,15 +2868,16 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             continue;
                         }
                         // (either expansion: the halves' steps, and a row's four values by PRMT;
-                        // form 2: the halves' steps by wgmma)
+                        // forms 2, 3: the halves' steps by wgmma, one or two groups a block)
                         for (int form = 0; form < 1 + forms; ++form) {
                             const int table = form == 1;
                             cuda::gemm_experts_f16_table_override(table);
-                            cuda::gemm_experts_f16_wgmma_override(form == 2);
+                            cuda::gemm_experts_f16_wgmma_override(form >= 2 ? form - 1 : 0);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 const Batch& b = *batches[bi];
                                 const std::string where = what + " f16, table " + std::to_string(table) +
-                                                          (form == 2 ? " (wgmma)" : "") + ", batch of " +
+                                                          (form == 2 ? " (wgmma)" : form == 3 ? " (wgmma, 2 groups)" : "") +
+                                                          ", batch of " +
                                                           std::to_string(batch_rows[bi]) + " rows: ";
                                 const auto r1 = gate_alone(b);
                                 for (uint64_t i = 0; i < r1.size(); ++i)
