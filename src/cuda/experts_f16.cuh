@@ -372,10 +372,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if constexpr (FORM == kXfWg2) return IQ2 ? 128 * h + 8 * warp + gid : 16 * warp + gid + 8 * h;
         return IQ2 ? 128 * mt + 16 * warp + gid + 8 * h : 32 * warp + 16 * mt + gid + 8 * h;
     };
-    if (IQ2 && t < 256) {
-        iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
-        iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
-    }
+    if constexpr (IQ2)
+        if (t < 256) {   // (WG2: the first 256 threads)
+            iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
+            iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
+        }
 
     // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
     // pair's dx (t < PAIRS); Q2_K: half t % 2 of the codes of rows t / 2 and (256 threads) 128 + t
