@@ -1957,20 +1957,26 @@ int q2k_mins() {
 // kernel's expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests)
 // wins.
 int g_xf_table_override = -1;
-// DSV4_XF_WGMMA (read once; 0: off, 1 (default): on): the kernel's warpgroup-MMA form (WG,
-// sm90a/experts_wgmma.cu) on a device that has it (run 164, an H100: a fast chunk's gate+up 4.02
-// -> 3.53 us a token, its down 2.63 -> 2.27); gemm_experts_f16_wgmma_override (tests) wins.
-// 2: its WG2 form (two groups of an expert a block, opt-in).
+// DSV4_XF_WGMMA (read once): the kernel's form on a device that has wgmma (compute capability
+// 9.0; elsewhere mma.sync): 0 mma.sync; 1 WG (sm90a/experts_wgmma.cu; run 164, an H100: a fast
+// 2,048-token chunk's gate+up 4.02 -> 3.53 us a token, its down 2.63 -> 2.27); 2 WG2 (two groups
+// of an expert a block); unset: WG2 for a round of at least 96 pairs an expert on average (wide:
+// the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
+// took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
+// 13.28 to 15.50, its groups mostly 64 pairs or fewer). gemm_experts_f16_wgmma_override (tests)
+// wins over the variable.
 int g_xf_wgmma_override = -1;
-int xf_wgmma_form() {
-    static const int env = env_int("DSV4_XF_WGMMA", kXfWg);
-    const int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
-    return form == kXfWg || form == kXfWg2 ? (gemm_experts_wgmma_available() ? form : kXfMma) : kXfMma;
+int xf_wgmma_form(bool wide) {
+    static const int env = env_int("DSV4_XF_WGMMA", -1);
+    int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
+    if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
+    return gemm_experts_wgmma_available() ? form : kXfMma;
 }
-bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
-    if (const int form = xf_wgmma_form(); !table && form != kXfMma) return launch_experts_wgmma(p, type, form, N, cap, s);
+    if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
+        return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2171,7 +2177,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     // the fast mode's FP16 kernel: Q2_K alone (the down projection), IQ2_XXS gate+up fused
     const bool xf_shape = Wg.type == T_Q2_K ? !Wu : Wu && reinterpret_cast<uintptr_t>(p.wd[1]) % 4 == 0;
     if (flat && aligned && xf_shape && experts_f16_on(Wg.type) && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
-        launch_experts_f16(p, Wg.type, N, g.cap, s)) {
+        launch_experts_f16(p, Wg.type, N, g.cap, uint64_t(P) * rows_per_expert >= 96 * Wg.rows, s)) {
         // (launched by launch_experts_f16: the fast mode's bits)
     } else if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
         reinterpret_cast<uintptr_t>(p.wq[0]) % 16 == 0 && reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0 &&

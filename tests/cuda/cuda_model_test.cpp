@@ -207,7 +207,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // the routed experts, Q2_K down and IQ2_XXS gate+up, on the FP16 tensor cores), on a prompt short
 // enough for the CPU, so every row count takes cuBLAS here (the overrides); then with that
 // attention in tiles of 16 keys, with the gate+up on its exact kernel, with the exact experts
-// kernels, and (on a device that has it) with the experts kernel's warpgroup-MMA forms.
+// kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
+// and with its warpgroup-MMA form over two groups a block.
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -219,11 +220,11 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         const char* label;
     };
     for (const Variant& v :
-         {Variant{-1, -1, 32, 0, "flash4-flash fast prefill"}, Variant{-1, -1, 16, 0, "flash4 fast, 16-key tiles"},
-          Variant{-1, 0, 32, 0, "flash4 fast, exact gate+up"}, Variant{0, -1, 32, 0, "flash4 fast, exact experts"},
-          Variant{-1, -1, 32, 1, "flash4 fast, experts by wgmma"},
+         {Variant{-1, -1, 32, -1, "flash4-flash fast prefill"}, Variant{-1, -1, 16, -1, "flash4 fast, 16-key tiles"},
+          Variant{-1, 0, 32, -1, "flash4 fast, exact gate+up"}, Variant{0, -1, 32, -1, "flash4 fast, exact experts"},
+          Variant{-1, -1, 32, 0, "flash4 fast, experts by mma.sync"},
           Variant{-1, -1, 32, 2, "flash4 fast, wgmma, 2 groups"}}) {
-        if (v.wgmma && !cuda::gemm_experts_wgmma_available()) continue;
+        if (v.wgmma > 0 && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::gemm_experts_f16_override(v.experts_f16);
         cuda::gemm_experts_f16_iq2_override(v.iq2);
         cuda::gemm_experts_f16_wgmma_override(v.wgmma);
