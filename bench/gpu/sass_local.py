@@ -10,6 +10,8 @@ line by line with a local cubin of the same source and flags (run 121).
   bench/gpu/sass_local.py count /tmp/k.cubin attn_rows_f16_kernelILj8   # opcodes by count, the
                                                   # MMAs with a WARPSYNC just before them
   bench/gpu/sass_local.py learn /tmp/k.cubin ncu_source.csv attn_rows_f16_kernelILj8   # extend the map
+  bench/gpu/sass_local.py learn-sass k.sass   # extend it from `cuobjdump -sass` text (any cubin's,
+                                              # run on the device: run 166)
 Static counts (each instruction once), not executed ones.
 """
 import collections, csv, json, os, re, struct, sys
@@ -64,6 +66,21 @@ def learn(cubin, table, key):
     print(f'{len(votes)} opcodes from {name[:80]}; the map has {len(m)}')
 
 
+def learn_sass(text):
+    """The map from cuobjdump -sass output: each instruction line carries its first 64-bit word."""
+    m = json.load(open(MAP)) if os.path.exists(MAP) else {}
+    votes = collections.defaultdict(collections.Counter)
+    for line in open(text, errors='replace'):
+        mm = re.search(r'/\*[0-9a-f]{4,}\*/\s+(.*?);\s*/\* 0x([0-9a-f]{16}) \*/', line)
+        if mm:
+            t = re.sub(r'^@!?U?P\w+\s+', '', mm.group(1).strip())
+            votes[int(mm.group(2), 16) & 0xfff][t.split(' ')[0].split('.')[0]] += 1
+    for k, v in votes.items():
+        m[str(k)] = v.most_common(1)[0][0]
+    json.dump(dict(sorted(m.items(), key=lambda kv: int(kv[0]))), open(MAP, 'w'), indent=0)
+    print(f'{len(votes)} opcodes from {text}; the map has {len(m)}')
+
+
 def count(cubin, key=''):
     m = {int(k): v for k, v in json.load(open(MAP)).items()}
     for name, b in text_sections(cubin).items():
@@ -71,7 +88,7 @@ def count(cubin, key=''):
             continue
         ops = [m.get(w & 0xfff, '?%03x' % (w & 0xfff)) for w in words(b)]
         c = collections.Counter(ops)
-        mma = [i for i, o in enumerate(ops) if o in ('HMMA', 'IMMA')]
+        mma = [i for i, o in enumerate(ops) if o in ('HMMA', 'IMMA', 'HGMMA')]
         synced = sum(1 for i in mma if 'WARPSYNC' in ops[max(0, i - 3):i])
         print(f'{len(ops)} instructions  {name[:100]}')
         print('  ' + ', '.join(f'{o} {n}' for o, n in c.most_common(24)))
@@ -81,6 +98,8 @@ def count(cubin, key=''):
 if __name__ == '__main__':
     if len(sys.argv) >= 5 and sys.argv[1] == 'learn':
         learn(*sys.argv[2:5])
+    elif len(sys.argv) >= 3 and sys.argv[1] == 'learn-sass':
+        learn_sass(sys.argv[2])
     elif len(sys.argv) >= 3 and sys.argv[1] == 'count':
         count(*sys.argv[2:4])
     else:
