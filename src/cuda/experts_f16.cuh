@@ -1,7 +1,7 @@
 // What gemm.cu and its Hopper-only part (sm90a/experts_wgmma.cu, compiled for sm_90a alone:
 // wgmma exists only there) share: the routed experts' product parameters and pair groups, the
 // cp.async and fragment helpers, and the fast mode's FP16 experts kernel, whose warpgroup-MMA
-// form (WG) only that file instantiates.
+// forms (WG, WG2) only that file instantiates.
 #pragma once
 
 #include <cstdint>
