@@ -56,6 +56,7 @@ struct KqGemm {
     const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
     const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
+    bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -364,6 +365,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
+    // the pairs whose activations are staged and expanded: all (copies of the last past cnt), or
+    // (stage_used) only those the MMAs read, whole 16-pair steps (ldmatrix.x4, wgmma's N): the
+    // rest of B is never read
+    const uint32_t used = p.skip_tiles && p.stage_used ? 16 * ((cnt + 15) / 16) : PAIRS;
     const uint64_t m0 = uint64_t(blockIdx.x) * xf_block_rows(T);
     const int nsb = int(p.K / 256), ntiles = int(p.K / kXfK);
     auto w_row = [&](uint32_t r) { return eg.wbase + min(m0 + r, p.N - 1); };   // clamped for the loads
@@ -398,8 +403,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
-        if (t < uint32_t(PAIRS)) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
+        if ((t >> 2) < used)
+            cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
+        if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -424,6 +430,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
     // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
     auto expand_b = [&](int i) {
+        if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);

@@ -1965,6 +1965,14 @@ int g_xf_table_override = -1;
 // took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
 // 13.28 to 15.50, its groups mostly 64 pairs or fewer). gemm_experts_f16_wgmma_override (tests)
 // wins over the variable.
+// DSV4_XF_STAGE_USED (read once; 1: on, else off; opt-in until measured: bench/gpu/NOTES.md,
+// thirty-fifth round): the fast experts kernel stages and expands only the pairs its MMAs read;
+// gemm_experts_f16_stage_used_override (tests) wins.
+int g_xf_stage_used_override = -1;
+bool xf_stage_used_on() {
+    static const bool on = env_int("DSV4_XF_STAGE_USED", 0) == 1;
+    return g_xf_stage_used_override >= 0 ? g_xf_stage_used_override != 0 : on;
+}
 int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {
     static const int env = env_int("DSV4_XF_WGMMA", -1);
@@ -2042,6 +2050,7 @@ void gemm_experts_f16_override(int on) { g_experts_f16_override = on; }
 void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
 void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
+void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no
@@ -2166,6 +2175,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.ew = ew;
     iq2_tables(&p.grid, &p.sign, &p.sel, &p.hgrid, &p.hsign);
     p.skip_tiles = kq_skip_on();
+    p.stage_used = xf_stage_used_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

@@ -303,6 +303,10 @@ void gemm_experts_f16_iq2_override(int on);
 // (the form's machine code is sm_90a's alone). Other bits than mma.sync's, within the same
 // bounds. Tests.
 void gemm_experts_f16_wgmma_override(int on);
+// Whether that kernel stages and expands only the pairs its MMAs read (1) or every pair slot, the
+// group's last pair copied into the empty ones (0); -1: DSV4_XF_STAGE_USED's (off by default). The
+// same bits. Tests.
+void gemm_experts_f16_stage_used_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):

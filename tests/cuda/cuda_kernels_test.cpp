@@ -2654,6 +2654,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
             cuda::gemm_experts_f16_table_override(-1);
             cuda::gemm_experts_f16_iq2_override(-1);
             cuda::gemm_experts_f16_wgmma_override(-1);
+            cuda::gemm_experts_f16_stage_used_override(-1);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -2825,16 +2826,21 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         cuda::gemm_experts_f16_override(1);
                         // the kernel's forms: mma.sync, and where the device has it wgmma, and wgmma
                         // over two groups of an expert a block (the counts 65 and 130: a pair of
-                        // groups, and a third group alone)
+                        // groups, and a third group alone); each staging every pair slot, then
+                        // only the pairs its MMAs read (DSV4_XF_STAGE_USED)
                         const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
+                        const auto staged = [](int su) { return su ? ", read pairs staged" : ""; };
                         if (fused) {
-                            for (size_t fb = 0; fb < forms * batches.size(); ++fb) {
+                            for (size_t fb = 0; fb < 2 * forms * batches.size(); ++fb) {
                                 const size_t bi = fb % batches.size();
-                                const int wg = int(fb / batches.size());
+                                const int wg = int(fb / batches.size()) % forms;
+                                const int su = int(fb / (forms * batches.size()));
                                 cuda::gemm_experts_f16_wgmma_override(wg);
+                                cuda::gemm_experts_f16_stage_used_override(su);
                                 const Batch& b = *batches[bi];
-                                const std::string where = what + " f16" + (wg ? wg == 2 ? " (wgmma, 2 groups)" : " (wgmma)" : "") + ", batch of " +
-                                                          std::to_string(batch_rows[bi]) + " rows: ";
+                                const std::string where = what + " f16" + (wg ? wg == 2 ? " (wgmma, 2 groups)" : " (wgmma)" : "") +
+                                                          staged(su) + ", batch of " + std::to_string(batch_rows[bi]) +
+                                                          " rows: ";
                                 // the gate alone keeps its exact kernel
                                 const auto r1 = gate_alone(b);
                                 ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
@@ -2865,19 +2871,22 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                             cuda::gemm_experts_f16_override(-1);
                             cuda::gemm_experts_f16_wgmma_override(-1);
+                            cuda::gemm_experts_f16_stage_used_override(-1);
                             continue;
                         }
                         // (either expansion: the halves' steps, and a row's four values by PRMT;
                         // forms 2, 3: the halves' steps by wgmma, one or two groups a block)
-                        for (int form = 0; form < 1 + forms; ++form) {
+                        for (int fs = 0; fs < 2 * (1 + forms); ++fs) {
+                            const int form = fs % (1 + forms), su = fs / (1 + forms);
                             const int table = form == 1;
                             cuda::gemm_experts_f16_table_override(table);
                             cuda::gemm_experts_f16_wgmma_override(form >= 2 ? form - 1 : 0);
+                            cuda::gemm_experts_f16_stage_used_override(su);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 const Batch& b = *batches[bi];
                                 const std::string where = what + " f16, table " + std::to_string(table) +
                                                           (form == 2 ? " (wgmma)" : form == 3 ? " (wgmma, 2 groups)" : "") +
-                                                          ", batch of " +
+                                                          staged(su) + ", batch of " +
                                                           std::to_string(batch_rows[bi]) + " rows: ";
                                 const auto r1 = gate_alone(b);
                                 for (uint64_t i = 0; i < r1.size(); ++i)
@@ -2891,6 +2900,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         cuda::gemm_experts_f16_override(-1);
                         cuda::gemm_experts_f16_table_override(-1);
                         cuda::gemm_experts_f16_wgmma_override(-1);
+                        cuda::gemm_experts_f16_stage_used_override(-1);
                         continue;
                     }
                     cuda::gemm_smem_override(smem);

@@ -208,7 +208,7 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // enough for the CPU, so every row count takes cuBLAS here (the overrides); then with that
 // attention in tiles of 16 keys, with the gate+up on its exact kernel, with the exact experts
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
-// and with its warpgroup-MMA form over two groups a block.
+// with its warpgroup-MMA form over two groups a block, and staging only the pairs it reads.
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -216,24 +216,28 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     cuda::gemm_q8_0_cublas_override(1);
     cuda::gemm_float_cublas_override(1);
     struct Variant {
-        int experts_f16, iq2, kt, wgmma;
+        int experts_f16, iq2, kt, wgmma, stage_used;
         const char* label;
     };
-    for (const Variant& v :
-         {Variant{-1, -1, 32, -1, "flash4-flash fast prefill"}, Variant{-1, -1, 16, -1, "flash4 fast, 16-key tiles"},
-          Variant{-1, 0, 32, -1, "flash4 fast, exact gate+up"}, Variant{0, -1, 32, -1, "flash4 fast, exact experts"},
-          Variant{-1, -1, 32, 0, "flash4 fast, experts by mma.sync"},
-          Variant{-1, -1, 32, 2, "flash4 fast, wgmma, 2 groups"}}) {
+    for (const Variant& v : {Variant{-1, -1, 32, -1, -1, "flash4-flash fast prefill"},
+                             Variant{-1, -1, 16, -1, -1, "flash4 fast, 16-key tiles"},
+                             Variant{-1, 0, 32, -1, -1, "flash4 fast, exact gate+up"},
+                             Variant{0, -1, 32, -1, -1, "flash4 fast, exact experts"},
+                             Variant{-1, -1, 32, 0, -1, "flash4 fast, experts by mma.sync"},
+                             Variant{-1, -1, 32, 2, -1, "flash4 fast, wgmma, 2 groups"},
+                             Variant{-1, -1, 32, -1, 1, "flash4 fast, read pairs staged"}}) {
         if (v.wgmma > 0 && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::gemm_experts_f16_override(v.experts_f16);
         cuda::gemm_experts_f16_iq2_override(v.iq2);
         cuda::gemm_experts_f16_wgmma_override(v.wgmma);
+        cuda::gemm_experts_f16_stage_used_override(v.stage_used);
         cuda::attn_rows_fast_kt_override(v.kt);
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
     }
     cuda::gemm_experts_f16_override(-1);
     cuda::gemm_experts_f16_iq2_override(-1);
     cuda::gemm_experts_f16_wgmma_override(-1);
+    cuda::gemm_experts_f16_stage_used_override(-1);
     cuda::attn_rows_fast_kt_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_float_cublas_override(-1);
