@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Host emulation of gemm_experts_f16_kernel's index math (src/cuda/gemm.cu), for changing it
+"""Host emulation of gemm_experts_f16_kernel's index math (src/cuda/experts_f16.cuh), for changing it
 without a GPU: one block of 256 Q2_K rows x 64 pairs over 2 super-blocks, staged as issue()
 copies, the activations expanded to their xf_slot as expand_b() does, each thread's A values
 from its stage rows (sub-block tig at shift sh) multiplied into the k-slots that the m16n8k16

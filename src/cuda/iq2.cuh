@@ -194,7 +194,7 @@ __device__ __forceinline__ void iq2_expand_rep(uint32_t a0, uint32_t a1, const u
     }
 }
 
-// ---- The fast mode's FP16 expansion (gemm.cu: gemm_experts_f16_kernel<T_IQ2_XXS>) ----------
+// ---- The fast mode's FP16 expansion (experts_f16.cuh: gemm_experts_f16_kernel<T_IQ2_XXS>) --
 // Every signed grid value ±8, ±25, ±43 is an exact half (0x4800, 0x4E40, 0x5160 and the same
 // with bit 15), whose bytes are only eight: high 0x48 0x4E 0x51 0xC8 0xCE 0xD1, low 0x40 0x60
 // and 0x00, the last from PRMT's sign replication (a selector nibble's bit 3) of the positive
