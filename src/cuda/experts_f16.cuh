@@ -88,7 +88,7 @@ __device__ __forceinline__ bool expert_group_pair(const KqGemm& p, ExpertGroup& 
     return true;
 }
 
-constexpr uint32_t kKqFlatPairs = 64;   // the same in k order (prompt rounds)
+constexpr uint32_t kKqFlatPairs = 64;   // pairs a group in k order (prompt rounds; decode's order: gemm.cu kKqPairs)
 
 // f(std::integral_constant<int, min(n, NT)>) for a run-time n >= I: the kernel's tile loops
 // with the count a constant.
@@ -111,7 +111,7 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
 }
 
 // ---- The fast mode's routed Q2_K experts: FP16 tensor cores (DSV4_EXPERTS_F16; --fast-prefill) --
-// The exact kernels above keep the CPU's k-order bits, which costs them an int32 sum and a
+// The exact kernels (gemm.cu) keep the CPU's k-order bits, which costs them an int32 sum and a
 // scale step per 16-value sub-block and MMA. The fast mode's rounds may take other bits, so
 // here each Q2_K weight becomes its FP16 value d · sc · q - dmin · m (times 2^8) and each Q8_K
 // activation code q · dx, and one m16n8k16 MMA a 16 × 8 × 16 step adds in FP32 across the

@@ -1948,23 +1948,10 @@ int q2k_mins() {
     static const int m = env_int("DSV4_Q2K_MINS", 2) == 1 ? 1 : 2;
     return g_q2k_mins_override > 0 ? g_q2k_mins_override : m;
 }
-// The staged Q2_K kernel: groups of 64 pairs (flat: k order) take the FLAT kernel, the mins as
-// q2k_mins() says (also for DSV4_GEMM_SMEM=2); decode's order (groups of 32) the mins by MMAs
-// against the activation, or by scalar sums for DSV4_GEMM_SMEM=2 (MINS 2 there: ptxas spills
-// 144 bytes inside the decode tree's eight unrolled leaves). False when its shared memory
-// cannot be raised yet (a capture first).
 // DSV4_XF_TABLE (read once; 1: on, else off: within noise in runs 158 and 160): the Q2_K
 // kernel's expansion from a row's four values (TABLE); gemm_experts_f16_table_override (tests)
 // wins.
 int g_xf_table_override = -1;
-// DSV4_XF_WGMMA (read once): the kernel's form on a device that has wgmma (compute capability
-// 9.0; elsewhere mma.sync): 0 mma.sync; 1 WG (sm90a/experts_wgmma.cu; run 164, an H100: a fast
-// 2,048-token chunk's gate+up 4.02 -> 3.53 us a token, its down 2.63 -> 2.27); 2 WG2 (two groups
-// of an expert a block); unset: WG2 for a round of at least 96 pairs an expert on average (wide:
-// the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
-// took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
-// 13.28 to 15.50, its groups mostly 64 pairs or fewer). gemm_experts_f16_wgmma_override (tests)
-// wins over the variable.
 // DSV4_XF_STAGE_USED (read once; 1: on, else off; opt-in until measured: bench/gpu/NOTES.md,
 // thirty-fifth round): the fast experts kernel stages and expands only the pairs its MMAs read;
 // gemm_experts_f16_stage_used_override (tests) wins.
@@ -1973,6 +1960,14 @@ bool xf_stage_used_on() {
     static const bool on = env_int("DSV4_XF_STAGE_USED", 0) == 1;
     return g_xf_stage_used_override >= 0 ? g_xf_stage_used_override != 0 : on;
 }
+// DSV4_XF_WGMMA (read once): the kernel's form on a device that has wgmma (compute capability
+// 9.0; elsewhere mma.sync): 0 mma.sync; 1 WG (sm90a/experts_wgmma.cu; run 164, an H100: a fast
+// 2,048-token chunk's gate+up 4.02 -> 3.53 us a token, its down 2.63 -> 2.27); 2 WG2 (two groups
+// of an expert a block); unset: WG2 for a round of at least 96 pairs an expert on average (wide:
+// the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
+// took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
+// 13.28 to 15.50, its groups mostly 64 pairs or fewer). gemm_experts_f16_wgmma_override (tests)
+// wins over the variable.
 int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {
     static const int env = env_int("DSV4_XF_WGMMA", -1);
@@ -2002,6 +1997,11 @@ bool experts_f16_on(uint32_t type) {
     if (type == T_IQ2_XXS && !(g_xf_iq2_override >= 0 ? g_xf_iq2_override != 0 : iq2)) return false;
     return fast_part(g_experts_f16_override, env);
 }
+// The staged Q2_K kernel: groups of 64 pairs (flat: k order) take the FLAT kernel, the mins as
+// q2k_mins() says (also for DSV4_GEMM_SMEM=2); decode's order (groups of 32) the mins by MMAs
+// against the activation, or by scalar sums for DSV4_GEMM_SMEM=2 (MINS 2 there: ptxas spills
+// 144 bytes inside the decode tree's eight unrolled leaves). False when its shared memory
+// cannot be raised yet (a capture first).
 bool launch_q2k_smem(const KqGemm& p, uint64_t N, uint32_t cap, bool flat, cudaStream_t s) {
     const dim3 grid(uint32_t((N + kSmRows - 1) / kSmRows), cap);
     if (flat) return q2k_mins() == 2 ? q2k_smem_launch<2, true>(p, grid, s) : q2k_smem_launch<1, true>(p, grid, s);
