@@ -304,7 +304,7 @@ void gemm_experts_f16_iq2_override(int on);
 // bounds. Tests.
 void gemm_experts_f16_wgmma_override(int on);
 // Whether that kernel stages and expands only the pairs its MMAs read (1) or every pair slot, the
-// group's last pair copied into the empty ones (0); -1: DSV4_XF_STAGE_USED's (off by default). The
+// group's last pair copied into the empty ones (0); -1: DSV4_XF_STAGE_USED's (on by default). The
 // same bits. Tests.
 void gemm_experts_f16_stage_used_override(int on);
 bool gemm_experts_wgmma_available();
