@@ -307,6 +307,11 @@ public:
         check(cudaSetDevice(0), "cudaSetDevice");
         check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
         for (auto& sd : side_) check(cudaStreamCreateWithFlags(&sd, cudaStreamNonBlocking), "cudaStreamCreate");
+        // the fast mode's Q8_0 products keep their weights' FP16 copies where the device has room
+        if (fast_prefill_ && env_switch("DSV4_Q8_F16_COPIES", true)) {
+            gemm_cublas_weight_copies(stream_, true);
+            for (auto& sd : side_) gemm_cublas_weight_copies(sd, true);
+        }
         upload_iq2xxs_grid(iq2xxs_grid_table());
         bind_weights();
         // RoPE frequencies of both flavours (cpu::Rope's YaRN blend), in double.

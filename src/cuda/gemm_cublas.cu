@@ -17,10 +17,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "cuda/common.cuh"
 #include "cuda/kernels.h"
@@ -72,33 +74,39 @@ __device__ __forceinline__ float f16_factor(unsigned top_bits, float mul = 127.0
     return ldexpf(1.0f, min(60, max(-60, 14 - e)));
 }
 
-// Each thread 8 values of a row of 32-value blocks: out = half(q · d · factor(top[which])). With
-// alpha: thread 0 also writes 1 / (factor(top[0]) · factor(top[1])), the GEMM's alpha.
+// Each thread 16 values (half a 32-value block: 16-byte loads, so enough bytes are in flight to
+// stream; run 170: 8 values a thread took 19.8 us for 24 MB): out = half(q · d · factor(*top))
+// (factor 1 without top). With alpha: thread 0 also writes 1 / (factor(*wtop) · factor(*top)),
+// the GEMM's alpha (top: the activation's, wtop: the weight's).
 template <typename Scale>
-__global__ void dequant_blocks_f16_kernel(const int8_t* __restrict__ q, const Scale* __restrict__ d, uint64_t n8,
-                                          __half* __restrict__ out, const unsigned* __restrict__ top, int which,
-                                          float* __restrict__ alpha) {
-    const float f = top ? f16_factor(top[which]) : 1.0f;
-    if (alpha && blockIdx.x == 0 && threadIdx.x == 0) *alpha = 1.0f / (f16_factor(top[0]) * f16_factor(top[1]));
-    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n8; i += uint64_t(gridDim.x) * blockDim.x) {
-        const float sc = scale_value(d[i / 4]) * f;   // 4 groups of 8 a block of 32 (f: a power of two, exact)
-        const int2 v = reinterpret_cast<const int2*>(q)[i];
-        __half2 h[4];
+__global__ void dequant_blocks_f16_kernel(const int8_t* __restrict__ q, const Scale* __restrict__ d, uint64_t n16,
+                                          __half* __restrict__ out, const unsigned* __restrict__ top,
+                                          float* __restrict__ alpha, const unsigned* __restrict__ wtop) {
+    const float f = top ? f16_factor(*top) : 1.0f;
+    if (alpha && blockIdx.x == 0 && threadIdx.x == 0) *alpha = 1.0f / (f16_factor(*wtop) * f);
+    for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n16; i += uint64_t(gridDim.x) * blockDim.x) {
+        const float sc = scale_value(d[i / 2]) * f;   // 2 halves of 16 a block of 32 (f: a power of two, exact)
+        const int4 v = reinterpret_cast<const int4*>(q)[i];
+        const int w[4] = {v.x, v.y, v.z, v.w};
+        __half2 h[8];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int w = j < 2 ? v.x : v.y, sh = 16 * (j & 1);
-            h[j] = __floats2half2_rn(float(int8_t(w >> sh)) * sc, float(int8_t(w >> (sh + 8))) * sc);
+        for (int j = 0; j < 8; ++j) {
+            const int sh = 16 * (j & 1);
+            h[j] = __floats2half2_rn(float(int8_t(w[j / 2] >> sh)) * sc, float(int8_t(w[j / 2] >> (sh + 8))) * sc);
         }
-        reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<uint4*>(h);
+        reinterpret_cast<uint4*>(out)[2 * i] = *reinterpret_cast<uint4*>(h);
+        reinterpret_cast<uint4*>(out)[2 * i + 1] = *reinterpret_cast<uint4*>(h + 4);
     }
 }
 
 uint32_t grid_for(uint64_t n) { return uint32_t(std::max<uint64_t>(1, std::min<uint64_t>((n + 255) / 256, 132 * 16))); }
 
 template <typename Scale>
-void launch_dequant(const int8_t* q, const Scale* d, uint64_t n, __half* out, const unsigned* top, int which,
-                    float* alpha, cudaStream_t s) {
-    dequant_blocks_f16_kernel<<<grid_for(n / 8), 256, 0, s>>>(q, d, n / 8, out, top, which, alpha);
+void launch_dequant(const int8_t* q, const Scale* d, uint64_t n, __half* out, const unsigned* top, cudaStream_t s,
+                    float* alpha = nullptr, const unsigned* wtop = nullptr) {
+    if (reinterpret_cast<uintptr_t>(q) % 16 || reinterpret_cast<uintptr_t>(out) % 16 || n % 32)
+        throw std::runtime_error("dequantise Q8_0 to FP16: codes and output must be 16-byte aligned, whole blocks");
+    dequant_blocks_f16_kernel<<<grid_for(n / 16), 256, 0, s>>>(q, d, n / 16, out, top, alpha, wtop);
     check_launch("dequantise Q8_0 to FP16");
 }
 
@@ -156,13 +164,14 @@ __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride
             }
         }
 }
-// The activation's two passes: the top over at most 16 × 64 blocks (one atomic each), the
+// The activation's two passes: the top over at most 16 × 512 blocks (one atomic each), the
 // conversion over every row.
 template <int V>
 void launch_float_to_f16(const float* x, uint64_t stride, uint64_t K, uint32_t R, __half* out, unsigned* top,
                          float* alpha, cudaStream_t s) {
     const uint32_t spans = uint32_t(std::min<uint64_t>((K + 256 * V - 1) / (256 * V), 16));
-    float_top_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 64)), 256, 0, s>>>(x, stride, K, R, top);
+    // (rows 512 blocks apart: 64 left the pass latency-bound, 24.9 us for a 32 MB activation, run 170)
+    float_top_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 512)), 256, 0, s>>>(x, stride, K, R, top);
     float_to_f16_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 65535)), 256, 0, s>>>(x, stride, K, R, out, top, alpha);
     check_launch("cuBLAS path: the activation to FP16");
 }
@@ -175,6 +184,13 @@ void check_cublas(cublasStatus_t st, const char* what) {
 // A handle and FP16 scratch for each stream: cuBLAS's default workspace belongs to its handle,
 // and the scratch is reused call after call in the stream's order, so a stream's products never
 // share either with another stream's running at the same time (the forward pass's branches).
+// A Q8_0 weight's rows dequantised once and kept (gemm_cublas_weight_copies): the FP16 values and,
+// on the device after them, the top of their scales' magnitudes (the factor they were taken by).
+struct F16Copy {
+    uint16_t* w = nullptr;
+    const unsigned* top = nullptr;
+    uint64_t bytes = 0;
+};
 struct StreamState {
     cublasHandle_t h = nullptr;
     uint16_t* w = nullptr;   // dequantised weight rows
@@ -184,10 +200,15 @@ struct StreamState {
     unsigned* top = nullptr;
     float* alpha = nullptr;
     float* beta = nullptr;
+    // Kept weight copies by (first code byte, rows); where the device had no room, a null copy,
+    // so the check is made once a weight.
+    std::map<std::pair<const int8_t*, uint64_t>, F16Copy> copies;
 };
 std::mutex g_mu;
 std::unordered_map<cudaStream_t, StreamState> g_streams;
+std::unordered_set<cudaStream_t> g_keep;   // streams that keep weight copies (gemm_cublas_weight_copies)
 std::atomic<uint64_t> g_calls[2] = {0, 0};   // Q8_0, F16
+std::atomic<uint64_t> g_copy_bytes{0};        // kept weight copies' bytes, all streams
 
 // The stream's state, made on its first use; nullptr when the device refuses its constants or
 // cuBLAS its handle (the caller falls back to the flat kernel).
@@ -267,17 +288,49 @@ StreamState* path_state(uint32_t R, uint64_t N, uint64_t K, uint64_t AK, uint64_
     return stream_state(s);
 }
 
+// Device memory a kept copy must leave free (the KV caches' lazy commits, the workspaces of
+// longer rounds, other sessions): 8 GiB or an eighth of the device, whichever is more.
+uint64_t copy_reserve(uint64_t total) { return std::max<uint64_t>(8ull << 30, total / 8); }
+
+// W's rows [row0, row0 + N) as a kept FP16 copy on s (made on first use, by s, in the same
+// kernels and factor as the per-call path: the same bits), or nullptr: copies not kept on s
+// (gemm_cublas_weight_copies), or no room for this one (remembered).
+const F16Copy* kept_copy(StreamState& st, const DevWeight& W, uint64_t row0, uint64_t N, cudaStream_t s) {
+    const uint64_t K = W.K;
+    const auto key = std::make_pair(W.qs + row0 * K, N);
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (!g_keep.count(s)) return nullptr;
+    if (const auto it = st.copies.find(key); it != st.copies.end()) return it->second.w ? &it->second : nullptr;
+    F16Copy& c = st.copies[key];
+    const uint64_t bytes = N * K * sizeof(uint16_t), pad = 256;
+    size_t free_b = 0, total_b = 0;
+    void* p = nullptr;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess || bytes + pad + copy_reserve(total_b) > free_b ||
+        cudaMalloc(&p, bytes + pad) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+    }
+    c.w = static_cast<uint16_t*>(p);
+    unsigned* top = reinterpret_cast<unsigned*>(static_cast<uint8_t*>(p) + bytes);
+    c.top = top;
+    c.bytes = bytes + pad;
+    check(cudaMemsetAsync(top, 0, sizeof(unsigned), s), "cuBLAS path: a kept copy's scale");
+    scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d + row0 * K / 32, N * K / 32, top);
+    launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(c.w), top, s);
+    g_copy_bytes += c.bytes;
+    return &c;
+}
+
 }  // namespace
 
 void dequant_q8_0_weight_f16(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, cudaStream_t s) {
     if (W.type != T_Q8_0 || W.K % 32 != 0) throw_mismatch("dequant_q8_0_weight_f16", W.type, W.K, W.K);
-    launch_dequant(W.qs + row0 * W.K, W.d + row0 * W.K / 32, N * W.K, reinterpret_cast<__half*>(out), nullptr, 0,
-                   nullptr, s);
+    launch_dequant(W.qs + row0 * W.K, W.d + row0 * W.K / 32, N * W.K, reinterpret_cast<__half*>(out), nullptr, s);
 }
 
 void dequant_q8_0_act_f16(const DevAct& a, uint32_t R, uint16_t* out, cudaStream_t s) {
     if (a.kind != ActKind::Q8_0 || a.K % 32 != 0) throw_mismatch("dequant_q8_0_act_f16", T_Q8_0, a.K, a.K);
-    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(out), nullptr, 0, nullptr, s);
+    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(out), nullptr, s);
 }
 
 void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
@@ -290,25 +343,26 @@ void gemm_f16_cublas(const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t 
 bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                       uint64_t row0, uint64_t rpg, cudaStream_t s) {
     const uint64_t K = W.K;
-    // (the dequantisation's 8-byte loads of codes)
+    // (the dequantisation's 16-byte loads of codes)
     if (W.type != T_Q8_0 || a.kind != ActKind::Q8_0 || K % 32 || a.K % 32) return false;
-    if (reinterpret_cast<uintptr_t>(W.qs) % 8 || reinterpret_cast<uintptr_t>(a.q) % 8) return false;
+    if (reinterpret_cast<uintptr_t>(W.qs) % 16 || reinterpret_cast<uintptr_t>(a.q) % 16) return false;
     StreamState* sp = path_state(R, N, K, a.K, row0, rpg, y_stride, s);
     if (!sp) return false;
     StreamState& st = *sp;
-    if (!grow(st.w, st.w_cap, N * K) || !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
+    const F16Copy* kept = kept_copy(st, W, row0, N, s);
+    if ((!kept && !grow(st.w, st.w_cap, N * K)) || !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
     // the operands' top scales, then each dequantised by its power of two (the activation's
-    // launch also writes alpha), then the GEMM
-    const uint64_t nw = N * K / 32, nx = uint64_t(R) * a.K / 32;
+    // launch also writes alpha), then the GEMM; a kept copy has both already
+    const uint64_t nx = uint64_t(R) * a.K / 32;
     check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
-    scale_top_kernel<<<grid_for(nw), 256, 0, s>>>(W.d + row0 * K / 32, nw, st.top);
+    if (!kept) scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d + row0 * K / 32, N * K / 32, st.top);
     scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
     check_launch("cuBLAS path: top scales");
-    launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(st.w), st.top, 0, nullptr,
-                   s);
-    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top, 1, st.alpha, s);
+    if (!kept) launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(st.w), st.top, s);
+    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s, st.alpha,
+                   kept ? kept->top : st.top);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
-    run_gemm(st, st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
+    run_gemm(st, kept ? kept->w : st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
     ++g_calls[0];
     return true;
 }
@@ -337,11 +391,25 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
     return true;
 }
 
+void gemm_cublas_weight_copies(cudaStream_t s, bool on) {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (on) g_keep.insert(s);
+    else g_keep.erase(s);
+}
+
+uint64_t gemm_cublas_copy_bytes() { return g_copy_bytes.load(); }
+
 void release_cublas(cudaStream_t s) {
     std::lock_guard<std::mutex> lock(g_mu);
+    g_keep.erase(s);
     const auto it = g_streams.find(s);
     if (it == g_streams.end()) return;
     StreamState& st = it->second;
+    for (auto& kc : st.copies)
+        if (kc.second.w) {
+            cudaFree(kc.second.w);
+            g_copy_bytes -= kc.second.bytes;
+        }
     if (st.h) cublasDestroy(st.h);
     for (void* p : {static_cast<void*>(st.w), static_cast<void*>(st.x), static_cast<void*>(st.top)})
         if (p) cudaFree(p);

@@ -198,7 +198,16 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
                       uint64_t row0, uint64_t rpg, cudaStream_t s);
 bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                        uint64_t row0, uint64_t rpg, cudaStream_t s);
-// Frees a stream's cuBLAS handle and scratch (before the stream is destroyed).
+// Whether s keeps FP16 copies of the Q8_0 weights its products dequantise: the first product of a
+// weight's rows makes the copy, later ones (the next chunks) reuse it, the same bits, without the
+// weight's top-scale pass and dequantisation (~0.37 us a token of a fast chunk's 4 layers, run
+// 170). A copy is made only where the device keeps 8 GiB or an eighth of its memory free after it
+// (the rest of the weights then take the per-call path); release_cublas(s) frees them, so only
+// for streams whose weights outlive that call (the backend's). DSV4_Q8_F16_COPIES=0: never.
+void gemm_cublas_weight_copies(cudaStream_t s, bool on);
+// The kept copies' device bytes (all streams).
+uint64_t gemm_cublas_copy_bytes();
+// Frees a stream's cuBLAS handle, scratch and kept copies (before the stream is destroyed).
 void release_cublas(cudaStream_t s);
 // Products each has launched in this process (kind 0: Q8_0, 1: F16; tests: the path was taken).
 uint64_t gemm_cublas_calls(int kind);

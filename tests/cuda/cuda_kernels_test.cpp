@@ -2349,6 +2349,41 @@ TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
     std::printf("Q8_0 through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
 }
 
+TEST_F(CudaKernels, Q8_0CublasKeptCopyEqualsPerCall) {
+    // A stream that keeps its weights' FP16 copies (gemm_cublas_weight_copies: the backend's, in
+    // the fast mode) gives the per-call path's bits: on the product that makes a weight's copy and
+    // on the next one, which must take the copy (the weight's codes are zeroed in between, and the
+    // result stays); a grouped weight's slice past its first group is a copy of its own. Released
+    // with the stream, the copies' bytes go back.
+    for (const Q8_0Case& c : {Q8_0Case{1024, 4096, 0, 300}, Q8_0Case{4096, 2048, 1024, 260}}) {
+        const Q8_0Problem pr(c, 77 + c.K, 5 + c.R);
+        cudaStream_t s = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+        const uint64_t slice = c.rpg ? c.N - c.rpg : c.N / 2, row0 = c.N - slice;
+        auto product = [&](uint64_t N, uint64_t r0) {
+            DevVec<float> y(std::vector<float>(c.R * N, std::nanf("")));
+            EXPECT_TRUE(cuda::gemm_q8_0_cublas(pr.dw.w, pr.a, c.R, y.get(), N, N, r0, c.rpg, s));
+            EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+            return y.download();
+        };
+        const auto whole = product(c.N, 0), part = product(slice, row0);
+        const uint64_t before = cuda::gemm_cublas_copy_bytes();
+        cuda::gemm_cublas_weight_copies(s, true);
+        EXPECT_TRUE(product(c.N, 0) == whole) << "K " << c.K << ": the product that makes the copy";
+        EXPECT_TRUE(product(slice, row0) == part) << "K " << c.K << ": a slice's own copy";
+        EXPECT_EQ(cuda::gemm_cublas_copy_bytes() - before, (c.N + slice) * c.K * 2 + 2 * 256);
+        ASSERT_EQ(cudaMemset(const_cast<int8_t*>(pr.dw.w.qs), 0, c.N * c.K), cudaSuccess);
+        EXPECT_TRUE(product(c.N, 0) == whole) << "K " << c.K << ": the next product, from the copy";
+        EXPECT_TRUE(product(slice, row0) == part) << "K " << c.K << ": the slice, from its copy";
+        EXPECT_EQ(cuda::gemm_cublas_copy_bytes() - before, (c.N + slice) * c.K * 2 + 2 * 256) << "no copy made twice";
+        cuda::gemm_cublas_weight_copies(s, false);
+        EXPECT_FALSE(product(c.N, 0) == whole) << "K " << c.K << ": copies off, the zeroed codes";
+        cuda::release_cublas(s);
+        EXPECT_EQ(cuda::gemm_cublas_copy_bytes(), before);
+        ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+    }
+}
+
 TEST_F(CudaKernels, FloatCublasFp16WithinBound) {
     // A prompt round's F16 products through cuBLAS (DSV4_F16_CUBLAS): the weights as they are,
     // the float activation scaled by a power of two and rounded to FP16 (within 2^-11 of each
