@@ -364,6 +364,9 @@ TEST(CudaBench, FlashDecodePrefillKv) {
     if (!ab && (!ncu_env || std::strcmp(ncu_env, "prefill") == 0)) profile(true);
     std::printf("full 43-layer KV at a 1M context: logical %.2f GiB; lazy with %u tokens committed %.1f MiB\n",
                 double(fl.logical_bytes()) / (1 << 30), ctx_tokens, double(full_lazy) / (1 << 20));
+    if (const uint64_t kept = cuda::gemm_cublas_copy_bytes())
+        std::printf("the fast mode's kept FP16 weight copies: %.1f MiB (%.1f MiB a layer)\n", double(kept) / (1 << 20),
+                    double(kept) / (1 << 20) / layers);
 }
 
 // Batched decode of several sessions, as `dsv4 serve` steps them (one forward, a token a
