@@ -357,9 +357,11 @@ private:
     static const uint64_t* iq2xxs_grid_table();
     void bind_weights();
     void ensure_workspace(uint32_t R);
-    // y = W · x for R rows (activation quantised as the CPU does into `buf`).
+    // y = W · x for R rows (activation quantised as the CPU does into `buf`; in the fast mode's
+    // cuBLAS products, straight to FP16).
     void mm(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y, uint64_t ys, uint64_t N,
             cudaStream_t s, const ActBuf& buf) {
+        if (gemm_q8_0_floats(W, x, xs, R, y, ys, N, s)) return;
         const DevAct a = quantize_act(W.type, x, xs, R, W.K, buf, s);
         matvec(W, a, R, y, ys, N, 0, s);
     }

@@ -125,7 +125,8 @@ void launch_dequant(const int8_t* q, const Scale* d, uint64_t n, __half* out, co
 
 // Float activation rows (R rows of K values, `stride` apart) to FP16 [R][K]: the largest
 // magnitude into top (atomicMax as above), then each value times f16_factor(top, 1), thread 0
-// writing alpha = 1 / that factor (the weights are FP16 already: factor 1). Blocks walk rows
+// writing alpha = 1 / that factor (times the weight's, wtop: a Q8_0 weight's top scale; none: FP16
+// weights, factor 1). Blocks walk rows
 // (y) and spans of a row (x), a thread V consecutive values (V = 4: 16-byte loads, where K,
 // the stride and the rows' start allow): no division an element.
 template <int V>
@@ -160,9 +161,9 @@ __global__ void float_top_kernel(const float* __restrict__ x, uint64_t stride, u
 template <int V>
 __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
                                     __half* __restrict__ out, const unsigned* __restrict__ top,
-                                    float* __restrict__ alpha) {
+                                    float* __restrict__ alpha, const unsigned* __restrict__ wtop) {
     const float f = f16_factor(*top, 1.0f);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *alpha = 1.0f / f;
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *alpha = 1.0f / (wtop ? f16_factor(*wtop) * f : f);
     for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
         for (uint64_t k = (blockIdx.x * uint64_t(blockDim.x) + threadIdx.x) * V; k < K;
              k += uint64_t(gridDim.x) * blockDim.x * V) {
@@ -181,11 +182,12 @@ __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride
 // conversion over every row.
 template <int V>
 void launch_float_to_f16(const float* x, uint64_t stride, uint64_t K, uint32_t R, __half* out, unsigned* top,
-                         float* alpha, cudaStream_t s) {
+                         float* alpha, cudaStream_t s, const unsigned* wtop = nullptr) {
     const uint32_t spans = uint32_t(std::min<uint64_t>((K + 256 * V - 1) / (256 * V), 16));
     // (rows 512 blocks apart: 64 left the pass latency-bound, 24.9 us for a 32 MB activation, run 170)
     float_top_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 512)), 256, 0, s>>>(x, stride, K, R, top);
-    float_to_f16_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 65535)), 256, 0, s>>>(x, stride, K, R, out, top, alpha);
+    float_to_f16_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 65535)), 256, 0, s>>>(x, stride, K, R, out, top, alpha,
+                                                                                 wtop);
     check_launch("cuBLAS path: the activation to FP16");
 }
 
@@ -376,6 +378,32 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
                    kept ? kept->top : st.top);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
     run_gemm(st, kept ? kept->w : st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
+    ++g_calls[0];
+    return true;
+}
+
+bool gemm_q8_0_cublas_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y,
+                             uint64_t y_stride, uint64_t N, cudaStream_t s) {
+    const uint64_t K = W.K;
+    if (W.type != T_Q8_0 || K % 32 || reinterpret_cast<uintptr_t>(W.qs) % 8 || xs < K) return false;
+    StreamState* sp = path_state(R, N, K, K, 0, 0, y_stride, s);
+    if (!sp) return false;
+    StreamState& st = *sp;
+    const F16Copy* kept = kept_copy(st, W, 0, N, s);
+    if ((!kept && !grow(st.w, st.w_cap, N * K)) || !grow(st.x, st.x_cap, uint64_t(R) * K)) return false;
+    check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
+    if (!kept) {
+        scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d, N * K / 32, st.top);
+        check_launch("cuBLAS path: top scales");
+        launch_dequant(W.qs, W.d, N * K, reinterpret_cast<__half*>(st.w), st.top, s);
+    }
+    __half* xh = reinterpret_cast<__half*>(st.x);
+    const unsigned* wtop = kept ? kept->top : st.top;
+    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+        launch_float_to_f16<4>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
+    else
+        launch_float_to_f16<1>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
+    run_gemm(st, kept ? kept->w : st.w, st.x, R, N, K, K, 0, y, y_stride, st.alpha, K);
     ++g_calls[0];
     return true;
 }

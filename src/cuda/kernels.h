@@ -198,6 +198,16 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
                       uint64_t row0, uint64_t rpg, cudaStream_t s);
 bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y_stride, uint64_t N,
                        uint64_t row0, uint64_t rpg, cudaStream_t s);
+// gemm_q8_0_cublas from float activation rows (R rows of W.K values, xs apart): the floats go to
+// FP16 directly (a top pass and a conversion) instead of to Q8_0 codes made only to be
+// dequantised again. Other bits than from the codes, closer to the exact product.
+bool gemm_q8_0_cublas_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y,
+                             uint64_t y_stride, uint64_t N, cudaStream_t s);
+// y = W · x for a Q8_0 weight and float rows where gemm_q8_0 would take cuBLAS (a prompt round of
+// the fast mode with enough rows): by gemm_q8_0_cublas_floats. False (nothing launched) elsewhere:
+// the caller quantises x and goes on as before. DSV4_Q8_CUBLAS_FLOATS=0: never (the codes' path).
+bool gemm_q8_0_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y, uint64_t y_stride,
+                      uint64_t N, cudaStream_t s);
 // Whether s keeps FP16 copies of the Q8_0 weights its products dequantise: the first product of a
 // weight's rows makes the copy, later ones (the next chunks) reuse it, the same bits, without the
 // weight's top-scale pass and dequantisation (~0.37 us a token of a fast chunk's 4 layers, run

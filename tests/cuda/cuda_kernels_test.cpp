@@ -2384,6 +2384,61 @@ TEST_F(CudaKernels, Q8_0CublasKeptCopyEqualsPerCall) {
     }
 }
 
+TEST_F(CudaKernels, Q8_0CublasFromFloatsWithinBound) {
+    // The fast mode's Q8_0 products from float rows (gemm_q8_0_cublas_floats: the floats to FP16
+    // directly, no Q8_0 codes): within 2^-10 of Σ|w·x| of a double reference of the exact Q8_0
+    // weight and the floats as they are, rows `xs` apart (a stride past K); gemm_q8_0_floats
+    // takes it from the cuBLAS rows on with the same bits and declines below them, and declines
+    // a weight of another type.
+    cuda::gemm_prefill_order(true);
+    double worst = 0;
+    for (const Q8_0Case& c : {Q8_0Case{1024, 4096, 0, 300}, Q8_0Case{4096, 1100, 0, 257}}) {
+        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 91 + c.K);
+        const DevWeightHolder dw(hw);
+        const uint64_t xs = c.K + 8;
+        std::vector<float> x = random_floats(c.R * xs, 17 + c.R, -3.0f, 3.0f);
+        for (uint32_t r = 0; r < c.R; ++r) x[r * xs] *= 1000.0f;   // a wide range a row
+        const DevVec<float> dx(x);
+        DevVec<float> y(std::vector<float>(c.R * c.N, std::nanf("")));
+        ASSERT_TRUE(cuda::gemm_q8_0_cublas_floats(dw.w, dx.get(), xs, c.R, y.get(), c.N, c.N, nullptr));
+        cuda::gemm_q8_0_cublas_override(int(c.R));
+        DevVec<float> via(std::vector<float>(c.R * c.N, std::nanf("")));
+        EXPECT_TRUE(cuda::gemm_q8_0_floats(dw.w, dx.get(), xs, c.R, via.get(), c.N, c.N, nullptr));
+        EXPECT_FALSE(cuda::gemm_q8_0_floats(dw.w, dx.get(), xs, c.R - 1, via.get(), c.N, c.N, nullptr));
+        cuda::gemm_q8_0_cublas_override(-1);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = y.download();
+        EXPECT_TRUE(via.download() == got) << "K " << c.K << ": the dispatch's bits";
+        const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
+        for (uint32_t r = 0; r < c.R; r += 7)
+            for (uint64_t n = 0; n < c.N; n += 3) {
+                double sum = 0, mag = 0;
+                const uint8_t* wr = hw.bytes.data() + n * rb;
+                for (uint64_t b = 0; b < c.K / 32; ++b) {
+                    const uint8_t* blk = wr + b * 34;
+                    const double dw0 = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
+                    for (int i = 0; i < 32; ++i) {
+                        const double t = dw0 * int8_t(blk[2 + i]) * double(x[r * xs + b * 32 + i]);
+                        sum += t;
+                        mag += std::fabs(t);
+                    }
+                }
+                const double err = std::fabs(got[r * c.N + n] - sum) / (mag + 1e-300);
+                worst = std::max(worst, err);
+                ASSERT_LE(err, 0x1p-10) << "K " << c.K << " row " << r << " col " << n;
+            }
+    }
+    const HostWeight hf = random_weight(Type::F16, 256, 64, 5);
+    const DevWeightHolder df(hf);
+    const DevVec<float> dx(random_floats(300 * 256, 3, -1.0f, 1.0f));
+    DevVec<float> y(std::vector<float>(300 * 64, 0.0f));
+    cuda::gemm_q8_0_cublas_override(1);
+    EXPECT_FALSE(cuda::gemm_q8_0_floats(df.w, dx.get(), 256, 300, y.get(), 64, 64, nullptr)) << "an F16 weight";
+    cuda::gemm_q8_0_cublas_override(-1);
+    cuda::gemm_prefill_order(false);
+    std::printf("Q8_0 from floats through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
+}
+
 TEST_F(CudaKernels, FloatCublasFp16WithinBound) {
     // A prompt round's F16 products through cuBLAS (DSV4_F16_CUBLAS): the weights as they are,
     // the float activation scaled by a power of two and rounded to FP16 (within 2^-11 of each
