@@ -35,6 +35,7 @@ echo "== profiles ($(( $(date +%s) - T0 )) s): the experts' groups, the attentio
 grep -E "^== group profile|^experts gate|^experts down|^attention|^total|^ctx 1M" "$OUT/profiles.log"
 if [[ "${AB:-0}" == 1 ]]; then
   OUT=$OUT/ab GTEST_FILTER=None.None AB_TIMEOUT=170 bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST}"
+  grep -E "^== CUDA benchmark|^ctx|kept FP16" "$OUT/ab/ab.log"
 fi
 if [[ "${NCU:-0}" == 1 ]]; then
   echo "== Nsight Compute, one 2,048-token chunk, fast mode, 4 layers ($(( $(date +%s) - T0 )) s)"
