@@ -846,6 +846,52 @@ __global__ void hc_post_kernel(float* X, const float* y, const float* post, cons
     for (uint32_t j = 0; j < H; ++j) Xr[j * E + e] = hc_post_out(in, H, yv, po, C, j);
 }
 
+// hc_post_kernel for a constant H (the Flash model's 4 streams) and 4 values a thread: the
+// streams' values, gates and comb in registers (the runtime-H kernel keeps its in[16] on the
+// stack, 64 bytes a thread) and 16-byte loads and stores; the same operations on every value in
+// the same order, so the same bits. (Run 170: hc_post_kernel 190 us a 2,048-row call, ~2.1 TB/s.)
+template <uint32_t H>
+__global__ void __launch_bounds__(256) hc_post_vec_kernel(float* X, const float* y, const float* post,
+                                                          const float* comb, uint32_t E, const float* moe_down,
+                                                          uint32_t K, bool y_init) {
+    pdl_begin();
+    const uint32_t r = blockIdx.y, q = blockIdx.x * blockDim.x + threadIdx.x, nq = E / 4;
+    if (q >= nq) return;
+    float4* Xr = reinterpret_cast<float4*>(X + uint64_t(r) * H * E);
+    float po[H], C[H * H];
+#pragma unroll
+    for (uint32_t i = 0; i < H; ++i) po[i] = post[r * H + i];
+#pragma unroll
+    for (uint32_t i = 0; i < H * H; ++i) C[i] = comb[uint64_t(r) * H * H + i];
+    float4 in[H];
+#pragma unroll
+    for (uint32_t i = 0; i < H; ++i) in[i] = Xr[i * nq + q];
+    float4 yv = y ? reinterpret_cast<const float4*>(y + uint64_t(r) * E)[q] : make_float4(0, 0, 0, 0);
+    if (moe_down) {
+        float4 acc = make_float4(0, 0, 0, 0);
+        for (uint32_t k = 0; k < K; ++k) {
+            const float4 d = reinterpret_cast<const float4*>(moe_down + (uint64_t(r) * K + k) * E)[q];
+            acc = make_float4(__fadd_rn(acc.x, d.x), __fadd_rn(acc.y, d.y), __fadd_rn(acc.z, d.z), __fadd_rn(acc.w, d.w));
+        }
+        yv = y_init ? make_float4(__fadd_rn(yv.x, acc.x), __fadd_rn(yv.y, acc.y), __fadd_rn(yv.z, acc.z),
+                                  __fadd_rn(yv.w, acc.w))
+                    : acc;
+    }
+    // one component of every stream's quad (c: 0..3)
+    auto lane = [&](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
+    float o[H][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        float v[H];
+#pragma unroll
+        for (uint32_t i = 0; i < H; ++i) v[i] = lane(in[i], c);
+#pragma unroll
+        for (uint32_t j = 0; j < H; ++j) o[j][c] = hc_post_out(v, H, lane(yv, c), po, C, j);
+    }
+#pragma unroll
+    for (uint32_t j = 0; j < H; ++j) Xr[j * nq + q] = make_float4(o[j][0], o[j][1], o[j][2], o[j][3]);
+}
+
 // ---- greedy decoding on the device -----------------------------------------------------------
 // A greedy step needs one id, not the 129,280 logits: formed here, only the id crosses to the
 // host (run 92, 43 layers: decode 164.9 / 164.8 tok/s against 155.2 / 154.7 with the logits
@@ -3051,6 +3097,14 @@ void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32
 void hc_post(float* X, const float* y, const float* post, const float* comb, uint32_t R, uint32_t H, uint32_t E,
              cudaStream_t s, const float* moe_down, uint32_t K, bool y_init) {
     if (!R) return;
+    // DSV4_HC_POST_VEC=0: the runtime-H kernel always (the same bits)
+    static const bool vec = env_switch("DSV4_HC_POST_VEC", true);
+    auto a16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (vec && H == 4 && E % 4 == 0 && a16(X) && a16(y) && a16(moe_down)) {
+        hc_post_vec_kernel<4><<<dim3((E / 4 + 255) / 256, R), 256, 0, s>>>(X, y, post, comb, E, moe_down, K, y_init);
+        check_launch("hc_post");
+        return;
+    }
     hc_post_kernel<<<dim3((E + 255) / 256, R), 256, 0, s>>>(X, y, post, comb, H, E, moe_down, K, y_init);
     check_launch("hc_post");
 }
