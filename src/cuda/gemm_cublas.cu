@@ -303,6 +303,26 @@ StreamState* path_state(uint32_t R, uint64_t N, uint64_t K, uint64_t AK, uint64_
     return stream_state(s);
 }
 
+// W's rows [row0, row0 + N) to FP16 in out: their scales' top into *top (zeroed before), then
+// each value by the power of two it gives.
+void dequant_weight(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, unsigned* top, cudaStream_t s) {
+    const uint64_t K = W.K;
+    scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d + row0 * K / 32, N * K / 32, top);
+    check_launch("cuBLAS path: a weight's top scale");
+    launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(out), top, s);
+}
+
+// R float rows (K values, xs apart) to FP16 in the stream's scratch: their top into st.top[1] (zeroed
+// before), alpha from it and the weight's top (wtop; none: FP16 weights).
+void floats_to_scratch(StreamState& st, const float* x, uint64_t xs, uint64_t K, uint32_t R, cudaStream_t s,
+                       const unsigned* wtop = nullptr) {
+    __half* xh = reinterpret_cast<__half*>(st.x);
+    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+        launch_float_to_f16<4>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
+    else
+        launch_float_to_f16<1>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
+}
+
 // Device memory a kept copy must leave free (the KV caches' lazy commits, the workspaces of
 // longer rounds, other sessions): 8 GiB or an eighth of the device, whichever is more.
 uint64_t copy_reserve(uint64_t total) { return std::max<uint64_t>(8ull << 30, total / 8); }
@@ -330,8 +350,7 @@ const F16Copy* kept_copy(StreamState& st, const DevWeight& W, uint64_t row0, uin
     c.top = top;
     c.bytes = bytes + pad;
     check(cudaMemsetAsync(top, 0, sizeof(unsigned), s), "cuBLAS path: a kept copy's scale");
-    scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d + row0 * K / 32, N * K / 32, top);
-    launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(c.w), top, s);
+    dequant_weight(W, row0, N, c.w, top, s);
     g_copy_bytes += c.bytes;
     return &c;
 }
@@ -370,10 +389,9 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
     // launch also writes alpha), then the GEMM; a kept copy has both already
     const uint64_t nx = uint64_t(R) * a.K / 32;
     check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
-    if (!kept) scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d + row0 * K / 32, N * K / 32, st.top);
+    if (!kept) dequant_weight(W, row0, N, st.w, st.top, s);
     scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
     check_launch("cuBLAS path: top scales");
-    if (!kept) launch_dequant(W.qs + row0 * K, W.d + row0 * K / 32, N * K, reinterpret_cast<__half*>(st.w), st.top, s);
     launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s, st.alpha,
                    kept ? kept->top : st.top);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
@@ -392,17 +410,8 @@ bool gemm_q8_0_cublas_floats(const DevWeight& W, const float* x, uint64_t xs, ui
     const F16Copy* kept = kept_copy(st, W, 0, N, s);
     if ((!kept && !grow(st.w, st.w_cap, N * K)) || !grow(st.x, st.x_cap, uint64_t(R) * K)) return false;
     check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
-    if (!kept) {
-        scale_top_kernel<<<grid_for(N * K / 32), 256, 0, s>>>(W.d, N * K / 32, st.top);
-        check_launch("cuBLAS path: top scales");
-        launch_dequant(W.qs, W.d, N * K, reinterpret_cast<__half*>(st.w), st.top, s);
-    }
-    __half* xh = reinterpret_cast<__half*>(st.x);
-    const unsigned* wtop = kept ? kept->top : st.top;
-    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
-        launch_float_to_f16<4>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
-    else
-        launch_float_to_f16<1>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
+    if (!kept) dequant_weight(W, 0, N, st.w, st.top, s);
+    floats_to_scratch(st, x, xs, K, R, s, kept ? kept->top : st.top);
     run_gemm(st, kept ? kept->w : st.w, st.x, R, N, K, K, 0, y, y_stride, st.alpha, K);
     ++g_calls[0];
     return true;
@@ -420,11 +429,7 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
     StreamState& st = *sp;
     if (!grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
     check(cudaMemsetAsync(st.top + 1, 0, sizeof(unsigned), s), "cuBLAS path: scales");
-    __half* xh = reinterpret_cast<__half*>(st.x);
-    if (a.K % 4 == 0 && a.f_stride % 4 == 0 && reinterpret_cast<uintptr_t>(a.f) % 16 == 0)
-        launch_float_to_f16<4>(a.f, a.f_stride, a.K, R, xh, st.top + 1, st.alpha, s);
-    else
-        launch_float_to_f16<1>(a.f, a.f_stride, a.K, R, xh, st.top + 1, st.alpha, s);
+    floats_to_scratch(st, a.f, a.f_stride, a.K, R, s);
     const uint16_t* w = reinterpret_cast<const uint16_t*>(W.data + row0 * W.row_bytes);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
     run_gemm(st, w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, ldw);
