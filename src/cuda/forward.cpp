@@ -74,6 +74,7 @@ const bool g_hc_spread_on = env_switch("DSV4_HC_FUSED", true);
 // decode's critical path. The same operations, so the same bits; DSV4_HC_POST_FUSED=0 keeps
 // the separate hc_post launch.
 const bool g_post_fused = env_switch("DSV4_HC_POST_FUSED", true);
+const bool g_head_decode_order = env_switch("DSV4_HEAD_DECODE_ORDER", true);
 // Prompt rounds (an input of more than one token) add their Q8_0 and F16/BF16 products in k
 // order (gemm_prefill_order), which lets the tensor-core kernels drop decode's tree of partial
 // sums and take 128 x 128 tiles: run 62, 43 layers, prefill 2,325 and 2,325 tok/s against 2,045
@@ -453,12 +454,13 @@ private:
                 std::initializer_list<const DevWeight*> users);
     // The sublayer's end: X += its output through mHC post (§5.5), now or folded into the
     // next hc_pre (post_pending_); flush_post applies a pending one (before the head).
-    // Folded for decode-sized rounds only: in a prefill chunk the mix kernel's eight thread
-    // groups would each form the post of their quads (measured slower on the H200, run 46);
-    // either way the same bits.
+    // Folded into hc_mix_kernel for decode-sized rounds (its eight thread groups would each form
+    // the post of their quads in a prefill chunk: measured slower on the H200, run 46), and into
+    // hc_mix_tile_kernel for rounds of 32 rows or more (hc_mix_tile_folds_post: one thread a
+    // quad as it stages them); rounds in between apply it here. Either way the same bits.
     void sublayer_post(uint32_t R, const float* moe_down, uint32_t K, bool y_init) {
         post_pending_ = HcPostIn{true, y_.get(), post_.get(), comb_.get(), moe_down, K, y_init};
-        if (!g_post_fused || R > kPostFoldRows) flush_post(R);
+        if (!g_post_fused || (R > kPostFoldRows && !hc_mix_tile_folds_post(R))) flush_post(R);
     }
     static constexpr uint32_t kPostFoldRows = 16;
     void flush_post(uint32_t R) {
@@ -1151,9 +1153,19 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         bool prompt = false;
         for (size_t i = 0; i < inputs.size(); ++i) prompt = prompt || (take[i] && is_prompt(inputs[i]));
         const bool flat = prefill_flat() && prompt;
-        gemm_prefill_order(flat);
-        fast_prefill_round(fast_prefill_ && prompt);
-        gemm_decode_round(!prompt);
+        // The output head (head_prepare's mHC mix and the vocabulary product) takes decode's
+        // order in every round (DSV4_HEAD_DECODE_ORDER, on by default): a prompt round's few
+        // wanted rows then run decode's row kernels instead of one prompt tile walking all of K
+        // (run 170, one row: the mix 699 us and the product 512 us a prompt), and a row's
+        // logits never depend on how many rows want theirs (the fast mode's cuBLAS took 256 or
+        // more). The layers keep the round's order.
+        const auto round_order = [&](bool head) {
+            const bool decode_head = head && g_head_decode_order;
+            gemm_prefill_order(flat && !decode_head);
+            fast_prefill_round(fast_prefill_ && prompt && !decode_head);
+            gemm_decode_round(!prompt || decode_head);
+        };
+        round_order(false);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.
         max_vis4_ = 0;
@@ -1233,9 +1245,11 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 };
                 gr->layers = capture([&] { run_layers(R, S); });
                 if (NW) gr->head = capture([&] {
+                    round_order(true);
                     head_prepare(NW);
                     head_project(0, NW);
                     if (greedy) head_greedy(0, NW);
+                    round_order(false);
                 });
                 gr->gen = gen_;
             }
@@ -1266,6 +1280,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 check(cudaGraphLaunch(gr->head, stream_), "graph launch");
                 download(0, NW);
             } else {
+                round_order(true);
                 head_prepare(NW);
                 for (uint32_t i0 = 0; i0 < NW; i0 += slice) {
                     const uint32_t n = std::min(slice, NW - i0);
@@ -1274,6 +1289,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                     download(i0, n);
                     if (i0 + n < NW) check(cudaStreamSynchronize(stream_), "forward");
                 }
+                round_order(false);
             }
         }
         int32_t* bad_host = reinterpret_cast<int32_t*>(pinned_ + pinned_bytes_ - 16);

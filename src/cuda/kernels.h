@@ -454,6 +454,9 @@ struct HcPostIn {
 void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const float* base, uint32_t R, uint32_t H,
                 uint32_t E, float hc_eps, float rms_eps, float* mix, float* post, float* gate, double* part,
                 uint32_t* count, cudaStream_t s, const HcPostIn& post_in = {});
+// Whether hc_pre_mix of R rows takes a pending post into its tile kernel (rounds of 32 rows or
+// more; DSV4_HC_POST_TILE=0: never). Rounds of up to 16 rows fold it into hc_mix_kernel.
+bool hc_mix_tile_folds_post(uint32_t R);
 // HcQuant: where hc_pre_collapse also writes xn's activation codes (null: not wanted), the
 // same bytes quantize_act would make: Q8_0 (q0, d0; E % 32 == 0) and Q8_K (qk, dk, bk;
 // E % 256 == 0), laid out as ActBuf holds them.

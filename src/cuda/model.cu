@@ -359,6 +359,51 @@ __device__ __forceinline__ float hc_post_out(const float* in, uint32_t H, float 
     return acc;
 }
 
+// mHC post of column quad u (values 4u .. 4u+3 of every stream) of row r: x[] holds the H
+// streams' quads on entry and their new values on return, from the sublayer's output pp.y, the
+// routed experts' rows pp.moe_down (pp.K a row, summed in order; added to y unless !y_init) and
+// the row's post gates and comb. Every load first, then the arithmetic: hc_post_out per
+// component, so hc_post_vec_kernel, hc_mix_kernel and hc_mix_tile_kernel (the post folded into
+// the mix) make the same bits.
+template <uint32_t H>
+__device__ __forceinline__ void hc_post_quad(float4 (&x)[H], const HcPostIn& pp, uint64_t r, uint32_t u, uint32_t E) {
+    constexpr uint32_t kDownMax = 8;   // routed experts' rows loaded together (more: a loop)
+    float4 yv4 = make_float4(0, 0, 0, 0), dn[kDownMax];
+    if (pp.y) yv4 = reinterpret_cast<const float4*>(pp.y + r * E)[u];
+#pragma unroll
+    for (uint32_t k = 0; k < kDownMax; ++k)
+        if (pp.moe_down && k < pp.K) dn[k] = reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u];
+    float po[H], C[H * H];
+#pragma unroll
+    for (uint32_t h = 0; h < H; ++h) po[h] = pp.post[r * H + h];
+#pragma unroll
+    for (uint32_t t = 0; t < H * H; ++t) C[t] = pp.comb[r * H * H + t];
+    float yv[4] = {yv4.x, yv4.y, yv4.z, yv4.w};
+    if (pp.moe_down) {
+        float acc[4] = {0, 0, 0, 0};
+        auto add = [&](float4 v) {
+            acc[0] = __fadd_rn(acc[0], v.x), acc[1] = __fadd_rn(acc[1], v.y);
+            acc[2] = __fadd_rn(acc[2], v.z), acc[3] = __fadd_rn(acc[3], v.w);
+        };
+#pragma unroll
+        for (uint32_t k = 0; k < kDownMax; ++k)
+            if (k < pp.K) add(dn[k]);
+        for (uint32_t k = kDownMax; k < pp.K; ++k) add(reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u]);
+#pragma unroll
+        for (uint32_t c = 0; c < 4; ++c) yv[c] = pp.y_init ? __fadd_rn(yv[c], acc[c]) : acc[c];
+    }
+    float in[4][H];   // [component][stream]
+#pragma unroll
+    for (uint32_t h = 0; h < H; ++h) in[0][h] = x[h].x, in[1][h] = x[h].y, in[2][h] = x[h].z, in[3][h] = x[h].w;
+#pragma unroll
+    for (uint32_t j = 0; j < H; ++j) {
+        float o[4];
+#pragma unroll
+        for (uint32_t c = 0; c < 4; ++c) o[c] = hc_post_out(in[c], H, yv[c], po, C, j);
+        x[j] = make_float4(o[0], o[1], o[2], o[3]);
+    }
+}
+
 // The rows r0 .. r0+nr-1 from their partials (NB blocks of P each): the sums over the blocks in
 // a fixed order, then the RMSNorm's scale, the mix, the gates and the sublayer norm's scale
 // (hc_mix_kernel's last block of a grid column, or hc_mix_finish_kernel). Every thread of a
@@ -478,45 +523,7 @@ __global__ void __launch_bounds__(kHcThreads) hc_mix_kernel(const uint8_t* fn, u
 #pragma unroll
         for (uint32_t i = 0; i < RB; ++i) {
             if (i >= nr) break;
-            const uint64_t r = r0 + i;
-            // Every load of the row first (the sublayer's output, the routed experts' rows,
-            // the gates), then the arithmetic; the stores of X wait for the barrier below.
-            constexpr uint32_t kDownMax = 8;   // routed experts' rows loaded together (more: a loop)
-            float4 yv4 = make_float4(0, 0, 0, 0), dn[kDownMax];
-            if (pp.y) yv4 = reinterpret_cast<const float4*>(pp.y + r * E)[u];
-#pragma unroll
-            for (uint32_t k = 0; k < kDownMax; ++k)
-                if (pp.moe_down && k < pp.K) dn[k] = reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u];
-            float po[H], C[H * H];
-#pragma unroll
-            for (uint32_t h = 0; h < H; ++h) po[h] = pp.post[r * H + h];
-#pragma unroll
-            for (uint32_t t = 0; t < H * H; ++t) C[t] = pp.comb[r * H * H + t];
-            float yv[4] = {yv4.x, yv4.y, yv4.z, yv4.w};
-            if (pp.moe_down) {
-                float acc[4] = {0, 0, 0, 0};
-                auto add = [&](float4 v) {
-                    acc[0] = __fadd_rn(acc[0], v.x), acc[1] = __fadd_rn(acc[1], v.y);
-                    acc[2] = __fadd_rn(acc[2], v.z), acc[3] = __fadd_rn(acc[3], v.w);
-                };
-#pragma unroll
-                for (uint32_t k = 0; k < kDownMax; ++k)
-                    if (k < pp.K) add(dn[k]);
-                for (uint32_t k = kDownMax; k < pp.K; ++k)
-                    add(reinterpret_cast<const float4*>(pp.moe_down + (r * pp.K + k) * E)[u]);
-#pragma unroll
-                for (uint32_t c = 0; c < 4; ++c) yv[c] = pp.y_init ? __fadd_rn(yv[c], acc[c]) : acc[c];
-            }
-            float in[4][H];   // [component][stream]
-#pragma unroll
-            for (uint32_t h = 0; h < H; ++h) in[0][h] = x[i][h].x, in[1][h] = x[i][h].y, in[2][h] = x[i][h].z, in[3][h] = x[i][h].w;
-#pragma unroll
-            for (uint32_t j = 0; j < H; ++j) {
-                float o[4];
-#pragma unroll
-                for (uint32_t c = 0; c < 4; ++c) o[c] = hc_post_out(in[c], H, yv[c], po, C, j);
-                x[i][j] = make_float4(o[0], o[1], o[2], o[3]);
-            }
+            hc_post_quad<H>(x[i], pp, r0 + i, u, E);   // (the stores of X wait for the barrier below)
         }
     }
     if (pp.active) {
@@ -626,10 +633,14 @@ __device__ __forceinline__ float dot4_dd(const double2* a, const float (&b)[4], 
 // block's sums in FP32 instead of the CPU's doubles (no conversions, twice the FMA rate; other
 // bits); the partials still go out as doubles, so hc_mix_finish is the same. fn's quads keep the
 // doubles' layout (a float quad in the first half of its two double2).
+// pp.active: the previous sublayer's mHC post folded in (hc_mix_tile_folds_post): a thread takes
+// a row's column quad of every stream as it stages them, applies the post (hc_post_quad, the
+// same bits as hc_post_vec_kernel) and stores the new X; the block's quads are its own, so no
+// other block reads them. One pass over X fewer than hc_post then the mix.
 template <uint32_t H, uint32_t WT, typename A = double>
 __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const uint8_t* fn, uint64_t fn_row_bytes,
                                                                         const float* X, uint32_t R, uint32_t E,
-                                                                        double* part) {
+                                                                        double* part, HcPostIn pp) {
     pdl_launch();
     using S = HcShape<H>;
     constexpr uint32_t M = S::M, P = S::P, NQ = H * kHcQuads, XS = NQ + 1;
@@ -650,10 +661,30 @@ __global__ void __launch_bounds__(kHcTileThreads, 2) hc_mix_tile_kernel(const ui
         }
     }
     pdl_wait();
-    for (uint32_t t = threadIdx.x; t < kHcTileRows * NQ; t += kHcTileThreads) {
-        const uint32_t i = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
-        x_s[i * XS + t % NQ] =
-            r0 + i < R && u < nq ? reinterpret_cast<const float4*>(X + (r0 + i) * HD + uint64_t(h) * E)[u] : zero;
+    if (pp.active) {
+        for (uint32_t t = threadIdx.x; t < kHcTileRows * kHcQuads; t += kHcTileThreads) {
+            const uint32_t i = t / kHcQuads, q = t % kHcQuads, u = b * kHcQuads + q;
+            float4 x[H];
+            if (r0 + i < R && u < nq) {
+                float4* Xr = reinterpret_cast<float4*>(const_cast<float*>(X) + (r0 + i) * HD);
+#pragma unroll
+                for (uint32_t h = 0; h < H; ++h) x[h] = Xr[h * nq + u];
+                hc_post_quad<H>(x, pp, r0 + i, u, E);
+#pragma unroll
+                for (uint32_t h = 0; h < H; ++h) Xr[h * nq + u] = x[h];
+            } else {
+#pragma unroll
+                for (uint32_t h = 0; h < H; ++h) x[h] = zero;
+            }
+#pragma unroll
+            for (uint32_t h = 0; h < H; ++h) x_s[i * XS + h * kHcQuads + q] = x[h];
+        }
+    } else {
+        for (uint32_t t = threadIdx.x; t < kHcTileRows * NQ; t += kHcTileThreads) {
+            const uint32_t i = t / NQ, h = t / kHcQuads % H, u = b * kHcQuads + t % kHcQuads;
+            x_s[i * XS + t % NQ] =
+                r0 + i < R && u < nq ? reinterpret_cast<const float4*>(X + (r0 + i) * HD + uint64_t(h) * E)[u] : zero;
+        }
     }
     __syncthreads();
 
@@ -851,45 +882,17 @@ __global__ void hc_post_kernel(float* X, const float* y, const float* post, cons
 // stack, 64 bytes a thread) and 16-byte loads and stores; the same operations on every value in
 // the same order, so the same bits. (Run 170: hc_post_kernel 190 us a 2,048-row call, ~2.1 TB/s.)
 template <uint32_t H>
-__global__ void __launch_bounds__(256) hc_post_vec_kernel(float* X, const float* y, const float* post,
-                                                          const float* comb, uint32_t E, const float* moe_down,
-                                                          uint32_t K, bool y_init) {
+__global__ void __launch_bounds__(256) hc_post_vec_kernel(float* X, HcPostIn pp, uint32_t E) {
     pdl_begin();
     const uint32_t r = blockIdx.y, q = blockIdx.x * blockDim.x + threadIdx.x, nq = E / 4;
     if (q >= nq) return;
     float4* Xr = reinterpret_cast<float4*>(X + uint64_t(r) * H * E);
-    float po[H], C[H * H];
+    float4 x[H];
 #pragma unroll
-    for (uint32_t i = 0; i < H; ++i) po[i] = post[r * H + i];
+    for (uint32_t i = 0; i < H; ++i) x[i] = Xr[i * nq + q];
+    hc_post_quad<H>(x, pp, r, q, E);
 #pragma unroll
-    for (uint32_t i = 0; i < H * H; ++i) C[i] = comb[uint64_t(r) * H * H + i];
-    float4 in[H];
-#pragma unroll
-    for (uint32_t i = 0; i < H; ++i) in[i] = Xr[i * nq + q];
-    float4 yv = y ? reinterpret_cast<const float4*>(y + uint64_t(r) * E)[q] : make_float4(0, 0, 0, 0);
-    if (moe_down) {
-        float4 acc = make_float4(0, 0, 0, 0);
-        for (uint32_t k = 0; k < K; ++k) {
-            const float4 d = reinterpret_cast<const float4*>(moe_down + (uint64_t(r) * K + k) * E)[q];
-            acc = make_float4(__fadd_rn(acc.x, d.x), __fadd_rn(acc.y, d.y), __fadd_rn(acc.z, d.z), __fadd_rn(acc.w, d.w));
-        }
-        yv = y_init ? make_float4(__fadd_rn(yv.x, acc.x), __fadd_rn(yv.y, acc.y), __fadd_rn(yv.z, acc.z),
-                                  __fadd_rn(yv.w, acc.w))
-                    : acc;
-    }
-    // one component of every stream's quad (c: 0..3)
-    auto lane = [&](const float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; };
-    float o[H][4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-        float v[H];
-#pragma unroll
-        for (uint32_t i = 0; i < H; ++i) v[i] = lane(in[i], c);
-#pragma unroll
-        for (uint32_t j = 0; j < H; ++j) o[j][c] = hc_post_out(v, H, lane(yv, c), po, C, j);
-    }
-#pragma unroll
-    for (uint32_t j = 0; j < H; ++j) Xr[j * nq + q] = make_float4(o[j][0], o[j][1], o[j][2], o[j][3]);
+    for (uint32_t j = 0; j < H; ++j) Xr[j * nq + q] = x[j];
 }
 
 // ---- greedy decoding on the device -----------------------------------------------------------
@@ -2994,12 +2997,18 @@ uint32_t hc_mix_rows(uint32_t R) {
 // any round; a rows override selects hc_mix_kernel). Its shared memory limit is raised once,
 // outside a capture; a captured round before that takes hc_mix_kernel (the same bits).
 int g_hc_tile_override = -1;
-bool hc_mix_tile(uint32_t R, const HcPostIn& pp, cudaStream_t s) {
+bool hc_mix_tile_on(uint32_t R) {
     static const bool env = env_switch("DSV4_HC_TILE", true);
+    return g_hc_tile_override >= 0 ? g_hc_tile_override != 0 : env && g_hc_rows_override <= 0 && R >= kHcTileRows;
+}
+// DSV4_HC_POST_TILE=0: a pending post is applied by its own hc_post before the tile kernel
+bool hc_post_tile_on() {
+    static const bool env = env_switch("DSV4_HC_POST_TILE", true);
+    return env;
+}
+bool hc_mix_tile(uint32_t R, const HcPostIn& pp, cudaStream_t s) {
     static bool raised = false;
-    const bool on = g_hc_tile_override >= 0 ? g_hc_tile_override != 0
-                                            : env && g_hc_rows_override <= 0 && R >= kHcTileRows;
-    if (!on || pp.active) return false;
+    if (!hc_mix_tile_on(R) || (pp.active && !hc_post_tile_on())) return false;
     if (!raised) {
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         if (cudaStreamIsCapturing(s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return false;
@@ -3025,6 +3034,7 @@ bool hc_mix_fast() {
 }
 }  // namespace
 
+bool hc_mix_tile_folds_post(uint32_t R) { return hc_mix_tile_on(R) && hc_post_tile_on(); }
 void hc_mix_rows_override(int rows) { g_hc_rows_override = rows; }
 void hc_mix_tile_override(int on) { g_hc_tile_override = on; }
 void hc_mix_fast_override(int on) { g_hc_fast_override = on; }
@@ -3039,7 +3049,7 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
     if (hc_mix_tile(R, post_in, s)) {
         auto tile = [&](auto kernel) {
             kernel<<<dim3(NB, (R + kHcTileRows - 1) / kHcTileRows), kHcTileThreads, hc_tile_smem<4>(), s>>>(
-                fn.data, fn.row_bytes, X, R, E, part);
+                fn.data, fn.row_bytes, X, R, E, part, post_in);
         };
         const bool fast = hc_mix_fast();
         switch (fn.type) {
@@ -3101,7 +3111,8 @@ void hc_post(float* X, const float* y, const float* post, const float* comb, uin
     static const bool vec = env_switch("DSV4_HC_POST_VEC", true);
     auto a16 = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (vec && H == 4 && E % 4 == 0 && a16(X) && a16(y) && a16(moe_down)) {
-        hc_post_vec_kernel<4><<<dim3((E / 4 + 255) / 256, R), 256, 0, s>>>(X, y, post, comb, E, moe_down, K, y_init);
+        const HcPostIn pp{true, y, post, comb, moe_down, K, y_init};
+        hc_post_vec_kernel<4><<<dim3((E / 4 + 255) / 256, R), 256, 0, s>>>(X, pp, E);
         check_launch("hc_post");
         return;
     }

@@ -532,11 +532,12 @@ TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
     // state X and make the same mix, post gates and collapse gates as hc_post then hc_pre_mix,
     // bit for bit: after an attention sublayer (y alone) and after an MoE sublayer (the routed
     // experts' outputs, with and without the shared expert's y), one row and a batch (rows of
-    // 4 a block), and with post the buffer the mix writes its new post gates to.
+    // 4 a block; 40 and 70: prompt rounds' tile kernel, one block of 32 rows and a partial
+    // one), and with post the buffer the mix writes its new post gates to.
     constexpr uint32_t H = HcMix::H, M = HcMix::M, E = HcMix::E, K = 6;
     constexpr uint64_t HD = HcMix::HD;
     HcMix hm(77, 71, 72);
-    for (uint32_t R : {1u, 5u}) {
+    for (uint32_t R : {1u, 5u, 40u, 70u}) {
         for (int kind = 0; kind < 3; ++kind) {   // 0 attention, 1 MoE + shared, 2 MoE alone
             SCOPED_TRACE(testing::Message() << "R " << R << " kind " << kind);
             const auto X = random_floats(R * HD, 80 + R, -3.0f, 3.0f);
@@ -564,16 +565,23 @@ TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
                 EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                 return Out{dX.download(), mix.download(), post.download(), gate.download()};
             };
-            const Out a = run(false), b = run(true);
             auto same = [](const std::vector<float>& u, const std::vector<float>& v, const char* what) {
                 ASSERT_EQ(u.size(), v.size()) << what;
                 EXPECT_EQ(0, std::memcmp(u.data(), v.data(), u.size() * sizeof(float))) << what;
             };
-            same(a.X, b.X, "X");
-            same(a.mix, b.mix, "mix");
-            same(a.post, b.post, "post");
-            same(a.gate, b.gate, "gate");
-            EXPECT_NE(0, std::memcmp(a.X.data(), X.data(), X.size() * sizeof(float)));   // the post did run
+            // the tile kernel in both forms of its sums (exact: doubles; fast: floats)
+            EXPECT_EQ(R >= 32, cuda::hc_mix_tile_folds_post(R));
+            for (int fast = 0; fast < (R >= 32 ? 2 : 1); ++fast) {
+                SCOPED_TRACE(fast ? "fast tile" : "exact");
+                cuda::hc_mix_fast_override(fast);
+                const Out a = run(false), b = run(true);
+                cuda::hc_mix_fast_override(-1);
+                same(a.X, b.X, "X");
+                same(a.mix, b.mix, "mix");
+                same(a.post, b.post, "post");
+                same(a.gate, b.gate, "gate");
+                EXPECT_NE(0, std::memcmp(a.X.data(), X.data(), X.size() * sizeof(float)));   // the post did run
+            }
         }
     }
 }

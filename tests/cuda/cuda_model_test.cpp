@@ -170,6 +170,33 @@ TEST(CudaVsCpuFastPrefill, ProductsThroughCublas) {
     expect_fast_prefill_near_cpu(small("flash"), 600, "small_flash fast prefill", false);
 }
 
+// The output head takes decode's order in every round (DSV4_HEAD_DECODE_ORDER): a prompt's last
+// row gets the same logits whether it alone or every row of the prompt wants them, in both
+// modes (before, the fast mode's head went through cuBLAS from 256 wanted rows, and one wanted
+// row took a prompt tile over all of K).
+TEST(CudaHead, PromptLogitsIndependentOfWantedRows) {
+    DSV4_REQUIRE_CUDA();
+    const auto m = model::Model::load(small("flash"));
+    const size_t V = m->config.n_vocab;
+    const auto toks = random_tokens(300, 0, int32_t(V), 5);
+    for (const bool fast : {false, true}) {
+        BackendOptions o;
+        o.numerics = Numerics::Official;
+        o.prefill_chunk = 1024;
+        o.fast_prefill = fast;
+        std::string why;
+        auto gpu = make_cuda_backend(*m, o, &why);
+        ASSERT_TRUE(gpu) << why;
+        kv::Budget budget;
+        auto ka = session(*gpu, 4096, &budget), kb = session(*gpu, 4096, &budget);
+        const auto all = all_logits(*gpu, *ka, toks);
+        std::vector<float> last(V);
+        gpu->forward_one(*kb, toks, false, last.data());
+        expect_same(std::vector<float>(all.end() - std::ptrdiff_t(V), all.end()), last, V,
+                    fast ? "fast mode, the last row" : "exact mode, the last row");
+    }
+}
+
 // A 4-layer model of the flash widths in a type mix (16 experts, 1,024 tokens), written once.
 std::string flash4(const std::string& mix) {
     return synth("flash4-" + mix, "flash", mix, 4, 1024, [](model::Config& c) {
