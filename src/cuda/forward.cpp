@@ -377,9 +377,27 @@ private:
             xn_acts_[k] = quantize_act(wtype, xn_.get(), c_.n_embd, R, c_.n_embd, k == 1 ? xn8_ : xnk_, stream_);
             xn_have_[k] = true;
         }
+        xn_acts_[k].h = xnh_have_ ? xnh_.get() : nullptr;
+        xn_acts_[k].h_top = xnh_have_ ? xnh_top_.get() : nullptr;
         return xn_acts_[k];
     }
+    // Every activation form the sublayer's products read from xn_, made on the main stream before
+    // the sublayer forks. In a round whose products take cuBLAS, xn_ also as FP16 once
+    // (DevAct::h; DSV4_XN_F16=0: each product converts its own): the sublayer's Q8_0 and F16
+    // products (q_a, kv, the compressors', the indexer's, the router's, the shared expert's) then
+    // skip their top pass and conversion, and the Q8_0 ones read the floats' FP16 values instead
+    // of the Q8_0 codes' (as gemm_q8_0_cublas_floats does: closer to the real-valued product,
+    // not to the CPU's, which quantises the activation; run 176: flash4's median rel 0.0192 →
+    // 0.0213 against the CPU, argmax 95 → 96 of 96).
     void xn_acts_for(std::initializer_list<const DevWeight*> ws, uint32_t R) {
+        static const bool f16_on = env_switch("DSV4_XN_F16", true);
+        if (f16_on && !xnh_have_ && cublas_round(R)) {
+            const uint64_t n = uint64_t(R) * c_.n_embd;
+            xnh_.ensure(n, "workspace", &gen_);
+            xnh_top_.ensure(1, "workspace", &gen_);
+            act_f16(xn_.get(), c_.n_embd, c_.n_embd, R, xnh_.get(), xnh_top_.get(), stream_);
+            xnh_have_ = true;
+        }
         for (const DevWeight* w : ws)
             if (w->K) xn_act(w->type, R);
     }
@@ -532,6 +550,9 @@ private:
     DBuf<float> xn8_d_, xnk_d_;
     DBuf<int32_t> xn8_b_, xnk_b_;
     ActBuf xn8_, xnk_;
+    DBuf<uint16_t> xnh_;   // xn_ as FP16 (xn_acts_for), while xnh_have_
+    DBuf<unsigned> xnh_top_;
+    bool xnh_have_ = false;
     DevAct xn_acts_[3];
     bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
@@ -765,7 +786,7 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
         if (side_sinkhorn) fork(kSinkhorn);
         hc_sinkhorn(mix_.get(), scale, base, R, H, c_.hc_eps, c_.n_sinkhorn_iter, comb_.get(), ss);
         // xn's activation codes for the sublayer's products come out of the same kernel
-        xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
+        xn_have_[0] = xn_have_[1] = xn_have_[2] = xnh_have_ = false;
         HcQuant qa;
         if (E % 256 == 0 && uint64_t(R) * E <= xn8_.cap_values && uint64_t(R) * E <= xnk_.cap_values)
             for (const DevWeight* w : users) {
@@ -797,7 +818,7 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
                       comb_.get(), x_sub_.get(), stream_, nullptr, 0.0f, nullptr, !side_sinkhorn);
         rms_norm(x_sub_.get(), E, xn_.get(), E, R, E, c_.rms_eps, norm_w, stream_);
     }
-    xn_have_[0] = xn_have_[1] = xn_have_[2] = false;
+    xn_have_[0] = xn_have_[1] = xn_have_[2] = xnh_have_ = false;
     mark("hc_pre", double(M) * fn.row_bytes);
 }
 

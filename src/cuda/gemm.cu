@@ -2037,6 +2037,10 @@ uint32_t cublas_rows(int kind) {
     if (g_cublas_override[kind] >= 0) return uint32_t(g_cublas_override[kind]);
     return fast_part(-1, env[kind]) ? rows : 0;
 }
+bool cublas_round(uint32_t R) {
+    const uint32_t q8 = cublas_rows(0), f16 = cublas_rows(1);
+    return (q8 && R >= q8) || (f16 && R >= f16);
+}
 bool gemm_q8_0_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y, uint64_t y_stride,
                       uint64_t N, cudaStream_t s) {
     // (run 170: quant_q8_0_kernel 46 us + the codes' top and dequantisation 24 against a top pass

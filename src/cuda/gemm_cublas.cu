@@ -163,7 +163,8 @@ __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride
                                     __half* __restrict__ out, const unsigned* __restrict__ top,
                                     float* __restrict__ alpha, const unsigned* __restrict__ wtop) {
     const float f = f16_factor(*top, 1.0f);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *alpha = 1.0f / (wtop ? f16_factor(*wtop) * f : f);
+    if (alpha && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        *alpha = 1.0f / (wtop ? f16_factor(*wtop) * f : f);
     for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
         for (uint64_t k = (blockIdx.x * uint64_t(blockDim.x) + threadIdx.x) * V; k < K;
              k += uint64_t(gridDim.x) * blockDim.x * V) {
@@ -189,6 +190,14 @@ void launch_float_to_f16(const float* x, uint64_t stride, uint64_t K, uint32_t R
     float_to_f16_kernel<V><<<dim3(spans, std::min<uint32_t>(R, 65535)), 256, 0, s>>>(x, stride, K, R, out, top, alpha,
                                                                                  wtop);
     check_launch("cuBLAS path: the activation to FP16");
+}
+
+// alpha for an activation already in FP16 (DevAct::h, its top xtop) against a Q8_0 weight's
+// factor (wtop) or an F16 weight's (none: 1): float_to_f16_kernel's formula.
+__global__ void alpha_kernel(const unsigned* __restrict__ xtop, const unsigned* __restrict__ wtop,
+                             float* __restrict__ alpha) {
+    const float f = f16_factor(*xtop, 1.0f);
+    *alpha = 1.0f / (wtop ? f16_factor(*wtop) * f : f);
 }
 
 void check_cublas(cublasStatus_t st, const char* what) {
@@ -384,18 +393,24 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
     if (!sp) return false;
     StreamState& st = *sp;
     const F16Copy* kept = kept_copy(st, W, row0, N, s);
-    if ((!kept && !grow(st.w, st.w_cap, N * K)) || !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
+    if ((!kept && !grow(st.w, st.w_cap, N * K)) || (!a.h && !grow(st.x, st.x_cap, uint64_t(R) * a.K))) return false;
     // the operands' top scales, then each dequantised by its power of two (the activation's
-    // launch also writes alpha), then the GEMM; a kept copy has both already
-    const uint64_t nx = uint64_t(R) * a.K / 32;
+    // launch also writes alpha), then the GEMM; a kept copy has both already, an activation's
+    // FP16 form (a.h: from its floats, as gemm_q8_0_cublas_floats takes them) its own
     check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
     if (!kept) dequant_weight(W, row0, N, st.w, st.top, s);
-    scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
-    check_launch("cuBLAS path: top scales");
-    launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s, st.alpha,
-                   kept ? kept->top : st.top);
+    const unsigned* wtop = kept ? kept->top : st.top;
+    if (a.h) {
+        alpha_kernel<<<1, 1, 0, s>>>(a.h_top, wtop, st.alpha);
+        check_launch("cuBLAS path: alpha");
+    } else {
+        const uint64_t nx = uint64_t(R) * a.K / 32;
+        scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
+        check_launch("cuBLAS path: top scales");
+        launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s, st.alpha, wtop);
+    }
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
-    run_gemm(st, kept ? kept->w : st.w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
+    run_gemm(st, kept ? kept->w : st.w, (a.h ? a.h : st.x) + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
     ++g_calls[0];
     return true;
 }
@@ -427,14 +442,29 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
     StreamState* sp = path_state(R, N, K, a.K, row0, rpg, y_stride, s);
     if (!sp) return false;
     StreamState& st = *sp;
-    if (!grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
-    check(cudaMemsetAsync(st.top + 1, 0, sizeof(unsigned), s), "cuBLAS path: scales");
-    floats_to_scratch(st, a.f, a.f_stride, a.K, R, s);
+    if (a.h) {   // the activation's FP16 form, made once for the round's products
+        alpha_kernel<<<1, 1, 0, s>>>(a.h_top, nullptr, st.alpha);
+        check_launch("cuBLAS path: alpha");
+    } else {
+        if (!grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
+        check(cudaMemsetAsync(st.top + 1, 0, sizeof(unsigned), s), "cuBLAS path: scales");
+        floats_to_scratch(st, a.f, a.f_stride, a.K, R, s);
+    }
     const uint16_t* w = reinterpret_cast<const uint16_t*>(W.data + row0 * W.row_bytes);
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
-    run_gemm(st, w, st.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, ldw);
+    run_gemm(st, w, (a.h ? a.h : st.x) + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, ldw);
     ++g_calls[1];
     return true;
+}
+
+void act_f16(const float* x, uint64_t xs, uint64_t K, uint32_t R, uint16_t* out, unsigned* top, cudaStream_t s) {
+    if (!R || !K) return;
+    check(cudaMemsetAsync(top, 0, sizeof(unsigned), s), "an activation to FP16: its top");
+    __half* xh = reinterpret_cast<__half*>(out);
+    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+        launch_float_to_f16<4>(x, xs, K, R, xh, top, nullptr, s);
+    else
+        launch_float_to_f16<1>(x, xs, K, R, xh, top, nullptr, s);
 }
 
 void gemm_cublas_weight_copies(cudaStream_t s, bool on) {

@@ -76,6 +76,11 @@ struct DevAct {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* bsum = nullptr;
+    // The same rows as FP16 ([R][K], each value times the power of two f16_factor makes of
+    // *h_top: act_f16), made once where several cuBLAS products of a fast prompt round read one
+    // activation (the sublayer's xn); those products then skip their own conversion. Null: none.
+    const uint16_t* h = nullptr;
+    const unsigned* h_top = nullptr;
 };
 
 // Scratch for quantised activations (device memory, owned by the caller).
@@ -203,6 +208,14 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
 // dequantised again. Other bits than from the codes, closer to the exact product.
 bool gemm_q8_0_cublas_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y,
                              uint64_t y_stride, uint64_t N, cudaStream_t s);
+// R float rows (K values, xs apart) as FP16 into out ([R][K]) for DevAct::h: their largest
+// magnitude into *top (this zeroes it first), each value times the power of two that takes it to
+// [2^13, 2^14): the conversion gemm_float_cublas and gemm_q8_0_cublas_floats make per call, so
+// their products from it have the same bits.
+void act_f16(const float* x, uint64_t xs, uint64_t K, uint32_t R, uint16_t* out, unsigned* top, cudaStream_t s);
+// Whether a prompt round of R rows takes its Q8_0 or F16 products through cuBLAS (the fast mode,
+// R at least the cuBLAS rows): where an FP16 form of a shared activation pays.
+bool cublas_round(uint32_t R);
 // y = W · x for a Q8_0 weight and float rows where gemm_q8_0 would take cuBLAS (a prompt round of
 // the fast mode with enough rows): by gemm_q8_0_cublas_floats. False (nothing launched) elsewhere:
 // the caller quantises x and goes on as before. DSV4_Q8_CUBLAS_FLOATS=0: never (the codes' path).

@@ -2495,6 +2495,61 @@ TEST_F(CudaKernels, FloatCublasFp16WithinBound) {
     std::printf("F16 through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
 }
 
+TEST_F(CudaKernels, CublasFromSharedF16EqualsPerCall) {
+    // An activation made FP16 once (act_f16, DevAct::h: the fast round's xn for all its products)
+    // gives the bits each product's own conversion gives: an F16 weight's against gemm_float_cublas
+    // from the floats, a Q8_0 weight's (its codes beside h, unread) against
+    // gemm_q8_0_cublas_floats; grouped and strided rows as the products take them; and the
+    // conversion is really used (h's values doubled double the product).
+    struct Case {
+        uint64_t K, N, rpg;
+        uint32_t R;
+    };
+    for (const Case& c : {Case{1024, 512, 0, 300}, Case{4096, 256, 0, 257}, Case{512, 256, 128, 260}}) {
+        SCOPED_TRACE(testing::Message() << "K " << c.K << " N " << c.N << " rpg " << c.rpg);
+        const uint64_t AK = (c.rpg ? c.N / c.rpg : 1) * c.K, XS = AK + 4;
+        const auto x = random_floats(c.R * XS, 40 + c.K, -3.0f, 3.0f);
+        const DevVec<float> dx(x);
+        DevVec<uint16_t> h(uint64_t(c.R) * AK);
+        DevVec<unsigned> top(1);
+        cuda::act_f16(dx.get(), XS, AK, c.R, h.get(), top.get(), nullptr);
+        ActHolder ah(uint64_t(c.R) * AK);
+        for (const Type t : {Type::F16, Type::Q8_0}) {
+            if (t == Type::Q8_0 && c.rpg) continue;   // (grouped Q8_0 products read codes: out_a)
+            const HostWeight hw = random_weight(t, c.K, c.N, 77 + c.K);
+            const DevWeightHolder dw(hw);
+            cuda::DevAct a = cuda::quantize_act(uint32_t(t), dx.get(), XS, c.R, AK, ah.buf, nullptr);
+            DevVec<float> per_call(std::vector<float>(c.R * c.N, std::nanf(""))),
+                shared(std::vector<float>(c.R * c.N, std::nanf("")));
+            if (t == Type::F16)
+                ASSERT_TRUE(cuda::gemm_float_cublas(dw.w, a, c.R, per_call.get(), c.N, c.N, 0, c.rpg, nullptr));
+            else
+                ASSERT_TRUE(cuda::gemm_q8_0_cublas_floats(dw.w, dx.get(), XS, c.R, per_call.get(), c.N, c.N, nullptr));
+            a.h = h.get();
+            a.h_top = top.get();
+            if (t == Type::F16)
+                ASSERT_TRUE(cuda::gemm_float_cublas(dw.w, a, c.R, shared.get(), c.N, c.N, 0, c.rpg, nullptr));
+            else
+                ASSERT_TRUE(cuda::gemm_q8_0_cublas(dw.w, a, c.R, shared.get(), c.N, c.N, 0, 0, nullptr));
+            const auto want = per_call.download(), got = shared.download();
+            EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << quant::traits(t).name;
+            // h doubled (each FP16 value times 2: exact) doubles the product: h was read
+            std::vector<uint16_t> hv = h.download();
+            for (uint16_t& v : hv) v = v & 0x7C00 ? uint16_t(v + 0x0400) : v;   // exponent + 1 (no top value overflows)
+            DevVec<uint16_t> h2(hv);
+            a.h = h2.get();
+            DevVec<float> twice(c.R * c.N);
+            if (t == Type::F16)
+                ASSERT_TRUE(cuda::gemm_float_cublas(dw.w, a, c.R, twice.get(), c.N, c.N, 0, c.rpg, nullptr));
+            else
+                ASSERT_TRUE(cuda::gemm_q8_0_cublas(dw.w, a, c.R, twice.get(), c.N, c.N, 0, 0, nullptr));
+            const auto dbl = twice.download();
+            for (size_t i = 0; i < got.size(); i += 97)
+                ASSERT_NEAR(dbl[i], 2.0 * got[i], 1e-5 * std::fabs(got[i]) + 1e-6) << quant::traits(t).name << " " << i;
+        }
+    }
+}
+
 TEST_F(CudaKernels, FloatWeightFlatOrderOnTensorCores) {
     // A prompt round's F16 / BF16 products (gemm_prefill_order(true): gemm_float_flat_kernel,
     // 2xTF32 on the tensor cores, stages of 32 values added in k order) are FP32-accurate: within
