@@ -89,6 +89,17 @@ bool prefill_flat() {
     static const bool env = env_switch("DSV4_PREFILL_FLAT", true);
     return g_prefill_flat_override >= 0 ? g_prefill_flat_override != 0 : env;
 }
+// A fast prompt round of at most this many rows (and at most DSV4_DECODE_PAIR_ROWS) runs its
+// routed experts pair by pair with decode's kernels instead of grouped by expert: a short prompt's
+// 6R pairs fall on ~as many experts, so each group's block expands an expert's whole weight for
+// about one pair, where decode's kernels read only the pairs' rows. The fast mode promises no
+// chunking invariance, so it may. DSV4_FAST_PAIR_ROWS (0, the default: never, until measured:
+// FlashPrefillByRoundSize with DSV4_BENCH_CHUNKS=16,32,64); fast_pair_rows_override (tests) wins.
+int g_fast_pair_rows_override = -1;
+uint32_t fast_pair_rows() {
+    static const int env = std::max(0, env_int("DSV4_FAST_PAIR_ROWS", 0));
+    return uint32_t(g_fast_pair_rows_override >= 0 ? g_fast_pair_rows_override : env);
+}
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
     check(cudaGraphGetEdges(g, nullptr, nullptr, nullptr, &n), "graph edges");
@@ -1031,7 +1042,8 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // A prompt round's 2-bit experts add in k order (groups of gemm_kq_pairs() = 64, DSV4_KQ_FLAT)
     // where decode's kernels (a round of one row, ungrouped) keep decode's order: so its rounds
     // of one row are grouped too, and every chunking of a prompt gets the same bits.
-    const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8;
+    const bool fast_pairs = fast_prefill_round() && R <= std::min(fast_pair_rows(), g_decode_pair_rows);
+    const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8 && !fast_pairs;
     // A decode round (a token a session) groups its pairs only when its experts are likely to
     // hold several pairs each (g_decode_pair_rows): R rows pick 6 of 256 experts each, so up
     // to ~64 rows a used expert holds ~1-2 pairs, and a group's GEMM block then walks an
@@ -1364,6 +1376,7 @@ std::vector<ProfileEntry> profile_snapshot() { return g_profile; }
 void profile_reset() { g_profile.clear(); }
 void profile_enable(bool on) { g_profile_on = on; }
 void prefill_flat_override(int on) { g_prefill_flat_override = on; }
+void fast_pair_rows_override(int rows) { g_fast_pair_rows_override = rows; }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {
     BackendOptions o = opt;

@@ -264,6 +264,9 @@ void gemm_decode_round(bool on);
 // Whether the backend's prompt rounds take that order: 1, 0, or -1 for DSV4_PREFILL_FLAT's
 // choice (tests).
 void prefill_flat_override(int on);
+// The rows up to which a fast prompt round runs its routed experts pair by pair (forward.cpp:
+// DSV4_FAST_PAIR_ROWS; -1: the environment's, tests).
+void fast_pair_rows_override(int rows);
 
 // Float-weight (F16, BF16, F32) products of R >= 16 float activation rows as a tiled SIMT
 // GEMM, bit for bit what matvec's decode path gives each row (see gemm.cu): non-expert,

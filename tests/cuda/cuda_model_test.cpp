@@ -126,11 +126,11 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaVsCpu,
 // (`attention`: the model's heads are wide enough), and a decode step after the prompt (the exact
 // kernels again) must agree with the CPU's next logits as well.
 void expect_fast_prefill_near_cpu(const std::string& path, size_t n, const char* label, bool attention,
-                                  int attention_kt = 16) {
+                                  int attention_kt = 16, uint32_t chunk = 1024) {
     const auto m = model::Model::load(path);
     BackendOptions o;
     o.numerics = Numerics::Official;
-    o.prefill_chunk = 1024;
+    o.prefill_chunk = chunk;
     auto cpu = make_cpu_backend(*m, o);
     o.fast_prefill = true;
     std::string why;
@@ -267,6 +267,40 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     cuda::gemm_experts_f16_wgmma_override(-1);
     cuda::gemm_experts_f16_stage_used_override(-1);
     cuda::attn_rows_fast_kt_override(-1);
+    cuda::gemm_q8_0_cublas_override(-1);
+    cuda::gemm_float_cublas_override(-1);
+}
+
+// Short fast prompt rounds with their routed experts pair by pair (DSV4_FAST_PAIR_ROWS: decode's
+// kernels instead of the grouped FP16 GEMM): 96 tokens in rounds of 48, near the CPU as the
+// fast mode is, and other bits than the grouped experts give (the path was taken).
+TEST(CudaVsCpuFlash, FastPrefillShortRoundsPairByPair) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
+    const std::string path = flash4("flash");
+    cuda::gemm_q8_0_cublas_override(1);
+    cuda::gemm_float_cublas_override(1);
+    cuda::fast_pair_rows_override(64);
+    expect_fast_prefill_near_cpu(path, 96, "flash4 fast, rounds of 48, pairs", true, 32, 48);
+    const auto m = model::Model::load(path);
+    BackendOptions o;
+    o.numerics = Numerics::Official;
+    o.prefill_chunk = 48;
+    o.fast_prefill = true;
+    std::string why;
+    auto gpu = make_cuda_backend(*m, o, &why);
+    ASSERT_TRUE(gpu) << why;
+    const auto toks = random_tokens(96, 0, int32_t(m->config.n_vocab), 3);
+    kv::Budget budget;
+    auto run = [&](int rows) {
+        cuda::fast_pair_rows_override(rows);
+        auto kv = session(*gpu, 1024, &budget);
+        return all_logits(*gpu, *kv, toks);
+    };
+    const auto grouped = run(0), pairs = run(64);
+    EXPECT_NE(0, std::memcmp(grouped.data(), pairs.data(), grouped.size() * sizeof(float)))
+        << "the experts pair by pair gave the grouped GEMM's bits: was the path taken?";
+    cuda::fast_pair_rows_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_float_cublas_override(-1);
 }
