@@ -174,18 +174,23 @@ TEST(CudaVsCpuFastPrefill, ProductsThroughCublas) {
 // row gets the same logits whether it alone or every row of the prompt wants them, in both
 // modes (before, the fast mode's head went through cuBLAS from 256 wanted rows, and one wanted
 // row took a prompt tile over all of K).
+// A CUDA backend with official numerics and prompt rounds of `chunk` tokens, fast or exact.
+std::unique_ptr<Backend> open_cuda(const model::Model& m, bool fast, uint32_t chunk, std::string* why) {
+    BackendOptions o;
+    o.numerics = Numerics::Official;
+    o.prefill_chunk = chunk;
+    o.fast_prefill = fast;
+    return make_cuda_backend(m, o, why);
+}
+
 TEST(CudaHead, PromptLogitsIndependentOfWantedRows) {
     DSV4_REQUIRE_CUDA();
     const auto m = model::Model::load(small("flash"));
     const size_t V = m->config.n_vocab;
     const auto toks = random_tokens(300, 0, int32_t(V), 5);
     for (const bool fast : {false, true}) {
-        BackendOptions o;
-        o.numerics = Numerics::Official;
-        o.prefill_chunk = 1024;
-        o.fast_prefill = fast;
         std::string why;
-        auto gpu = make_cuda_backend(*m, o, &why);
+        auto gpu = open_cuda(*m, fast, 1024, &why);
         ASSERT_TRUE(gpu) << why;
         kv::Budget budget;
         auto ka = session(*gpu, 4096, &budget), kb = session(*gpu, 4096, &budget);
@@ -283,12 +288,8 @@ TEST(CudaVsCpuFlash, FastPrefillShortRoundsPairByPair) {
     cuda::fast_pair_rows_override(64);
     expect_fast_prefill_near_cpu(path, 96, "flash4 fast, rounds of 48, pairs", true, 32, 48);
     const auto m = model::Model::load(path);
-    BackendOptions o;
-    o.numerics = Numerics::Official;
-    o.prefill_chunk = 48;
-    o.fast_prefill = true;
     std::string why;
-    auto gpu = make_cuda_backend(*m, o, &why);
+    auto gpu = open_cuda(*m, true, 48, &why);
     ASSERT_TRUE(gpu) << why;
     const auto toks = random_tokens(96, 0, int32_t(m->config.n_vocab), 3);
     kv::Budget budget;
