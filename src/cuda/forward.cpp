@@ -19,7 +19,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string>
 #include <tuple>
+#include <vector>
 #include <unistd.h>
 
 #include "cpu/numerics.h"
@@ -99,6 +101,36 @@ int g_fast_pair_rows_override = -1;
 uint32_t fast_pair_rows() {
     static const int env = std::max(0, env_int("DSV4_FAST_PAIR_ROWS", 0));
     return uint32_t(g_fast_pair_rows_override >= 0 ? g_fast_pair_rows_override : env);
+}
+// DSV4_DUP=name,name,... (a measurement, never for use): the products marked with those names
+// (q_a, kv, q_b, compressor_proj, indexer_proj, out_a, out_b, router, shared_expert,
+// experts_gate+up, experts_down: each mark's name, '_' for its spaces) are
+// launched twice. Each writes its output from inputs it does not change, so the results stay the
+// same, and the step's time grows by the whole product where it lies on the critical path, by
+// less where its branch has slack: the decode graph's critical path, measured (Nsight Compute
+// cannot see branches, and Nsight Systems does not run on the device machine).
+std::vector<std::string> dup_names(const char* list) {
+    std::vector<std::string> v;
+    for (std::string rest = list ? list : ""; !rest.empty();) {
+        const size_t c = rest.find(',');
+        v.push_back(rest.substr(0, c));
+        rest = c == std::string::npos ? "" : rest.substr(c + 1);
+    }
+    return v;
+}
+std::vector<std::string> g_dup = dup_names(std::getenv("DSV4_DUP"));   // dup_products_override (tests) replaces it
+int dup_times(const char* what) {
+    // (names with spaces may be written with '_' instead: settings split on spaces)
+    for (std::string n : g_dup) {
+        if (n == what) return 2;
+        std::replace(n.begin(), n.end(), '_', ' ');
+        if (n == what) return 2;
+    }
+    return 1;
+}
+template <class F>
+void dup(const char* what, F&& launch) {
+    for (int i = dup_times(what); i > 0; --i) launch();
 }
 void programmatic_edges(cudaGraph_t g) {
     size_t n = 0;
@@ -413,7 +445,7 @@ private:
             if (w->K) xn_act(w->type, R);
     }
     void mv_xn(const DevWeight& W, uint32_t R, float* y, uint64_t N, const char* what, cudaStream_t s) {
-        matvec(W, xn_act(W.type, R), R, y, N, N, 0, s);
+        dup(what, [&] { matvec(W, xn_act(W.type, R), R, y, N, N, 0, s); });
         mark(what, double(N) * W.row_bytes);
     }
     void mv_xn(const DevWeight& W, uint32_t R, float* y, uint64_t N, const char* what) {
@@ -931,7 +963,8 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
             const DevAct qi_a = act_kind(L.iq_b.type) == qa.kind
                                     ? qa
                                     : quantize_act(L.iq_b.type, qr_.get(), QL, R, QL, act2_, si);
-            matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si);
+            dup("indexer proj",
+                [&] { matvec(L.iq_b, qi_a, R, qi_.get(), c_.indexer_q_dim(), c_.indexer_q_dim(), 0, si); });
             mark("indexer proj", double(c_.indexer_q_dim()) * L.iq_b.row_bytes);
             wait_side(iq, 2);   // the scores read the rows the compressor emits this step
             if (fused) {
@@ -953,7 +986,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
             mark("indexer scores+top-k");
         }
     }
-    matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_);
+    dup("q_b", [&] { matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_); });
     mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
     // The queries' per-head norm and RoPE: in a prompt round's rows kernel on its staged heads
     // (attn_rows_qnorm: the same bits, one launch and a pass over q_ fewer; nothing else reads
@@ -976,9 +1009,9 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
     const DevAct ao = o_codes ? codes_in(ActKind::Q8_0, c_.q_dim(), act_)
                               : quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
-    matvec_grouped(L.out_a, ao, R, low_.get(), uint64_t(G) * OL, uint64_t(G) * OL, OL, stream_);
+    dup("out_a", [&] { matvec_grouped(L.out_a, ao, R, low_.get(), uint64_t(G) * OL, uint64_t(G) * OL, OL, stream_); });
     mark("out_a", double(G) * OL * L.out_a.row_bytes);
-    mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E);
+    dup("out_b", [&] { mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E); });
     mark("out_b", double(E) * L.out_b.row_bytes);
     join(kSinkhorn);
     sublayer_post(R, nullptr, 0, true);
@@ -998,15 +1031,17 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
         const cudaStream_t ss = side(0);
         // (many rows of Q8_0: two tensor-core products and the SwiGLU beat the fused kernel)
         if (matvec_swiglu_ok(L.gate_sh, L.up_sh) && !gemm_q8_0_eligible(L.gate_sh, R, FS, 0, false)) {
-            matvec_swiglu(L.gate_sh, L.up_sh, xn_act(L.gate_sh.type, R), R, shg_.get(), FS, FS,
-                          c_.swiglu_clamp_shexp[il], nullptr, ss);
+            dup("shared expert", [&] {
+                matvec_swiglu(L.gate_sh, L.up_sh, xn_act(L.gate_sh.type, R), R, shg_.get(), FS, FS,
+                              c_.swiglu_clamp_shexp[il], nullptr, ss);
+            });
             mark("shared expert", double(FS) * (L.gate_sh.row_bytes + L.up_sh.row_bytes));
         } else {
             mv_xn(L.gate_sh, R, shg_.get(), FS, "shared expert", ss);
             mv_xn(L.up_sh, R, shu_.get(), FS, "shared expert", ss);
             swiglu(shg_.get(), shu_.get(), shg_.get(), R, FS, c_.swiglu_clamp_shexp[il], nullptr, ss);
         }
-        mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E, ss, act2_);
+        dup("shared expert", [&] { mm(L.down_sh, shg_.get(), FS, R, y_.get(), E, E, ss, act2_); });
         mark("shared expert", double(E) * L.down_sh.row_bytes);
     }
     // router: its scores' product, then the picks in a launch of their own (with
@@ -1055,8 +1090,10 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
         // one pass: both rows of a (pair, n) in one warp, SwiGLU in the epilogue
-        matvec_swiglu(L.gate_exps, L.up_exps, ag, P, mid_.get(), F, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_,
-                      experts_.get(), F, K, gp);
+        dup("experts gate+up", [&] {
+            matvec_swiglu(L.gate_exps, L.up_exps, ag, P, mid_.get(), F, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_,
+                          experts_.get(), F, K, gp);
+        });
         mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
     } else {
         const DevAct au = xn_act(L.up_exps.type, R);
@@ -1066,7 +1103,7 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
         swiglu(gate_.get(), up_.get(), mid_.get(), P, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_);
     }
     const DevAct ad = quantize_act(L.down_exps.type, mid_.get(), F, P, F, act_, stream_);
-    matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1, gp);
+    dup("experts down", [&] { matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1, gp); });
     mark("experts down", double(P) * E * L.down_exps.row_bytes);
     // moe + shared summed in a fixed order
     if (FS) join(0);
@@ -1377,6 +1414,7 @@ void profile_reset() { g_profile.clear(); }
 void profile_enable(bool on) { g_profile_on = on; }
 void prefill_flat_override(int on) { g_prefill_flat_override = on; }
 void fast_pair_rows_override(int rows) { g_fast_pair_rows_override = rows; }
+void dup_products_override(const char* names) { g_dup = dup_names(names ? names : std::getenv("DSV4_DUP")); }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {
     BackendOptions o = opt;

@@ -267,6 +267,10 @@ void prefill_flat_override(int on);
 // The rows up to which a fast prompt round runs its routed experts pair by pair (forward.cpp:
 // DSV4_FAST_PAIR_ROWS; -1: the environment's, tests).
 void fast_pair_rows_override(int rows);
+// The products launched twice (forward.cpp: DSV4_DUP, a measurement of the critical path; the
+// same results); names ','-separated, nullptr: the environment's again (tests). Graphs a backend
+// captured before keep what they were captured with.
+void dup_products_override(const char* names);
 
 // Float-weight (F16, BF16, F32) products of R >= 16 float activation rows as a tiled SIMT
 // GEMM, bit for bit what matvec's decode path gives each row (see gemm.cu): non-expert,

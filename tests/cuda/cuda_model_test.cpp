@@ -306,6 +306,32 @@ TEST(CudaVsCpuFlash, FastPrefillShortRoundsPairByPair) {
     cuda::gemm_float_cublas_override(-1);
 }
 
+// DSV4_DUP (a measurement of the decode graph's critical path) launches the named products twice:
+// the logits of a prompt and of decode steps (captured graphs among them) stay bit for bit the same.
+TEST(CudaDup, ProductsTwiceSameLogits) {
+    DSV4_REQUIRE_CUDA();
+    const auto m = model::Model::load(small("flash"));
+    const size_t V = m->config.n_vocab;
+    const auto toks = random_tokens(40, 0, int32_t(V), 8);
+    auto run = [&](const char* names) {
+        cuda::dup_products_override(names);
+        std::string why;
+        auto gpu = open_cuda(*m, false, 1024, &why);
+        EXPECT_TRUE(gpu) << why;
+        kv::Budget budget;
+        auto kv = session(*gpu, 1024, &budget);
+        std::vector<float> out = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin(), toks.begin() + 24));
+        const auto steps = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin() + 24, toks.end()), 1);
+        out.insert(out.end(), steps.begin(), steps.end());
+        return out;
+    };
+    const auto plain = run("");
+    const auto twice = run("q_a,kv,q_b,compressor_proj,indexer_proj,out_a,out_b,router,shared_expert,"
+                           "experts_gate+up,experts_down");
+    cuda::dup_products_override(nullptr);
+    expect_same(plain, twice, V, "every product twice");
+}
+
 // Each tensor role in a quantised type alone (the rest F32): localises a disagreement.
 TEST(CudaVsCpuRoles, EachRoleQuantisedAlone) {
     DSV4_REQUIRE_CUDA();
