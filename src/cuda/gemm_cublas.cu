@@ -158,13 +158,18 @@ __global__ void float_top_kernel(const float* __restrict__ x, uint64_t stride, u
         }
     store_top(m, top);
 }
+// The GEMM's alpha for a float activation taken to FP16 by its top (xtop) against a Q8_0
+// weight's factor (wtop) or an F16 weight's (none: 1).
+__device__ __forceinline__ float floats_alpha(const unsigned* xtop, const unsigned* wtop) {
+    const float f = f16_factor(*xtop, 1.0f);
+    return 1.0f / (wtop ? f16_factor(*wtop) * f : f);
+}
 template <int V>
 __global__ void float_to_f16_kernel(const float* __restrict__ x, uint64_t stride, uint64_t K, uint32_t R,
                                     __half* __restrict__ out, const unsigned* __restrict__ top,
                                     float* __restrict__ alpha, const unsigned* __restrict__ wtop) {
     const float f = f16_factor(*top, 1.0f);
-    if (alpha && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-        *alpha = 1.0f / (wtop ? f16_factor(*wtop) * f : f);
+    if (alpha && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *alpha = floats_alpha(top, wtop);
     for (uint32_t r = blockIdx.y; r < R; r += gridDim.y)
         for (uint64_t k = (blockIdx.x * uint64_t(blockDim.x) + threadIdx.x) * V; k < K;
              k += uint64_t(gridDim.x) * blockDim.x * V) {
@@ -191,13 +196,19 @@ void launch_float_to_f16(const float* x, uint64_t stride, uint64_t K, uint32_t R
                                                                                  wtop);
     check_launch("cuBLAS path: the activation to FP16");
 }
+// The same with V = 4 where K, the stride and the rows' start allow 16-byte loads, else V = 1.
+void floats_to_f16(const float* x, uint64_t xs, uint64_t K, uint32_t R, __half* out, unsigned* top, float* alpha,
+                   cudaStream_t s, const unsigned* wtop = nullptr) {
+    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
+        launch_float_to_f16<4>(x, xs, K, R, out, top, alpha, s, wtop);
+    else
+        launch_float_to_f16<1>(x, xs, K, R, out, top, alpha, s, wtop);
+}
 
-// alpha for an activation already in FP16 (DevAct::h, its top xtop) against a Q8_0 weight's
-// factor (wtop) or an F16 weight's (none: 1): float_to_f16_kernel's formula.
+// alpha for an activation already in FP16 (DevAct::h, its top xtop): float_to_f16_kernel's.
 __global__ void alpha_kernel(const unsigned* __restrict__ xtop, const unsigned* __restrict__ wtop,
                              float* __restrict__ alpha) {
-    const float f = f16_factor(*xtop, 1.0f);
-    *alpha = 1.0f / (wtop ? f16_factor(*wtop) * f : f);
+    *alpha = floats_alpha(xtop, wtop);
 }
 
 void check_cublas(cublasStatus_t st, const char* what) {
@@ -325,11 +336,7 @@ void dequant_weight(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out
 // before), alpha from it and the weight's top (wtop; none: FP16 weights).
 void floats_to_scratch(StreamState& st, const float* x, uint64_t xs, uint64_t K, uint32_t R, cudaStream_t s,
                        const unsigned* wtop = nullptr) {
-    __half* xh = reinterpret_cast<__half*>(st.x);
-    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
-        launch_float_to_f16<4>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
-    else
-        launch_float_to_f16<1>(x, xs, K, R, xh, st.top + 1, st.alpha, s, wtop);
+    floats_to_f16(x, xs, K, R, reinterpret_cast<__half*>(st.x), st.top + 1, st.alpha, s, wtop);
 }
 
 // Device memory a kept copy must leave free (the KV caches' lazy commits, the workspaces of
@@ -460,11 +467,7 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
 void act_f16(const float* x, uint64_t xs, uint64_t K, uint32_t R, uint16_t* out, unsigned* top, cudaStream_t s) {
     if (!R || !K) return;
     check(cudaMemsetAsync(top, 0, sizeof(unsigned), s), "an activation to FP16: its top");
-    __half* xh = reinterpret_cast<__half*>(out);
-    if (K % 4 == 0 && xs % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0)
-        launch_float_to_f16<4>(x, xs, K, R, xh, top, nullptr, s);
-    else
-        launch_float_to_f16<1>(x, xs, K, R, xh, top, nullptr, s);
+    floats_to_f16(x, xs, K, R, reinterpret_cast<__half*>(out), top, nullptr, s);
 }
 
 void gemm_cublas_weight_copies(cudaStream_t s, bool on) {
