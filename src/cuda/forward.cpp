@@ -91,17 +91,34 @@ bool prefill_flat() {
     static const bool env = env_switch("DSV4_PREFILL_FLAT", true);
     return g_prefill_flat_override >= 0 ? g_prefill_flat_override != 0 : env;
 }
-// A fast prompt round of at most this many rows (and at most DSV4_DECODE_PAIR_ROWS) runs its
-// routed experts pair by pair with decode's kernels instead of grouped by expert: a short prompt's
-// 6R pairs fall on ~as many experts, so each group's block expands an expert's whole weight for
-// about one pair, where decode's kernels read only the pairs' rows. The fast mode promises no
-// chunking invariance, so it may. DSV4_FAST_PAIR_ROWS (0, the default: never, until measured:
-// FlashPrefillByRoundSize with DSV4_BENCH_CHUNKS=16,32,64); fast_pair_rows_override (tests) wins.
-int g_fast_pair_rows_override = -1;
-uint32_t fast_pair_rows() {
-    static const int env = std::max(0, env_int("DSV4_FAST_PAIR_ROWS", 0));
-    return uint32_t(g_fast_pair_rows_override >= 0 ? g_fast_pair_rows_override : env);
+// A prompt round of at most this many rows (and at most DSV4_DECODE_PAIR_ROWS) runs its routed
+// experts pair by pair with decode's kernels instead of grouped by expert: a short prompt's 6R
+// pairs fall on ~as many experts, so each group's block expands an expert's whole weight for
+// about one pair, where decode's kernels read only the pairs' rows.
+// DSV4_FAST_PAIR_ROWS (the fast mode's, in decode's order: it promises no chunking invariance;
+// 64 by default, 0: never): run 179 (H100, 4 layers, FlashPrefillByRoundSize, a 4,096-token
+// prompt in rounds of N) 2,607 -> 3,488 tok/s at N = 16, 4,089 -> 5,700 at 32, 6,508 -> 8,993 at
+// 64, twice each; run 180: all 84 CUDA tests with it.
+// DSV4_EXACT_PAIR_ROWS (the exact mode's; 0 by default: never, until its first device run): in
+// the prompt order's k order (kq_flat_pairs: the FLAT forms of decode's kernels, the grouped
+// GEMMs' bits, where kq_pair_flat_ok), so every chunking of a prompt would still get the same
+// bits (tests ExpertsPromptOrderEqualCpuDot, ExactShortRoundsPairByPairKeepPromptBits). Run 181:
+// the exact mode's rounds of 16 / 64 take 1,829 / 4,029 tok/s against the fast mode's 2,603 /
+// 6,495 grouped. The overrides (tests) win.
+int g_fast_pair_rows_override = -1, g_exact_pair_rows_override = -1;
+uint32_t prompt_pair_rows(bool fast) {
+    static const int fast_env = std::max(0, env_int("DSV4_FAST_PAIR_ROWS", 64));
+    static const int exact_env = std::max(0, env_int("DSV4_EXACT_PAIR_ROWS", 0));
+    const int o = fast ? g_fast_pair_rows_override : g_exact_pair_rows_override;
+    return uint32_t(o >= 0 ? o : fast ? fast_env : exact_env);
 }
+// The ungrouped expert pairs launched in its scope add in k order when `on` (kq_flat_pairs).
+struct FlatPairsScope {
+    explicit FlatPairsScope(bool on) { kq_flat_pairs(on); }
+    ~FlatPairsScope() { kq_flat_pairs(false); }
+    FlatPairsScope(const FlatPairsScope&) = delete;
+    FlatPairsScope& operator=(const FlatPairsScope&) = delete;
+};
 // DSV4_DUP=name,name,... (a measurement, never for use): the products marked with those names
 // (q_a, kv, q_b, compressor_proj, indexer_proj, out_a, out_b, router, shared_expert,
 // experts_gate+up, experts_down: each mark's name, '_' for its spaces) are
@@ -1074,11 +1091,18 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     if (!(L.gate_exps.type == uint32_t(quant::Type::IQ2_XXS) && gemm_kq_eligible(L.gate_exps, &groups) &&
           gemm_kq_eligible(L.up_exps, &groups) && gemm_kq_eligible(L.down_exps, &groups)))
         groups.per_group = 8;
-    // A prompt round's 2-bit experts add in k order (groups of gemm_kq_pairs() = 64, DSV4_KQ_FLAT)
-    // where decode's kernels (a round of one row, ungrouped) keep decode's order: so its rounds
-    // of one row are grouped too, and every chunking of a prompt gets the same bits.
-    const bool fast_pairs = fast_prefill_round() && R <= std::min(fast_pair_rows(), g_decode_pair_rows);
-    const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8 && !fast_pairs;
+    // A prompt round's 2-bit experts add in k order (groups of gemm_kq_pairs() = 64, DSV4_KQ_FLAT):
+    // the grouped FLAT GEMMs, or for a round of few rows (prompt_pair_rows) pair by pair by the
+    // FLAT forms of decode's kernels, where those take the experts (kq_pair_flat_ok; else grouped,
+    // rounds of one row too): the same bits either way, so every chunking of a prompt gets the same.
+    // The fast mode's pairs keep decode's order (as measured, run 179).
+    const bool fast = fast_prefill_round();
+    const bool flat = kq_flat_round() && !fast;
+    const bool prompt_pairs = gemm_prefill_order() && groups.per_group != 8 &&
+                              R <= std::min(prompt_pair_rows(fast), g_decode_pair_rows) &&
+                              (!flat || (kq_pair_flat_ok(L.gate_exps, &L.up_exps) && kq_pair_flat_ok(L.down_exps)));
+    const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8 && !prompt_pairs;
+    const FlatPairsScope flat_pairs(prompt_pairs && flat);
     // A decode round (a token a session) groups its pairs only when its experts are likely to
     // hold several pairs each (g_decode_pair_rows): R rows pick 6 of 256 experts each, so up
     // to ~64 rows a used expert holds ~1-2 pairs, and a group's GEMM block then walks an
@@ -1414,6 +1438,7 @@ void profile_reset() { g_profile.clear(); }
 void profile_enable(bool on) { g_profile_on = on; }
 void prefill_flat_override(int on) { g_prefill_flat_override = on; }
 void fast_pair_rows_override(int rows) { g_fast_pair_rows_override = rows; }
+void exact_pair_rows_override(int rows) { g_exact_pair_rows_override = rows; }
 void dup_products_override(const char* names) { g_dup = dup_names(names ? names : std::getenv("DSV4_DUP")); }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {

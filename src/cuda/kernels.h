@@ -264,9 +264,10 @@ void gemm_decode_round(bool on);
 // Whether the backend's prompt rounds take that order: 1, 0, or -1 for DSV4_PREFILL_FLAT's
 // choice (tests).
 void prefill_flat_override(int on);
-// The rows up to which a fast prompt round runs its routed experts pair by pair (forward.cpp:
-// DSV4_FAST_PAIR_ROWS; -1: the environment's, tests).
+// The rows up to which a fast / an exact prompt round runs its routed experts pair by pair
+// (forward.cpp: DSV4_FAST_PAIR_ROWS, DSV4_EXACT_PAIR_ROWS; -1: the environment's, tests).
 void fast_pair_rows_override(int rows);
+void exact_pair_rows_override(int rows);
 // The products launched twice (forward.cpp: DSV4_DUP, a measurement of the critical path; the
 // same results); names ','-separated, nullptr: the environment's again (tests). Graphs a backend
 // captured before keep what they were captured with.
@@ -293,6 +294,19 @@ void gemm_float(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint6
 // fused gate+up: swiglu of the two), not decode's bits. Eligible: groups of exactly gemm_kq_pairs() (a
 // product never mixes the orders).
 uint32_t gemm_kq_pairs();
+// Whether 2-bit expert products launched now add in k order: a prompt round with DSV4_KQ_FLAT on
+// (gemm_kq_pairs() is then 64).
+bool kq_flat_round();
+// kq_flat_pairs(true): the ungrouped 2-bit expert pairs that matvec / matvec_swiglu launch next
+// from this host thread add in k order too, by the FLAT forms of the streamed IQ2_XXS and the
+// pipelined Q2_K kernels: bit for bit the grouped FLAT GEMMs' (the CPU's vec_dot), a pair at a
+// time. Only where kq_pair_flat_ok says those kernels take the weight (IQ2_XXS, alone or gate
+// with `up`, of 2,048 or 4,096 values on sm_90 and later; a Q2_K weight of at most 2,048 values;
+// the default kernel choices); any other launch throws. kq_flat_pair_launches counts the launches
+// (tests: the path was taken).
+void kq_flat_pairs(bool on);
+bool kq_pair_flat_ok(const DevWeight& W, const DevWeight* up = nullptr);
+uint64_t kq_flat_pair_launches();
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups);
 void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, uint32_t P, float* y,
                      uint64_t y_stride, uint64_t N, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups& g,

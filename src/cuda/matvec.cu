@@ -4,6 +4,7 @@
 // A warp computes one output row for up to RB activation rows, so a batch reads each
 // weight row once per RB rows.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <utility>
 
@@ -132,6 +133,10 @@ struct MV {
     uint32_t grp_cap;    // block rows launched for groups (an upper bound of *n_grp)
     bool early_weights;   // q8_rows_kernel: weight loads before pdl_wait (pdl_early_weights)
     MvTail tail;          // WIDE, one row: the last block's step (matvec_tail)
+    // Ungrouped 2-bit expert pairs (kq_flat_pairs: a short prompt round's): a row's super-blocks added in
+    // k order, the CPU's vec_dot, as the grouped FLAT GEMMs add them (iq2_stream_kernel and
+    // kq_q2k_pipe_kernel with FLAT; kq_pair_flat_ok says where those run).
+    bool flat;
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -766,10 +771,18 @@ __device__ __forceinline__ int iq2_group_smem(uint32_t a0, uint32_t a1, int4 x0,
 // (two shuffles: every lane of the warp calls it), then lane q = 0 (`lead`, and the super-block
 // in the row) adds the CPU's float step for the super-block to acc. x, bs: the activation's
 // codes and 16-value sums for this lane's values; dx its super-block scale.
-__device__ __forceinline__ void q2k_lane_step(const uint4 w, const uint2 sc, uint32_t dv, const int4 (&x)[4],
-                                              const int (&bs)[4], uint32_t s, bool lead, float dx, float& acc) {
+// The super-block's float step (the CPU's dot_q2_k): fmaf(dall, isum, -(dmin·mins)).
+__device__ __forceinline__ float q2k_term(uint32_t dv, float dx, int isum, int mins) {
+    const float dw = f16_to_f32(uint16_t(dv));
+    const float dmw = f16_to_f32(uint16_t(dv >> 16));
+    const float dall = dx * dw, dmin = dx * dmw;
+    return fmaf(dall, float(isum), -(dmin * float(mins)));
+}
+// The super-block's integer sums (every lane of its four: two shuffles each).
+__device__ __forceinline__ void q2k_lane_sums(const uint4 w, const uint2 sc, const int4 (&x)[4], const int (&bs)[4],
+                                              uint32_t s, int& isum, int& mins) {
     const uint64_t scb = uint64_t(sc.x) | (uint64_t(sc.y) << 32);
-    int isum = 0, mins = 0;
+    isum = 0, mins = 0;
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
         const uint32_t sh = 2 * jj;
@@ -785,12 +798,12 @@ __device__ __forceinline__ void q2k_lane_step(const uint4 w, const uint2 sc, uin
     isum += __shfl_xor_sync(0xffffffffu, isum, 2);
     mins += __shfl_xor_sync(0xffffffffu, mins, 1);
     mins += __shfl_xor_sync(0xffffffffu, mins, 2);
-    if (lead) {
-        const float dw = f16_to_f32(uint16_t(dv));
-        const float dmw = f16_to_f32(uint16_t(dv >> 16));
-        const float dall = dx * dw, dmin = dx * dmw;
-        acc += fmaf(dall, float(isum), -(dmin * float(mins)));
-    }
+}
+__device__ __forceinline__ void q2k_lane_step(const uint4 w, const uint2 sc, uint32_t dv, const int4 (&x)[4],
+                                              const int (&bs)[4], uint32_t s, bool lead, float dx, float& acc) {
+    int isum, mins;
+    q2k_lane_sums(w, sc, x, bs, s, isum, mins);
+    if (lead) acc += q2k_term(dv, dx, isum, mins);
 }
 
 // SM: 0 tables in global memory (iq2_expand, kq_kernel); 1 in shared memory (iq2_expand_smem,
@@ -1052,7 +1065,9 @@ __device__ __forceinline__ void q2k_rows_load(Q2kRows<RW>& B, const MV& p, uint6
     }
 }
 
-template <int RW, int MINB>
+// FLAT: the row's super-blocks' terms (on their lanes 4 sb) added in k order from 0 (the CPU's
+// dot_q2_k, as the grouped FLAT GEMM adds them) instead of decode's butterfly.
+template <int RW, int MINB, bool FLAT = false>
 __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_q2k_pipe_kernel(MV p) {
     pdl_launch();
     pdl_wait();   // the expert of the block row (and the activation) come from the kernels before
@@ -1080,9 +1095,16 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_q2k_pipe_kernel(MV p) 
         const int nrow = int(min(uint64_t(RW), p.N - g0));
 #pragma unroll
         for (int r = 0; r < RW; ++r) {
-            float acc = 0.0f;
-            q2k_lane_step(G.w[r], G.sc[r], G.dv[r], x, bs, s, ok && q == 0, dx, acc);
-            const float v = warp_sum(acc);
+            float v = 0.0f;
+            if constexpr (FLAT) {
+                int isum, mins;
+                q2k_lane_sums(G.w[r], G.sc[r], x, bs, s, isum, mins);
+                const float t = q2k_term(G.dv[r], dx, isum, mins);
+                for (uint32_t b = 0; b < uint32_t(nsb); ++b) v += __shfl_sync(0xffffffffu, t, 4 * b);
+            } else {
+                q2k_lane_step(G.w[r], G.sc[r], G.dv[r], x, bs, s, ok && q == 0, dx, v);
+                v = warp_sum(v);
+            }
             if (r < nrow && lane == 0) p.y[uint64_t(sl.out[0]) * p.y_stride + g0 + r] = v;
         }
     };
@@ -1138,7 +1160,9 @@ struct Iq2Stream {
     static constexpr size_t smem(int warps, int nst) { return kIq2SmemBytes + size_t(warps) * nst * (8 + STAGE); }
 };
 
-template <int NW, int STEPS, int NST, int WARPS>
+// FLAT: each super-block's (dw·dx, isum) gathered from its lane 4 (sb % 8) and added in k order
+// from 0 (the CPU's dot_iq2_xxs, as the grouped FLAT GEMM adds them), not decode's butterfly.
+template <int NW, int STEPS, int NST, int WARPS, bool FLAT = false>
 __global__ void __launch_bounds__(32 * WARPS, 1) iq2_stream_kernel(MV p) {
     using S = Iq2Stream<NW, STEPS>;
     pdl_launch();
@@ -1199,6 +1223,8 @@ __global__ void __launch_bounds__(32 * WARPS, 1) iq2_stream_kernel(MV p) {
         mbar_wait(&bars[st], (it / NST) & 1);
         const uint8_t* stage = ring + st * S::STAGE;
         float acc[NW];
+        float cs[NW][STEPS];   // FLAT: each super-block's dw·dx and isum, on its lanes
+        int is[NW][STEPS];
 #pragma unroll
         for (int j = 0; j < NW; ++j) {
             acc[j] = 0.0f;
@@ -1224,7 +1250,10 @@ __global__ void __launch_bounds__(32 * WARPS, 1) iq2_stream_kernel(MV p) {
                 }
                 isum += __shfl_xor_sync(0xffffffffu, isum, 1);
                 isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-                if (q == 0) {
+                if constexpr (FLAT) {
+                    cs[j][k] = f16_to_f32(reinterpret_cast<const uint16_t*>(stage + NW * S::CB + j * S::DB)[sb]) * dx[k];
+                    is[j][k] = isum;
+                } else if (q == 0) {
                     const float dw = f16_to_f32(reinterpret_cast<const uint16_t*>(stage + NW * S::CB + j * S::DB)[sb]);
                     acc[j] = fmaf(dw * dx[k], float(isum), acc[j]);
                 }
@@ -1236,13 +1265,26 @@ __global__ void __launch_bounds__(32 * WARPS, 1) iq2_stream_kernel(MV p) {
             fence_proxy_async_smem();
             issue(st, n + NST * stride);
         }
-        float v = warp_sum(acc[0]) * 0.125f;
-        if constexpr (NW == 2) v = swiglu_pair(v, warp_sum(acc[NW - 1]) * 0.125f, p.clamp, p.ew, sl.out[0]);
+        if constexpr (FLAT) {
+#pragma unroll
+            for (int j = 0; j < NW; ++j)
+#pragma unroll
+                for (uint32_t b = 0; b < S::NSB; ++b)
+                    acc[j] = fmaf(__shfl_sync(0xffffffffu, cs[j][b / 8], 4 * (b % 8)),
+                                  float(__shfl_sync(0xffffffffu, is[j][b / 8], 4 * (b % 8))), acc[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < NW; ++j) acc[j] = warp_sum(acc[j]);
+        }
+        float v = acc[0] * 0.125f;
+        if constexpr (NW == 2) v = swiglu_pair(v, acc[NW - 1] * 0.125f, p.clamp, p.ew, sl.out[0]);
         if (lane == 0) p.y[uint64_t(sl.out[0]) * p.y_stride + n] = v;
     }
 }
 
 int g_q2k_select = -1;   // q2k_select
+thread_local bool g_kq_flat_pairs = false;   // kq_flat_pairs
+std::atomic<uint64_t> g_kq_flat_launches{0};  // kq_flat_pair_launches
 
 // Slots per block and rows per warp: one slot per block row for expert pairs (their weight
 // rows differ) unless grouped, RB rows of a batch otherwise; RW > 1 only for one slot, where
@@ -1276,23 +1318,31 @@ constexpr int iq2_stream_stages(uint32_t stage) {
     return n < 2 ? 2 : n > 8 ? 8 : n;
 }
 
+// Whether the device gives a block the stream kernel's shared memory (sm_90 and later: bulk copies).
+bool iq2_stream_device_fits(size_t smem) {
+    int dev = 0, major = 0, most = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
+           cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
+           size_t(most) >= smem;
+}
+template <int NW, int STEPS>
+constexpr size_t iq2_stream_smem() {
+    using S = Iq2Stream<NW, STEPS>;
+    return S::smem(kIq2StreamWarps, iq2_stream_stages(S::STAGE));
+}
 // False where the GPU has no bulk copies (before sm_90) or its blocks cannot have the
 // kernel's shared memory (~185 KB: Hopper and the data centre Blackwells can, the GeForce
 // Blackwells, 99 KB, cannot): the caller goes on.
-template <int NW, int STEPS>
+template <int NW, int STEPS, bool FLAT>
 bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
     using S = Iq2Stream<NW, STEPS>;
     constexpr int NST = iq2_stream_stages(S::STAGE);
     constexpr int WARPS = kIq2StreamWarps;
-    const auto kernel = iq2_stream_kernel<NW, STEPS, NST, WARPS>;
-    const size_t smem = S::smem(WARPS, NST);
+    const auto kernel = iq2_stream_kernel<NW, STEPS, NST, WARPS, FLAT>;
+    const size_t smem = iq2_stream_smem<NW, STEPS>();
     static const bool fits = [&] {
-        int dev = 0, major = 0, most = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major < 9 ||
-            cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-            size_t(most) < smem)
-            return false;
+        if (!iq2_stream_device_fits(smem)) return false;
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
               "iq2_stream_kernel: shared memory");
         return true;
@@ -1305,31 +1355,67 @@ bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
 // DSV4_KQ_STREAM (read once; kq_stream_select for tests): 1 (default) iq2_stream_kernel for
 // IQ2_XXS with one slot a block row and rows of 2,048 or 4,096 values on sm_90 and later
 // (bulk copies), 0 kq_kernel_smem. False: not applicable, the caller goes on.
-template <int NW>
-bool launch_iq2_stream(const MV& p, uint32_t gy, cudaStream_t s) {
+int kq_stream_choice() {
     static const int env = env_int("DSV4_KQ_STREAM", 1);
-    const int v = g_kq_stream_select >= 0 ? g_kq_stream_select : env;
+    return g_kq_stream_select >= 0 ? g_kq_stream_select : env;
+}
+// Whether the stream kernel takes rows of K values of these weights (their codes and scales 16-byte aligned).
+bool iq2_stream_takes(uint64_t K, uintptr_t align, int NW) {
+    if (kq_stream_choice() != 1 || align % 16) return false;
+    if (K == 2048) return iq2_stream_device_fits(NW == 2 ? iq2_stream_smem<2, 1>() : iq2_stream_smem<1, 1>());
+    if (K == 4096) return iq2_stream_device_fits(NW == 2 ? iq2_stream_smem<2, 2>() : iq2_stream_smem<1, 2>());
+    return false;
+}
+template <int NW, bool FLAT>
+bool launch_iq2_stream(const MV& p, uint32_t gy, cudaStream_t s) {
     uintptr_t align = uintptr_t(p.wqs) | uintptr_t(p.wd);
     if (NW == 2) align |= uintptr_t(p.wqs2) | uintptr_t(p.wd2);
-    if (v != 1 || align % 16) return false;
-    if (p.K == 2048) return launch_iq2_stream_k<NW, 1>(p, gy, s);
-    if (p.K == 4096) return launch_iq2_stream_k<NW, 2>(p, gy, s);
+    if (kq_stream_choice() != 1 || align % 16) return false;
+    if (p.K == 2048) return launch_iq2_stream_k<NW, 1, FLAT>(p, gy, s);
+    if (p.K == 4096) return launch_iq2_stream_k<NW, 2, FLAT>(p, gy, s);
     return false;
+}
+
+int kq_rw_env() {
+    static const int v = env_int("DSV4_KQ_RW", 0);
+    return v;
+}
+int q2k_choice() {
+    static const int env = env_int("DSV4_Q2K_V", 4);
+    return g_q2k_select >= 0 ? g_q2k_select : env;
 }
 
 template <uint32_t T, int NW>
 void launch_kq(const MV& p, cudaStream_t s) {
-    static const int rw_env = env_int("DSV4_KQ_RW", 0);
+    const int rw_env = kq_rw_env();
     static const int smem_env = env_int("DSV4_KQ_SMEM", 1);
-    static const int q2k_env = env_int("DSV4_Q2K_V", 4);
     const int rb = p.grp ? 8 : p.expert ? 1 : (p.R >= 8 ? 8 : p.R >= 4 ? 4 : p.R >= 2 ? 2 : 1);
     const int rw = rb > 1 ? 1 : rw_env ? rw_env : (NW == 2 ? 2 : 4);
     const uint32_t gy = p.grp ? p.grp_cap : (p.R + rb - 1) / rb;
     const uint32_t rows_per_block = kKqWarps * uint32_t(rw);
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block), gy), block(32 * kKqWarps);
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
+    if (p.flat) {
+        // k order (kq_pair_flat_ok checked that one of these takes the product)
+        ++g_kq_flat_launches;
+        if constexpr (T == T_IQ2_XXS) {
+            if (rb == 1 && !p.grp && !rw_env && launch_iq2_stream<NW, true>(p, gy, s)) return;
+        } else if constexpr (T == T_Q2_K && NW == 1) {
+            const int v = q2k_choice();
+            if (rb == 1 && !p.grp && !rw_env && (v == 4 || v == 5) && p.K <= 2048) {
+                const uint32_t rpb = kKqWarps * (v == 4 ? 2u : 4u);
+                const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
+                if (v == 4) launch_kq_grid(kq_q2k_pipe_kernel<2, 3, true>, grid2, block, 0, s, p);
+                else launch_kq_grid(kq_q2k_pipe_kernel<4, 2, true>, grid2, block, 0, s, p);
+                return;
+            }
+        }
+        throw_mismatch("matvec: expert pairs in k order need the streamed IQ2_XXS or the pipelined Q2_K kernel "
+                       "(kq_pair_flat_ok)",
+                       T, p.K, p.act_len);
+    }
     if constexpr (T == T_IQ2_XXS) {
-        if (rb == 1 && !p.grp && !rw_env && launch_iq2_stream<NW>(p, gy, s)) return;
+        if (rb == 1 && !p.grp && !rw_env && launch_iq2_stream<NW, false>(p, gy, s)) return;
         const int sm = g_kq_smem_select >= 0 ? g_kq_smem_select : smem_env;
         if (rb == 1 && (sm == 1 || sm == 2)) {
             // 48 KB of dynamic shared memory: within the default limit, no attribute needed
@@ -1347,7 +1433,7 @@ void launch_kq(const MV& p, cudaStream_t s) {
         }
     }
     if constexpr (T == T_Q2_K && NW == 1) {
-        const int v = g_q2k_select >= 0 ? g_q2k_select : q2k_env;
+        const int v = q2k_choice();
         if (rb == 1 && !rw_env && (v == 4 || v == 5) && p.K <= 2048) {
             const uint32_t rw2 = v == 4 ? 2 : 4, rpb = kKqWarps * rw2;
             const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
@@ -1623,6 +1709,7 @@ MV make_mv(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64_t y
     p.rows_per_expert = rows_per_expert;
     p.act_div = act_div ? act_div : 1;
     p.early_weights = pdl_early_weights();
+    p.flat = expert && !groups && (W.type == T_IQ2_XXS || W.type == T_Q2_K) && g_kq_flat_pairs;
     if (groups) {
         p.grp = groups->grp;
         p.grp_pairs = groups->pairs;
@@ -1715,6 +1802,20 @@ void matvec_tail(const DevWeight& W, const DevAct& a, float* y, uint64_t N, cons
     else matvec_kernel<T_Q8_0, 1, false, true, 256, 1, true><<<dim3(uint32_t(N), 1), 256, 0, s>>>(p);
     check_launch("matvec_tail");
 }
+
+void kq_flat_pairs(bool on) { g_kq_flat_pairs = on; }
+
+bool kq_pair_flat_ok(const DevWeight& W, const DevWeight* up) {
+    if (kq_rw_env() != 0) return false;
+    if (W.type == T_IQ2_XXS) {
+        if (up && !matvec_swiglu_ok(W, *up)) return false;
+        const uintptr_t align = uintptr_t(W.qs) | uintptr_t(W.d) | (up ? uintptr_t(up->qs) | uintptr_t(up->d) : 0);
+        return iq2_stream_takes(W.K, align, up ? 2 : 1);
+    }
+    const int v = q2k_choice();
+    return W.type == T_Q2_K && !up && (v == 4 || v == 5) && W.K <= 2048 && W.K % 256 == 0;
+}
+uint64_t kq_flat_pair_launches() { return g_kq_flat_launches.load(); }
 
 void kq_smem_select(int mode) { g_kq_smem_select = mode; }
 void kq_stream_select(int v) { g_kq_stream_select = v; }

@@ -2808,6 +2808,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
             cuda::gemm_experts_f16_iq2_override(-1);
             cuda::gemm_experts_f16_wgmma_override(-1);
             cuda::gemm_experts_f16_stage_used_override(-1);
+            cuda::kq_flat_pairs(false);
         }
     } restore;
     if (const char* e = std::getenv("DSV4_KQ_FLAT"); e && e[0] == '0')
@@ -3079,6 +3080,33 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                     cuda::gemm_smem_override(-1);
                     cuda::gemm_q2k_mins(-1);
                     cuda::gemm_iq2_nib_override(-1);
+                }
+                // Pair by pair, no groups (kq_flat_pairs: the FLAT forms of the streamed IQ2_XXS and
+                // the pipelined Q2_K decode kernels, a short prompt round's experts) where those
+                // take the weight (kq_pair_flat_ok; here IQ2_XXS of K 4,096, Q2_K of K 256 and
+                // 1,024 on sm_90 and later): the CPU's bits too.
+                if (cuda::kq_pair_flat_ok(dg.w)) {
+                    const uint64_t before = cuda::kq_flat_pair_launches();
+                    cuda::kq_flat_pairs(true);
+                    DevVec<float> got(std::vector<float>(P * N, std::nanf("")));
+                    cuda::matvec(dg.w, a, P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU);
+                    const auto r1 = got.download();
+                    ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
+                        << what << " pairs in k order: gate alone, first difference at " << first_diff(r1, ref, P);
+                    if (fused) {
+                        ASSERT_TRUE(cuda::kq_pair_flat_ok(dg.w, &du.w)) << what;
+                        for (int c = 0; c < 2; ++c) {
+                            DevVec<float> sw(std::vector<float>(P * N, std::nanf("")));
+                            cuda::matvec_swiglu(dg.w, du.w, a, P, sw.get(), N, N, clamps[c], c ? nullptr : dew.get(),
+                                                nullptr, dex.get(), RPE, KU);
+                            const auto r2 = sw.download();
+                            ASSERT_EQ(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
+                                << what << " pairs in k order: gate+up, clamp " << clamps[c]
+                                << ", first difference at " << first_diff(r2, sw_ref[c], P);
+                        }
+                    }
+                    cuda::kq_flat_pairs(false);
+                    EXPECT_EQ(cuda::kq_flat_pair_launches() - before, fused ? 3u : 1u) << what;
                 }
             }
         }

@@ -306,6 +306,38 @@ TEST(CudaVsCpuFlash, FastPrefillShortRoundsPairByPair) {
     cuda::gemm_float_cublas_override(-1);
 }
 
+// Short exact prompt rounds with their routed experts pair by pair (DSV4_EXACT_PAIR_ROWS: the FLAT
+// forms of decode's kernels, kq_flat_pairs) keep the prompt order's bits: a 96-token prompt in
+// rounds of 48 (pairs) and in one round of 96 (grouped by expert) bit for bit, and the pairs'
+// kernels ran (on sm_90 and later: the streamed IQ2_XXS kernel's bulk copies).
+TEST(CudaVsCpuFlash, ExactShortRoundsPairByPairKeepPromptBits) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
+    const auto m = model::Model::load(flash4("flash"));
+    const auto toks = random_tokens(96, 0, int32_t(m->config.n_vocab), 5);
+    kv::Budget budget;
+    auto run = [&](uint32_t chunk) {
+        std::string why;
+        auto gpu = open_cuda(*m, false, chunk, &why);
+        EXPECT_TRUE(gpu) << why;
+        auto kv = session(*gpu, 1024, &budget);
+        return all_logits(*gpu, *kv, toks);
+    };
+    cuda::exact_pair_rows_override(64);
+    const uint64_t before = cuda::kq_flat_pair_launches();
+    const auto pairs = run(48);
+    const uint64_t launched = cuda::kq_flat_pair_launches() - before;
+    const auto grouped = run(1024);
+    cuda::exact_pair_rows_override(-1);
+    int dev = 0, major = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+    if (major >= 9) EXPECT_GT(launched, 0u) << "no expert pairs ran in k order";
+    ASSERT_EQ(pairs.size(), grouped.size());
+    EXPECT_EQ(0, std::memcmp(pairs.data(), grouped.data(), pairs.size() * sizeof(float)))
+        << "rounds of 48 (pairs in k order) and one of 96 (grouped) gave other bits";
+}
+
 // DSV4_DUP (a measurement of the decode graph's critical path) launches the named products twice:
 // the logits of a prompt and of decode steps (captured graphs among them) stay bit for bit the same.
 TEST(CudaDup, ProductsTwiceSameLogits) {
