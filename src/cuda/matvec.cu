@@ -1319,12 +1319,17 @@ constexpr int iq2_stream_stages(uint32_t stage) {
 }
 
 // Whether the device gives a block the stream kernel's shared memory (sm_90 and later: bulk copies).
+// (The device's limit read once: one device a process, as the backend's other checks assume.)
 bool iq2_stream_device_fits(size_t smem) {
-    int dev = 0, major = 0, most = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9 &&
-           cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess &&
-           size_t(most) >= smem;
+    static const size_t most = [] {
+        int dev = 0, major = 0, m = 0;
+        const bool ok = cudaGetDevice(&dev) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                        major >= 9 &&
+                        cudaDeviceGetAttribute(&m, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) == cudaSuccess;
+        return ok ? size_t(m) : size_t(0);
+    }();
+    return most >= smem;
 }
 template <int NW, int STEPS>
 constexpr size_t iq2_stream_smem() {
