@@ -1098,10 +1098,10 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // The fast mode's pairs keep decode's order (as measured, run 179).
     const bool fast = fast_prefill_round();
     const bool flat = kq_flat_round() && !fast;
-    const bool prompt_pairs = gemm_prefill_order() && groups.per_group != 8 &&
-                              R <= std::min(prompt_pair_rows(fast), g_decode_pair_rows) &&
+    const bool prompt_kq = gemm_prefill_order() && groups.per_group != 8;
+    const bool prompt_pairs = prompt_kq && R <= std::min(prompt_pair_rows(fast), g_decode_pair_rows) &&
                               (!flat || (kq_pair_flat_ok(L.gate_exps, &L.up_exps) && kq_pair_flat_ok(L.down_exps)));
-    const bool kq_prompt = gemm_prefill_order() && groups.per_group != 8 && !prompt_pairs;
+    const bool kq_prompt = prompt_kq && !prompt_pairs;
     const FlatPairsScope flat_pairs(prompt_pairs && flat);
     // A decode round (a token a session) groups its pairs only when its experts are likely to
     // hold several pairs each (g_decode_pair_rows): R rows pick 6 of 256 experts each, so up

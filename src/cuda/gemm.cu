@@ -2152,8 +2152,8 @@ bool kq_skip_on() {
 }
 }  // namespace
 
-uint32_t gemm_kq_pairs() { return g_flat_round && kq_flat_on() ? kKqFlatPairs : kKqPairs; }
 bool kq_flat_round() { return g_flat_round && kq_flat_on(); }
+uint32_t gemm_kq_pairs() { return kq_flat_round() ? kKqFlatPairs : kKqPairs; }
 
 bool gemm_kq_eligible(const DevWeight& W, const MoeGroups* groups) {
     return tensor_cores_on() && groups && groups->per_group == gemm_kq_pairs() &&

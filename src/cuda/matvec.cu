@@ -1375,10 +1375,8 @@ template <int NW, bool FLAT>
 bool launch_iq2_stream(const MV& p, uint32_t gy, cudaStream_t s) {
     uintptr_t align = uintptr_t(p.wqs) | uintptr_t(p.wd);
     if (NW == 2) align |= uintptr_t(p.wqs2) | uintptr_t(p.wd2);
-    if (kq_stream_choice() != 1 || align % 16) return false;
-    if (p.K == 2048) return launch_iq2_stream_k<NW, 1, FLAT>(p, gy, s);
-    if (p.K == 4096) return launch_iq2_stream_k<NW, 2, FLAT>(p, gy, s);
-    return false;
+    if (!iq2_stream_takes(p.K, align, NW)) return false;
+    return p.K == 2048 ? launch_iq2_stream_k<NW, 1, FLAT>(p, gy, s) : launch_iq2_stream_k<NW, 2, FLAT>(p, gy, s);
 }
 
 int kq_rw_env() {
@@ -1388,6 +1386,22 @@ int kq_rw_env() {
 int q2k_choice() {
     static const int env = env_int("DSV4_Q2K_V", 4);
     return g_q2k_select >= 0 ? g_q2k_select : env;
+}
+// Whether kq_q2k_pipe_kernel takes a one-slot Q2_K product of rows of K values (DSV4_Q2K_V 4 or
+// 5, K up to 2,048), and its launch (FLAT: k order); false where it does not take it.
+bool q2k_pipe_takes(uint64_t K) {
+    const int v = q2k_choice();
+    return (v == 4 || v == 5) && K <= 2048;
+}
+template <bool FLAT>
+bool launch_q2k_pipe(const MV& p, uint32_t gy, cudaStream_t s) {
+    if (!q2k_pipe_takes(p.K)) return false;
+    const bool v4 = q2k_choice() == 4;
+    const uint32_t rpb = kKqWarps * (v4 ? 2u : 4u);
+    const dim3 grid(uint32_t((p.N + rpb - 1) / rpb), gy), block(32 * kKqWarps);
+    if (v4) launch_kq_grid(kq_q2k_pipe_kernel<2, 3, FLAT>, grid, block, 0, s, p);
+    else launch_kq_grid(kq_q2k_pipe_kernel<4, 2, FLAT>, grid, block, 0, s, p);
+    return true;
 }
 
 template <uint32_t T, int NW>
@@ -1401,19 +1415,13 @@ void launch_kq(const MV& p, cudaStream_t s) {
     const dim3 grid(uint32_t((p.N + rows_per_block - 1) / rows_per_block), gy), block(32 * kKqWarps);
     // PS: 16-super-block rows (K = 4096) in one round of loads with RW <= 2
     if (p.flat) {
-        // k order (kq_pair_flat_ok checked that one of these takes the product)
+        // k order: ungrouped pairs (one slot a block row), where kq_pair_flat_ok said one of these
+        // takes the product
         ++g_kq_flat_launches;
         if constexpr (T == T_IQ2_XXS) {
-            if (rb == 1 && !p.grp && !rw_env && launch_iq2_stream<NW, true>(p, gy, s)) return;
+            if (!rw_env && launch_iq2_stream<NW, true>(p, gy, s)) return;
         } else if constexpr (T == T_Q2_K && NW == 1) {
-            const int v = q2k_choice();
-            if (rb == 1 && !p.grp && !rw_env && (v == 4 || v == 5) && p.K <= 2048) {
-                const uint32_t rpb = kKqWarps * (v == 4 ? 2u : 4u);
-                const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
-                if (v == 4) launch_kq_grid(kq_q2k_pipe_kernel<2, 3, true>, grid2, block, 0, s, p);
-                else launch_kq_grid(kq_q2k_pipe_kernel<4, 2, true>, grid2, block, 0, s, p);
-                return;
-            }
+            if (!rw_env && launch_q2k_pipe<true>(p, gy, s)) return;
         }
         throw_mismatch("matvec: expert pairs in k order need the streamed IQ2_XXS or the pipelined Q2_K kernel "
                        "(kq_pair_flat_ok)",
@@ -1439,13 +1447,7 @@ void launch_kq(const MV& p, cudaStream_t s) {
     }
     if constexpr (T == T_Q2_K && NW == 1) {
         const int v = q2k_choice();
-        if (rb == 1 && !rw_env && (v == 4 || v == 5) && p.K <= 2048) {
-            const uint32_t rw2 = v == 4 ? 2 : 4, rpb = kKqWarps * rw2;
-            const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
-            if (v == 4) launch_kq_grid(kq_q2k_pipe_kernel<2, 3>, grid2, block, 0, s, p);
-            else launch_kq_grid(kq_q2k_pipe_kernel<4, 2>, grid2, block, 0, s, p);
-            return;
-        }
+        if (rb == 1 && !rw_env && launch_q2k_pipe<false>(p, gy, s)) return;
         if (rb == 1 && !rw_env && v >= 1 && v <= 3) {
             const uint32_t rw2 = v == 2 ? 4 : 8, rpb = kKqWarps * rw2;
             const dim3 grid2(uint32_t((p.N + rpb - 1) / rpb), gy);
@@ -1817,8 +1819,7 @@ bool kq_pair_flat_ok(const DevWeight& W, const DevWeight* up) {
         const uintptr_t align = uintptr_t(W.qs) | uintptr_t(W.d) | (up ? uintptr_t(up->qs) | uintptr_t(up->d) : 0);
         return iq2_stream_takes(W.K, align, up ? 2 : 1);
     }
-    const int v = q2k_choice();
-    return W.type == T_Q2_K && !up && (v == 4 || v == 5) && W.K <= 2048 && W.K % 256 == 0;
+    return W.type == T_Q2_K && !up && q2k_pipe_takes(W.K) && W.K % 256 == 0;
 }
 uint64_t kq_flat_pair_launches() { return g_kq_flat_launches.load(); }
 
