@@ -99,16 +99,16 @@ bool prefill_flat() {
 // 64 by default, 0: never): run 179 (H100, 4 layers, FlashPrefillByRoundSize, a 4,096-token
 // prompt in rounds of N) 2,607 -> 3,488 tok/s at N = 16, 4,089 -> 5,700 at 32, 6,508 -> 8,993 at
 // 64, twice each; run 180: all 84 CUDA tests with it.
-// DSV4_EXACT_PAIR_ROWS (the exact mode's; 0 by default: never, until its first device run): in
-// the prompt order's k order (kq_flat_pairs: the FLAT forms of decode's kernels, the grouped
-// GEMMs' bits, where kq_pair_flat_ok), so every chunking of a prompt would still get the same
-// bits (tests ExpertsPromptOrderEqualCpuDot, ExactShortRoundsPairByPairKeepPromptBits). Run 181:
-// the exact mode's rounds of 16 / 64 take 1,829 / 4,029 tok/s against the fast mode's 2,603 /
-// 6,495 grouped. The overrides (tests) win.
+// DSV4_EXACT_PAIR_ROWS (the exact mode's; 64 by default, 0: never): in the prompt order's k
+// order (kq_flat_pairs: the FLAT forms of decode's kernels, the grouped GEMMs' bits, where
+// kq_pair_flat_ok), so every chunking of a prompt still gets the same bits (tests
+// ExpertsPromptOrderEqualCpuDot, ExactShortRoundsPairByPairKeepPromptBits). Run 182 (H100, 4
+// layers, the same bench, twice each): 1,826 -> 3,282 tok/s at N = 16, 2,612 -> 5,157 at 32,
+// 4,011 -> 8,246 at 64; run 183: all 85 CUDA tests with it. The overrides (tests) win.
 int g_fast_pair_rows_override = -1, g_exact_pair_rows_override = -1;
 uint32_t prompt_pair_rows(bool fast) {
     static const int fast_env = std::max(0, env_int("DSV4_FAST_PAIR_ROWS", 64));
-    static const int exact_env = std::max(0, env_int("DSV4_EXACT_PAIR_ROWS", 0));
+    static const int exact_env = std::max(0, env_int("DSV4_EXACT_PAIR_ROWS", 64));
     const int o = fast ? g_fast_pair_rows_override : g_exact_pair_rows_override;
     return uint32_t(o >= 0 ? o : fast ? fast_env : exact_env);
 }
