@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cuda/experts_f16.cuh"
+#include "probe_check.h"
 
 namespace {
 using namespace dsv4::cuda::xf;
@@ -28,14 +29,6 @@ using namespace dsv4::cuda::xf;
 constexpr int kM = 64, kN = 64, kK = 64;   // one warpgroup's rows, the pairs, 4 k-steps
 constexpr int kKSteps = kK / 16;
 
-#define CHECK(x)                                                                                    \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                           \
-        }                                                                                           \
-    } while (0)
 
 // B's byte offset in shared memory: pair n, k (K-major core matrices; k-step ks = k / 16, its
 // half kh = (k / 8) % 2, the pairs' group n / 8)

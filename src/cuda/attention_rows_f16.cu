@@ -779,10 +779,11 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     }
 }
 
+std::atomic<uint64_t> g_wg_calls{0};
 void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
                       uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
-                      bool qn, float q_eps, cudaStream_t s) {
+                      bool qn, float q_eps, int wg, cudaStream_t s) {
     static const uint32_t resident = [] {
         check(cudaFuncSetAttribute(attn_rows_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFastSmem)),
               "attention (rows, fast) shared memory");
@@ -790,6 +791,11 @@ void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint3
     }();
     attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o);
     check_launch("attention (fast queries)");
+    if (wg && launch_rows_wg(wg, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
+                             od, s)) {
+        ++g_wg_calls;
+        return;
+    }
     attn_rows_fast_kernel<<<std::min(R, std::max(1u, resident)), kF16Threads, kFastSmem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
         inv_freq, o, oq, od);
@@ -797,7 +803,7 @@ void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint3
 }
 
 int g_fast_kt_override = -1;
-int g_f16_override = -1, g_fast_override = -1;
+int g_f16_override = -1, g_fast_override = -1, g_fast_wg_override = -1;
 std::atomic<uint64_t> g_fast_calls{0}, g_fast32_calls{0};
 
 }  // namespace
@@ -806,6 +812,8 @@ void attn_rows_f16_override(int on) { g_f16_override = on; }
 void attn_rows_fast_override(int on) { g_fast_override = on; }
 void attn_rows_fast_kt_override(int kt) { g_fast_kt_override = kt; }
 uint64_t attn_rows_fast_calls(int kt) { return kt == 32 ? g_fast32_calls.load() : g_fast_calls.load(); }
+void attn_rows_fast_wg_override(int form) { g_fast_wg_override = form; }
+uint64_t attn_rows_wg_calls() { return g_wg_calls.load(); }
 
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
     static const bool env = env_switch("DSV4_ATTN_F16", true);
@@ -828,8 +836,14 @@ void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_he
     static const int kt_env = env_int("DSV4_ATTN_FAST_KT", 32);
     if (fast && D == kFastD && n_head <= 16 * kF16MaxMT && (g_fast_kt_override > 0 ? g_fast_kt_override : kt_env) == 32) {
         ++g_fast32_calls;
+        // DSV4_ATTN_FAST_WG (read once; attn_rows_fast_wg_override wins): 1 or 2 those tiles by
+        // Hopper's warpgroup MMA (sm90a/attention_wg.cu, a compute capability 9.0 device; 2: the
+        // key tiles copied by cp.async), 0 (default: run 186, form 1 measured slower) by mma.sync
+        static const int wg_env = env_int("DSV4_ATTN_FAST_WG", 0);
+        const int form = g_fast_wg_override >= 0 ? g_fast_wg_override : wg_env;
+        const int wg = (form == 1 || form == 2) && gemm_experts_wgmma_available() ? form : 0;
         launch_rows_fast(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
-                         od, qn, q_eps, s);
+                         od, qn, q_eps, wg, s);
         return;
     }
     auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)

@@ -673,6 +673,20 @@ void attn_rows_fast_kt_override(int kt);
 // Launches of that plain form in this process (tests: the path was taken); kt = 32: those in
 // tiles of 32 keys.
 uint64_t attn_rows_fast_calls(int kt = 0);
+// Tests: that form in tiles of 32 keys by Hopper's warpgroup MMA (attn_rows_wg_kernel,
+// sm90a/attention_wg.cu, where gemm_experts_wgmma_available(); heads of 512 up to 64: 1 its key
+// tiles loaded through the producer's registers, 2 by cp.async) or by mma.sync (0); -1:
+// DSV4_ATTN_FAST_WG's (default 0). Its own bits, the same in both forms.
+void attn_rows_fast_wg_override(int form);
+// Launches of the warpgroup form in this process (tests: the path was taken).
+uint64_t attn_rows_wg_calls();
+// The warpgroup form's launch (sm90a/attention_wg.cu; form 1 or 2, as above), after
+// attn_fast_q_kernel has put the rows' FP16 queries into o: false where the shape or the device
+// does not allow it.
+bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
+                    const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
+                    uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
+                    cudaStream_t s);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

@@ -1443,7 +1443,10 @@ struct AttnCase {
 // more), else the environment's splits), 4 the rows kernel on the FP16 tensor cores
 // (attention_rows_f16.cu) for widths 256 and 512, else as 3, 5 the same in its plain FP16 form
 // (DSV4_ATTN_FAST), 6 that form in tiles of 32 keys for width 512 (attn_rows_fast_kernel,
-// DSV4_ATTN_FAST_KT=32), else as 5; the environment's choice again afterwards.
+// DSV4_ATTN_FAST_KT=32), else as 5; 7 those tiles by Hopper's warpgroup MMA
+// (attn_rows_wg_kernel, DSV4_ATTN_FAST_WG=1) where the device has it, else as 6; 8 the same with
+// its key tiles copied by cp.async (DSV4_ATTN_FAST_WG=2); the environment's choice again
+// afterwards.
 struct AttnKernel {
     explicit AttnKernel(int mode) {
         if (mode >= 2) {
@@ -1451,7 +1454,8 @@ struct AttnKernel {
             cuda::attn_rows_warps_override(mode >= 3 ? 16 : 8);
             cuda::attn_rows_f16_override(mode >= 4 ? 1 : 0);
             cuda::attn_rows_fast_override(mode >= 5 ? 1 : 0);
-            cuda::attn_rows_fast_kt_override(mode == 6 ? 32 : 16);
+            cuda::attn_rows_fast_kt_override(mode >= 6 ? 32 : 16);
+            cuda::attn_rows_fast_wg_override(mode >= 7 ? mode - 6 : 0);
         } else {
             cuda::attn_tc_override(mode);
         }
@@ -1463,6 +1467,7 @@ struct AttnKernel {
         cuda::attn_rows_f16_override(-1);
         cuda::attn_rows_fast_override(-1);
         cuda::attn_rows_fast_kt_override(-1);
+        cuda::attn_rows_fast_wg_override(-1);
     }
     AttnKernel(const AttnKernel&) = delete;
     AttnKernel& operator=(const AttnKernel&) = delete;
@@ -1495,15 +1500,20 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // 5, widths 256 and 512; DSV4_ATTN_FAST) rounds queries, keys, weights and values to FP16 once
 // each (2^-11 of each): held to 5e-3 of the head's largest output (queries in [-4, 4], keys in
 // [-1, 1]: its scores move by ~3e-4 a key, its weights and values by 2^-11); mode 6 (its 32-key
-// tiles at width 512) the same.
+// tiles at width 512) the same, and modes 7 and 8 (those tiles by the warpgroup MMA, where the
+// device has it: its launches counted).
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (int tc : {6, 5, 4, 3, 2, 1, 0}) {
+    for (int tc : {8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
                 const AttnCase c(sh, ratio, attn_positions(sh, ratio), sh.D + ratio, 5 + ratio);
                 const auto& [P, rows, q, sel] = c;
+                const uint64_t wg0 = cuda::attn_rows_wg_calls();
                 const auto got = P.run(rows, q, sel);
+                if (tc >= 7 && sh.D == 512 && sh.n_head <= 64 && cuda::gemm_experts_wgmma_available()) {
+                    EXPECT_GT(cuda::attn_rows_wg_calls(), wg0) << "the warpgroup kernel was not taken";
+                }
                 for (size_t i = 0; i < rows.size(); ++i) {
                     const auto ref = P.reference(rows[i], &q[i * sh.n_head * sh.D], &sel[i * sh.top_k]);
                     for (uint32_t h = 0; h < sh.n_head; ++h) {
@@ -1536,9 +1546,9 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32). Mode 5
 // (the plain FP16 rows kernel) and 6 (its 32-key tiles) too: other bits than mode 4, but a
-// row's own whatever the batch.
+// row's own whatever the batch; modes 7 and 8 (the warpgroup forms) too.
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (int tc : {6, 5, 4, 3, 2, 1, 0}) {
+    for (int tc : {8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1611,8 +1621,9 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
 TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
     // The merge (and a prompt round's rows kernel) can write the output projection's Q8_0 codes
     // of o itself: the same bytes as quantize_act from o, and o unchanged (mode 5: the plain FP16
-    // rows kernel's o; mode 6: its 32-key tiles, whose codes leave from the accumulators).
-    for (int tc : {6, 5, 4, 3, 2, 1, 0}) {
+    // rows kernel's o; mode 6: its 32-key tiles, whose codes leave from the accumulators; modes 7
+    // and 8 those tiles by the warpgroup MMA).
+    for (int tc : {8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
@@ -1776,13 +1787,13 @@ TEST_F(CudaKernels, AttentionRowsQueryNormInKernelEqualsHeadNormRope) {
     };
     // (AttnKernel: the rows kernel with 8 / 16 warps, FP16, plain FP16 in tiles of 32 keys: its
     // queries' norm in attn_fast_q_kernel, the same bits as head_norm_rope's)
-    for (int mode : {2, 3, 4, 6}) {
+    for (int mode : {2, 3, 4, 6, 7, 8}) {
         const AttnKernel kernel(mode);
         for (const AttnShape& sh : kAttnShapes) {
             if (!cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) continue;   // (D = 96: the splits)
             if (mode == 3 && sh.D < 128) continue;                         // (16 warps: D >= 128 only)
             if (mode == 4 && sh.D < 256) continue;                         // (FP16: D of 256 and 512)
-            if (mode == 6 && sh.D != 512) continue;                        // (32-key tiles: D of 512)
+            if (mode >= 6 && sh.D != 512) continue;                        // (32-key tiles: D of 512)
             for (uint32_t ratio : {0u, 4u, 128u}) {
                 const auto base = attn_positions(sh, ratio);
                 for (uint32_t R : {1u, 3u, 40u, 300u}) {
@@ -1817,7 +1828,7 @@ TEST_F(CudaKernels, AttentionRowsQueryNormInKernelEqualsHeadNormRope) {
                         return r;
                     };
                     const Out raw = go(0), ref = go(1), got = go(2);
-                    const std::string what = (mode == 6 ? std::string("fast 32") : mode == 4 ? std::string("FP16") : "warps " + std::to_string(mode == 3 ? 16 : 8)) + " heads " +
+                    const std::string what = (mode >= 7 ? "fast WG " + std::to_string(mode - 6) : mode == 6 ? std::string("fast 32") : mode == 4 ? std::string("FP16") : "warps " + std::to_string(mode == 3 ? 16 : 8)) + " heads " +
                                              std::to_string(sh.n_head) + " D " + std::to_string(sh.D) + " ratio " +
                                              std::to_string(ratio) + " R " + std::to_string(R);
                     ASSERT_NE(0, std::memcmp(raw.o.data(), ref.o.data(), n * sizeof(float))) << what;

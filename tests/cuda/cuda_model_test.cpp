@@ -241,7 +241,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // attention in tiles of 16 keys, with the gate+up on its exact kernel, with the exact experts
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
 // with its warpgroup-MMA form over two groups a block, and staging every pair slot (the default
-// stages only the pairs it reads).
+// stages only the pairs it reads), and with the attention's 32-key tiles by the warpgroup MMA
+// (attn_rows_wg_kernel's two forms, where the device has it).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -251,6 +252,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     struct Variant {
         int experts_f16, iq2, kt, wgmma, stage_used;
         const char* label;
+        int attn_wg = -1;
     };
     for (const Variant& v : {Variant{-1, -1, 32, -1, -1, "flash4-flash fast prefill"},
                              Variant{-1, -1, 16, -1, -1, "flash4 fast, 16-key tiles"},
@@ -258,8 +260,11 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{0, -1, 32, -1, -1, "flash4 fast, exact experts"},
                              Variant{-1, -1, 32, 0, -1, "flash4 fast, experts by mma.sync"},
                              Variant{-1, -1, 32, 2, -1, "flash4 fast, wgmma, 2 groups"},
-                             Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"}}) {
-        if (v.wgmma > 0 && !cuda::gemm_experts_wgmma_available()) continue;
+                             Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, cp.async", 2}}) {
+        if ((v.wgmma > 0 || v.attn_wg > 0) && !cuda::gemm_experts_wgmma_available()) continue;
+        cuda::attn_rows_fast_wg_override(v.attn_wg);
         cuda::gemm_experts_f16_override(v.experts_f16);
         cuda::gemm_experts_f16_iq2_override(v.iq2);
         cuda::gemm_experts_f16_wgmma_override(v.wgmma);
@@ -272,6 +277,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     cuda::gemm_experts_f16_wgmma_override(-1);
     cuda::gemm_experts_f16_stage_used_override(-1);
     cuda::attn_rows_fast_kt_override(-1);
+    cuda::attn_rows_fast_wg_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_float_cublas_override(-1);
 }
