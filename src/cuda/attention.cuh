@@ -283,6 +283,54 @@ __device__ __forceinline__ void rows_correct(float (&ob)[MAXMT][NTW][4], const f
     }
 }
 
+// The rows kernels whose output leaves from the accumulators (attn_rows_fast_kernel, the
+// warpgroup form of sm90a/attention_wg.cu): a head's share of its sink fw and the normalisation
+// inv at the row's end, from its running max m and sum l (the weights' scale before FP16,
+// pscale, divided out: a power of two, exact).
+__device__ __forceinline__ void rows_sink_norm(float sink, float m, float l, float pscale, float& fw, float& inv) {
+    const float M = fmaxf(sink, m);
+    fw = expf(m - M);
+    inv = __fmul_rn(1.0f / __fadd_rn(expf(sink - M), __fmul_rn(l, fw)), 1.0f / pscale);
+}
+// An output pair (accumulators a0, a1 at columns col, col + 1) normalised and, in the RoPE tail
+// (columns from tail0), rotated back by the row's inverse angles rc, rs (rope_pair's operations,
+// the sine negated); am grows to the pair's largest magnitude.
+__device__ __forceinline__ void rows_out_pair(float a0, float a1, float fw, float inv, uint32_t col, uint32_t tail0,
+                                              const float* rc, const float* rs, float (&y)[2], float& am) {
+    float y0 = __fmul_rn(__fmul_rn(a0, fw), inv), y1 = __fmul_rn(__fmul_rn(a1, fw), inv);
+    if (col >= tail0) {
+        const uint32_t i = (col - tail0) / 2;
+        const float cs = rc[i], sn = rs[i], x0 = y0, x1 = y1;
+        y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
+        y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
+    }
+    y[0] = y0, y[1] = y1;
+    am = fmaxf(am, fmaxf(fabsf(y0), fabsf(y1)));
+}
+// A head's block of 32 output columns held by a lane quad (lane tig: the pairs at 8 t + 2 tig of
+// the block starting at value `at`), stored for a real head, with oq its Q8_0 codes
+// (attn_store_codes' operations; am: this lane's largest magnitude). Every lane of the quad calls it.
+__device__ __forceinline__ void rows_store_block(const float (&y)[4][2], float am, float* o, int8_t* oq, float* od,
+                                                 uint64_t at, uint32_t tig, bool real) {
+    if (real)
+#pragma unroll
+        for (uint32_t t = 0; t < 4; ++t) *reinterpret_cast<float2*>(o + at + 8 * t + 2 * tig) = make_float2(y[t][0], y[t][1]);
+    if (!oq) return;
+    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+    am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+    const float dd = am / 127.0f;
+    const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+    if (!real) return;
+#pragma unroll
+    for (uint32_t t = 0; t < 4; ++t) {
+        char2 q2;
+        q2.x = q_clamp(y[t][0] * id);
+        q2.y = q_clamp(y[t][1] * id);
+        *reinterpret_cast<char2*>(oq + at + 8 * t + 2 * tig) = q2;
+    }
+    if (tig == 0) od[at / 32] = f16_round(dd);
+}
+
 // Row r's queries into q_s ([HP][DP] floats; padding heads zero) by the block's T threads.
 template <uint32_t D, uint32_t T>
 __device__ __forceinline__ void rows_stage_q(float* q_s, const float* q, uint32_t r, uint32_t n_head, uint32_t HP) {

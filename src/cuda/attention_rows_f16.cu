@@ -167,13 +167,7 @@ __device__ __forceinline__ float rows_softmax_step(const float* s_s, uint32_t hs
 // running max and sum reset for the next row.
 __device__ __forceinline__ void rows_softmax_end(const float* sinks, uint32_t hs, uint32_t kc, uint32_t n_head,
                                                  float& m_run, float& l_run, float* fw_s, float* inv_s) {
-    if (kc == 0 && hs < n_head) {
-        const float sink = sinks[hs];
-        const float M = fmaxf(sink, m_run);
-        const float fw = expf(m_run - M);
-        fw_s[hs] = fw;
-        inv_s[hs] = __fmul_rn(1.0f / __fadd_rn(expf(sink - M), __fmul_rn(l_run, fw)), 1.0f / kF16PScale);
-    }
+    if (kc == 0 && hs < n_head) rows_sink_norm(sinks[hs], m_run, l_run, kF16PScale, fw_s[hs], inv_s[hs]);
     m_run = -INFINITY;
     l_run = 0.0f;
 }
@@ -734,40 +728,11 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                     float y[NTW][2];
                     float am = 0.0f;
 #pragma unroll
-                    for (uint32_t t = 0; t < NTW; ++t) {
-                        const uint32_t col = base + 8 * t + 2 * tig;
-                        float y0 = __fmul_rn(__fmul_rn(ob[m][t][2 * half], fw), inv);
-                        float y1 = __fmul_rn(__fmul_rn(ob[m][t][2 * half + 1], fw), inv);
-                        if (col >= tail0) {   // (rope_pair's operations; the angles' sine negated: inverse)
-                            const uint32_t i = (col - tail0) / 2;
-                            const float cs = rc_s[i], sn = rs_s[i], x0 = y0, x1 = y1;
-                            y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-                            y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-                        }
-                        y[t][0] = y0, y[t][1] = y1;
-                        am = fmaxf(am, fmaxf(fabsf(y0), fabsf(y1)));
-                    }
-                    const uint64_t at = (uint64_t(r) * n_head + h) * D;
-                    if (real)
-#pragma unroll
-                        for (uint32_t t = 0; t < NTW; ++t)
-                            *reinterpret_cast<float2*>(o + at + base + 8 * t + 2 * tig) = make_float2(y[t][0], y[t][1]);
-                    if (oq) {   // the head's block of 32 columns: attn_store_codes' operations
-                        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
-                        am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
-                        const float dd = am / 127.0f;
-                        const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-                        if (real) {
-#pragma unroll
-                            for (uint32_t t = 0; t < NTW; ++t) {
-                                char2 q2;
-                                q2.x = q_clamp(y[t][0] * id);
-                                q2.y = q_clamp(y[t][1] * id);
-                                *reinterpret_cast<char2*>(oq + at + base + 8 * t + 2 * tig) = q2;
-                            }
-                            if (tig == 0) od[(at + base) / 32] = f16_round(dd);
-                        }
-                    }
+                    for (uint32_t t = 0; t < NTW; ++t)
+                        rows_out_pair(ob[m][t][2 * half], ob[m][t][2 * half + 1], fw, inv, base + 8 * t + 2 * tig, tail0,
+                                      rc_s, rs_s, y[t], am);
+                    // the head's block of 32 columns (this warp's)
+                    rows_store_block(y, am, o, oq, od, (uint64_t(r) * n_head + h) * D + base, tig, real);
                 }
             }
             rows_zero(ob);

@@ -334,11 +334,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
                 for (uint32_t hh = 0; hh < 2; ++hh) {
                     const uint32_t h = hh ? h1 : h0;
-                    const float mr = hh ? m1 : m0, lr = hh ? l1 : l0;
-                    const float sink = h < n_head ? sinks[h] : 0.0f;
-                    const float M = fmaxf(sink, mr);
-                    fw[hh] = expf(mr - M);
-                    inv[hh] = __fmul_rn(1.0f / __fadd_rn(expf(sink - M), __fmul_rn(lr, fw[hh])), 1.0f / kWgPScale);
+                    rows_sink_norm(h < n_head ? sinks[h] : 0.0f, hh ? m1 : m0, hh ? l1 : l0, kWgPScale, fw[hh], inv[hh]);
                 }
                 const uint32_t tail0 = D - n_rot;
 #pragma unroll
@@ -346,43 +342,16 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
                     for (uint32_t hh = 0; hh < 2; ++hh) {
                         const uint32_t h = hh ? h1 : h0;
-                        float y[8];
+                        float y[4][2];
                         float am = 0.0f;
 #pragma unroll
                         for (uint32_t t = 0; t < 4; ++t) {
-                            const uint32_t col = 256 * wg + 8 * (4 * b + t) + 2 * tig;
-                            float y0 = __fmul_rn(__fmul_rn(ov[4 * (4 * b + t) + 2 * hh], fw[hh]), inv[hh]);
-                            float y1 = __fmul_rn(__fmul_rn(ov[4 * (4 * b + t) + 2 * hh + 1], fw[hh]), inv[hh]);
-                            if (col >= tail0) {   // (rope_pair's operations; the angles' sine negated: inverse)
-                                const uint32_t p = (col - tail0) / 2;
-                                const float cs = rc_s[ab][p], sn = rs_s[ab][p], x0 = y0, x1 = y1;
-                                y0 = __fsub_rn(__fmul_rn(x0, cs), __fmul_rn(x1, sn));
-                                y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cs));
-                            }
-                            y[2 * t] = y0, y[2 * t + 1] = y1;
-                            am = fmaxf(am, fmaxf(fabsf(y0), fabsf(y1)));
+                            const uint32_t j = 4 * (4 * b + t) + 2 * hh;
+                            rows_out_pair(ov[j], ov[j + 1], fw[hh], inv[hh], 256 * wg + 8 * (4 * b + t) + 2 * tig, tail0,
+                                          rc_s[ab], rs_s[ab], y[t], am);
                         }
-                        const uint64_t at = (uint64_t(r) * n_head + h) * D + 256 * wg + 32 * b;
-                        if (h < n_head)
-#pragma unroll
-                            for (uint32_t t = 0; t < 4; ++t)
-                                *reinterpret_cast<float2*>(o + at + 8 * t + 2 * tig) = make_float2(y[2 * t], y[2 * t + 1]);
-                        if (oq) {   // attn_store_codes' operations for the 32 columns (a lane quad's)
-                            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
-                            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
-                            const float dd = am / 127.0f;
-                            const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-                            if (h < n_head) {
-#pragma unroll
-                                for (uint32_t t = 0; t < 4; ++t) {
-                                    char2 q2;
-                                    q2.x = q_clamp(y[2 * t] * id);
-                                    q2.y = q_clamp(y[2 * t + 1] * id);
-                                    *reinterpret_cast<char2*>(oq + at + 8 * t + 2 * tig) = q2;
-                                }
-                                if (tig == 0) od[at / 32] = f16_round(dd);
-                            }
-                        }
+                        rows_store_block(y, am, o, oq, od, (uint64_t(r) * n_head + h) * D + 256 * wg + 32 * b, tig,
+                                         h < n_head);
                     }
                 }
             }
