@@ -744,7 +744,40 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     }
 }
 
+// keys_to_halves: session blockIdx.y; its raw rows (positions kh_lo .. kh_hi) and then its
+// compressed rows, 8 values a thread (two float4 loads, one 16-byte store) in a grid-stride loop.
+__global__ void keys_to_halves_kernel(const DevLayerKV* lkv, uint32_t n_layer, uint32_t il, uint32_t D, uint32_t ratio) {
+    pdl_begin();
+    const DevLayerKV L = lkv[uint64_t(blockIdx.y) * n_layer + il];
+    if (!L.kh || L.kh_hi < L.kh_lo) return;
+    const uint64_t n_raw = uint64_t(L.kh_hi - L.kh_lo + 1), n_comp = ratio ? uint64_t(L.kh_hi + 1) / ratio : 0;
+    const uint32_t chunks = D / 8;
+    const uint64_t n = (n_raw + n_comp) * chunks;
+    for (uint64_t i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+        const uint64_t k = i / chunks, c = i % chunks;
+        const float* src;
+        uint64_t dst;
+        if (k < n_raw) {
+            const uint64_t j = uint64_t(L.kh_lo + int64_t(k)) % L.raw_cap;
+            src = L.raw + j * D;
+            dst = j * D;
+        } else {
+            src = L.comp + (k - n_raw) * L.comp_stride;
+            dst = (uint64_t(L.raw_cap) + (k - n_raw)) * D;
+        }
+        const float4 a = __ldcs(reinterpret_cast<const float4*>(src + 8 * c));
+        const float4 b = __ldcs(reinterpret_cast<const float4*>(src + 8 * c + 4));
+        const __half2 h0 = __floats2half2_rn(a.x, a.y), h1 = __floats2half2_rn(a.z, a.w);
+        const __half2 h2 = __floats2half2_rn(b.x, b.y), h3 = __floats2half2_rn(b.z, b.w);
+        uint4 v;
+        v.x = *reinterpret_cast<const uint32_t*>(&h0), v.y = *reinterpret_cast<const uint32_t*>(&h1);
+        v.z = *reinterpret_cast<const uint32_t*>(&h2), v.w = *reinterpret_cast<const uint32_t*>(&h3);
+        *reinterpret_cast<uint4*>(L.kh + dst + 8 * c) = v;
+    }
+}
+
 std::atomic<uint64_t> g_wg_calls{0};
+bool g_key_halves_round = false;
 void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
                       uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
@@ -756,6 +789,7 @@ void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint3
     }();
     attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o);
     check_launch("attention (fast queries)");
+    if (wg == 3 && !g_key_halves_round) wg = 0;   // (form 3 reads the round's FP16 keys)
     if (wg && launch_rows_wg(wg, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
                              od, s)) {
         ++g_wg_calls;
@@ -779,6 +813,24 @@ void attn_rows_fast_kt_override(int kt) { g_fast_kt_override = kt; }
 uint64_t attn_rows_fast_calls(int kt) { return kt == 32 ? g_fast32_calls.load() : g_fast_calls.load(); }
 void attn_rows_fast_wg_override(int form) { g_fast_wg_override = form; }
 uint64_t attn_rows_wg_calls() { return g_wg_calls.load(); }
+int attn_rows_wg_form() {
+    // DSV4_ATTN_FAST_WG (read once; attn_rows_fast_wg_override wins): 1, 2 or 3 the fast rows
+    // attention's 32-key tiles by Hopper's warpgroup MMA (sm90a/attention_wg.cu, a compute
+    // capability 9.0 device; 2: the key tiles copied by cp.async, 3: copied from the round's FP16
+    // keys), 0 (default: run 186, form 1 measured slower) by mma.sync
+    static const int env = env_int("DSV4_ATTN_FAST_WG", 0);
+    const int form = g_fast_wg_override >= 0 ? g_fast_wg_override : env;
+    return form >= 1 && form <= 3 && gemm_experts_wgmma_available() ? form : 0;
+}
+void attn_key_halves_round(bool on) { g_key_halves_round = on; }
+bool attn_key_halves_round() { return g_key_halves_round; }
+void keys_to_halves(const DevLayerKV* lkv, uint32_t S, uint32_t n_layer, uint32_t il, uint32_t D, uint32_t ratio,
+                    cudaStream_t s) {
+    if (!S) return;
+    if (D % 8) throw_mismatch("keys as halves: head width a multiple of 8", 0, D, D);
+    keys_to_halves_kernel<<<dim3(std::max(1, 2 * sm_count() / int(S) + 1), S), 256, 0, s>>>(lkv, n_layer, il, D, ratio);
+    check_launch("keys as halves");
+}
 
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
     static const bool env = env_switch("DSV4_ATTN_F16", true);
@@ -801,12 +853,7 @@ void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_he
     static const int kt_env = env_int("DSV4_ATTN_FAST_KT", 32);
     if (fast && D == kFastD && n_head <= 16 * kF16MaxMT && (g_fast_kt_override > 0 ? g_fast_kt_override : kt_env) == 32) {
         ++g_fast32_calls;
-        // DSV4_ATTN_FAST_WG (read once; attn_rows_fast_wg_override wins): 1 or 2 those tiles by
-        // Hopper's warpgroup MMA (sm90a/attention_wg.cu, a compute capability 9.0 device; 2: the
-        // key tiles copied by cp.async), 0 (default: run 186, form 1 measured slower) by mma.sync
-        static const int wg_env = env_int("DSV4_ATTN_FAST_WG", 0);
-        const int form = g_fast_wg_override >= 0 ? g_fast_wg_override : wg_env;
-        const int wg = (form == 1 || form == 2) && gemm_experts_wgmma_available() ? form : 0;
+        const int wg = attn_rows_wg_form();
         launch_rows_fast(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
                          od, qn, q_eps, wg, s);
         return;

@@ -602,6 +602,10 @@ private:
     std::vector<int32_t> greedy_excl_host_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
+    // A fast prompt round's FP16 keys (DevLayerKV::kh; the rows attention's warpgroup form 3),
+    // made again by keys_to_halves before each layer's attention while kh_round_.
+    DBuf<uint16_t> kh_;
+    bool kh_round_ = false;
     DBuf<int8_t> act_q_, act2_q_;
     DBuf<float> act_d_, act2_d_;
     DBuf<int32_t> act_b_, act2_b_;
@@ -637,7 +641,7 @@ private:
         uint64_t gen = 0;
         bool seen = false;
     };
-    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool, bool, bool>, Graphs> graphs_;
+    std::map<std::tuple<uint32_t, uint32_t, uint32_t, uint64_t, bool, bool, bool, bool>, Graphs> graphs_;
     uint64_t gen_ = 0;
     // Pinned staging for the per-round uploads.
     uint8_t* pinned_ = nullptr;
@@ -1017,6 +1021,10 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     if (ratio != 0) join(1);
     if (ratio == 4) join(2);
     if (ratio == 4 && iq != 2) join(iq);
+    if (kh_round_) {   // (after the joins: this step's raw and compressed rows are written)
+        keys_to_halves(lkv, S, NL, il, D, ratio, stream_);
+        mark("key halves");
+    }
     // grouped low-rank output projection: one quantisation of the whole output (for Q8_0 by
     // the attention's merge itself), one product
     const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
@@ -1260,6 +1268,32 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             gemm_decode_round(!prompt || decode_head);
         };
         round_order(false);
+        // The fast rows attention's form 3 reads FP16 keys made once a layer (keys_to_halves):
+        // room for each session's raw ring and its compressed rows at ratio 4, unless that would
+        // leave the device short (then the round keeps the mma.sync kernel).
+        kh_round_ = false;
+        if (fast_prefill_ && prompt && c_.head_dim == 512 && attn_rows_wg_form() == 3) {
+            std::vector<uint64_t> off(S + 1, 0);
+            for (uint32_t s = 0; s < S; ++s)
+                off[s + 1] = off[s] + key_halves_values(lkv[uint64_t(s) * c_.n_layer].raw_cap, rows_[se[s] - 1].pos,
+                                                        c_.head_dim);
+            size_t free_b = 0, total_b = 0;
+            const bool fits = off[S] <= kh_.size() ||
+                              (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+                               off[S] * sizeof(uint16_t) + (size_t(2) << 30) <= free_b);
+            if (fits) {
+                kh_.ensure(off[S], "attention key halves", &gen_);
+                for (uint32_t s = 0; s < S; ++s)
+                    for (uint32_t il = 0; il < c_.n_layer; ++il) {
+                        DevLayerKV& L = lkv[uint64_t(s) * c_.n_layer + il];
+                        L.kh = kh_.get() + off[s];
+                        L.kh_hi = int64_t(rows_[se[s] - 1].pos);
+                        L.kh_lo = std::max<int64_t>(0, int64_t(rows_[sb[s]].pos) + 1 - int64_t(c_.n_swa));
+                    }
+                kh_round_ = true;
+            }
+        }
+        attn_key_halves_round(kh_round_);
         // Indexer score rows: as wide as the furthest row's visible compressed rows, rounded
         // up to a power of two so consecutive decode steps share one graph.
         max_vis4_ = 0;
@@ -1317,7 +1351,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         const bool pdl = graphable && pdl_on();
         Graphs* gr = nullptr;
         if (graphable) {
-            gr = &graphs_[{R, S, NW, vis_ld_, pdl, flat, greedy}];
+            gr = &graphs_[{R, S, NW, vis_ld_, pdl, flat, greedy, kh_round_}];
             if (gr->layers && gr->gen != gen_) {
                 cudaGraphExecDestroy(gr->layers);
                 if (gr->head) cudaGraphExecDestroy(gr->head);
@@ -1357,6 +1391,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
         }
         if (gr) check(cudaGraphLaunch(gr->layers, stream_), "graph launch");
         else run_layers(R, S);
+        attn_key_halves_round(false);   // (read when the layers launch; other callers' rows carry no kh)
         if (g_timing_on) check(cudaEventRecord(ev_[1], stream_), "cudaEventRecord");
         auto download = [&](uint32_t i0, uint32_t n) {
             for (uint32_t i = 0; i < n; ++i) {

@@ -424,7 +424,18 @@ struct DevLayerKV {
     float* issc = nullptr;
     uint64_t comp_stride = 0, index_stride = 0;
     uint32_t raw_cap = 0, pad = 0;
+    // The round's FP16 copy of this session's keys (the fast rows attention's third warpgroup
+    // form; keys_to_halves makes it each layer): ring row j at kh + j * head_dim, compressed row
+    // c at kh + (raw_cap + c) * head_dim; raw positions kh_lo .. kh_hi and the compressed rows
+    // of positions up to kh_hi are copied. Null where the round has none.
+    uint16_t* kh = nullptr;
+    int64_t kh_lo = 0, kh_hi = -1;
 };
+// The halves keys_to_halves needs for a session whose rows end at position last (its
+// compressed rows counted at ratio 4, the most any layer has).
+inline uint64_t key_halves_values(uint32_t raw_cap, int64_t last, uint32_t D) {
+    return (uint64_t(raw_cap) + uint64_t(last + 1) / 4) * D;
+}
 
 // ---- per-row primitives ---------------------------------------------------------------
 // y = x / sqrt(mean(x^2) + eps) * w (w may be null); sum of squares in double.
@@ -675,12 +686,25 @@ void attn_rows_fast_kt_override(int kt);
 uint64_t attn_rows_fast_calls(int kt = 0);
 // Tests: that form in tiles of 32 keys by Hopper's warpgroup MMA (attn_rows_wg_kernel,
 // sm90a/attention_wg.cu, where gemm_experts_wgmma_available(); heads of 512 up to 64: 1 its key
-// tiles loaded through the producer's registers, 2 by cp.async) or by mma.sync (0); -1:
-// DSV4_ATTN_FAST_WG's (default 0). Its own bits, the same in both forms.
+// tiles loaded through the producer's registers, 2 by cp.async, 3 by cp.async from the round's
+// FP16 keys where attn_key_halves_round) or by mma.sync (0); -1: DSV4_ATTN_FAST_WG's (default
+// 0). Its own bits, the same in every form.
 void attn_rows_fast_wg_override(int form);
 // Launches of the warpgroup form in this process (tests: the path was taken).
 uint64_t attn_rows_wg_calls();
-// The warpgroup form's launch (sm90a/attention_wg.cu; form 1 or 2, as above), after
+// The warpgroup form the override or DSV4_ATTN_FAST_WG asks for (0 none; 3: its key tiles
+// copied from the round's FP16 keys, DevLayerKV::kh, by cp.async), where the device has it.
+int attn_rows_wg_form();
+// Whether this round's DevLayerKV carry FP16 keys (kh) that keys_to_halves fills before each
+// layer's attention (set by the backend a round at a time; tests for a scope): form 3 runs only
+// then, else the mma.sync kernel does.
+void attn_key_halves_round(bool on);
+bool attn_key_halves_round();
+// Layer il's keys of S sessions as FP16 (round to nearest) into their kh: the raw ring rows of
+// positions kh_lo .. kh_hi and, for ratio > 0, the compressed rows 0 .. (kh_hi + 1) / ratio - 1.
+void keys_to_halves(const DevLayerKV* lkv, uint32_t S, uint32_t n_layer, uint32_t il, uint32_t D, uint32_t ratio,
+                    cudaStream_t s);
+// The warpgroup form's launch (sm90a/attention_wg.cu; form 1, 2 or 3, as above), after
 // attn_fast_q_kernel has put the rows' FP16 queries into o: false where the shape or the device
 // does not allow it.
 bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,

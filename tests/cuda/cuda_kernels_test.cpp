@@ -1307,6 +1307,7 @@ struct AttnProblem {
     std::unique_ptr<DevVec<float>> dsinks;
     std::unique_ptr<DevVec<double>> dinv;
     std::unique_ptr<DevVec<cuda::DevLayerKV>> dlkv;
+    std::vector<std::unique_ptr<DevVec<uint16_t>>> dkh;   // per session: the FP16 keys (DevLayerKV::kh)
 
     AttnProblem(uint32_t n_head_, uint32_t D_, uint32_t n_rot_, uint32_t n_swa_, uint32_t top_k_, uint32_t ratio_,
                 int64_t max_pos, uint64_t seed)
@@ -1325,6 +1326,12 @@ struct AttnProblem {
             L.comp = dcomp.back()->get();
             L.comp_stride = comp_stride;
             L.raw_cap = raw_cap;
+            // FP16 keys of every ring row and compressed row (run() makes them where the round
+            // has them: the warpgroup form 3)
+            dkh.push_back(std::make_unique<DevVec<uint16_t>>(cuda::key_halves_values(raw_cap, max_pos, D)));
+            L.kh = dkh.back()->get();
+            L.kh_lo = std::max<int64_t>(0, max_pos + 1 - int64_t(raw_cap));
+            L.kh_hi = max_pos;
         }
         sinks = random_floats(n_head, seed * 100 + 99, -2.0f, 2.0f);
         sinks[0] = 6.0f;                  // a sink that takes most of the weight
@@ -1359,12 +1366,19 @@ struct AttnProblem {
         }
     }
 
+    // The FP16 keys made, where the round has them (AttnKernel's mode 9), as the backend does
+    // before each layer's attention.
+    void halves(cudaStream_t s = nullptr) const {
+        if (cuda::attn_key_halves_round()) cuda::keys_to_halves(dlkv->get(), n_sess, n_layer, il, D, ratio, s);
+    }
+
     std::vector<float> run(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q,
                            const std::vector<uint32_t>& sel, cudaStream_t s = nullptr) const {
         const uint32_t R = uint32_t(rows.size());
         DevVec<cuda::DevRow> drows(rows);
         DevVec<float> dq(q), dout(uint64_t(R) * n_head * D);
         DevVec<uint32_t> dsel(sel);
+        halves(s);
         cuda::attention(dq.get(), dsinks->get(), R, n_head, D, n_swa, ratio, top_k, dsel.get(), drows.get(),
                         dlkv->get(), n_layer, il, n_rot, dinv->get(), dout.get(), s);
         EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
@@ -1445,8 +1459,9 @@ struct AttnCase {
 // (DSV4_ATTN_FAST), 6 that form in tiles of 32 keys for width 512 (attn_rows_fast_kernel,
 // DSV4_ATTN_FAST_KT=32), else as 5; 7 those tiles by Hopper's warpgroup MMA
 // (attn_rows_wg_kernel, DSV4_ATTN_FAST_WG=1) where the device has it, else as 6; 8 the same with
-// its key tiles copied by cp.async (DSV4_ATTN_FAST_WG=2); the environment's choice again
-// afterwards.
+// its key tiles copied by cp.async (DSV4_ATTN_FAST_WG=2); 9 the same from FP16 keys
+// (DSV4_ATTN_FAST_WG=3, the round's keys made by keys_to_halves: AttnProblem::run); the
+// environment's choice again afterwards.
 struct AttnKernel {
     explicit AttnKernel(int mode) {
         if (mode >= 2) {
@@ -1456,6 +1471,7 @@ struct AttnKernel {
             cuda::attn_rows_fast_override(mode >= 5 ? 1 : 0);
             cuda::attn_rows_fast_kt_override(mode >= 6 ? 32 : 16);
             cuda::attn_rows_fast_wg_override(mode >= 7 ? mode - 6 : 0);
+            cuda::attn_key_halves_round(mode == 9);
         } else {
             cuda::attn_tc_override(mode);
         }
@@ -1468,6 +1484,7 @@ struct AttnKernel {
         cuda::attn_rows_fast_override(-1);
         cuda::attn_rows_fast_kt_override(-1);
         cuda::attn_rows_fast_wg_override(-1);
+        cuda::attn_key_halves_round(false);
     }
     AttnKernel(const AttnKernel&) = delete;
     AttnKernel& operator=(const AttnKernel&) = delete;
@@ -1500,10 +1517,10 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // 5, widths 256 and 512; DSV4_ATTN_FAST) rounds queries, keys, weights and values to FP16 once
 // each (2^-11 of each): held to 5e-3 of the head's largest output (queries in [-4, 4], keys in
 // [-1, 1]: its scores move by ~3e-4 a key, its weights and values by 2^-11); mode 6 (its 32-key
-// tiles at width 512) the same, and modes 7 and 8 (those tiles by the warpgroup MMA, where the
-// device has it: its launches counted).
+// tiles at width 512) the same, and modes 7, 8 and 9 (those tiles by the warpgroup MMA, where
+// the device has it: its launches counted).
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (int tc : {8, 7, 6, 5, 4, 3, 2, 1, 0}) {
+    for (int tc : {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1546,9 +1563,9 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32). Mode 5
 // (the plain FP16 rows kernel) and 6 (its 32-key tiles) too: other bits than mode 4, but a
-// row's own whatever the batch; modes 7 and 8 (the warpgroup forms) too.
+// row's own whatever the batch; modes 7, 8 and 9 (the warpgroup forms) too.
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (int tc : {8, 7, 6, 5, 4, 3, 2, 1, 0}) {
+    for (int tc : {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1616,14 +1633,38 @@ TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
     }
 }
 
+// The warpgroup forms (modes 7, 8, 9: keys through the producer's registers, by cp.async as
+// floats, by cp.async from the FP16 keys) round every key to FP16 the same way and run the same
+// consumers: the same bits, for every layer kind of the model's shape (rows alternating two
+// sessions, windows wrapping the ring, selections).
+TEST_F(CudaKernels, AttentionWarpgroupFormsAgreeBitForBit) {
+    if (!cuda::gemm_experts_wgmma_available()) GTEST_SKIP() << "no warpgroup MMA on this device";
+    const AttnShape sh = kAttnShapes[0];
+    for (uint32_t ratio : {0u, 4u, 128u}) {
+        const AttnCase c(sh, ratio, attn_positions(sh, ratio), 5 * sh.D + ratio, 31 + ratio);
+        const auto& [P, rows, q, sel] = c;
+        std::vector<float> first;
+        for (int mode : {7, 8, 9}) {
+            const AttnKernel kernel(mode);
+            const uint64_t wg0 = cuda::attn_rows_wg_calls();
+            const auto got = P.run(rows, q, sel);
+            ASSERT_GT(cuda::attn_rows_wg_calls(), wg0) << "mode " << mode << ": the warpgroup kernel was not taken";
+            if (first.empty()) first = got;
+            else
+                ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float)))
+                    << "mode " << mode << " against mode 7, ratio " << ratio;
+        }
+    }
+}
+
 // Captured into a CUDA graph after an eager run of the same shape (as the backend does), the
 // launch replays with the same scratch and gives the eager run's bits.
 TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
     // The merge (and a prompt round's rows kernel) can write the output projection's Q8_0 codes
     // of o itself: the same bytes as quantize_act from o, and o unchanged (mode 5: the plain FP16
     // rows kernel's o; mode 6: its 32-key tiles, whose codes leave from the accumulators; modes 7
-    // and 8 those tiles by the warpgroup MMA).
-    for (int tc : {8, 7, 6, 5, 4, 3, 2, 1, 0}) {
+    // to 9 those tiles by the warpgroup MMA).
+    for (int tc : {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
@@ -1787,7 +1828,7 @@ TEST_F(CudaKernels, AttentionRowsQueryNormInKernelEqualsHeadNormRope) {
     };
     // (AttnKernel: the rows kernel with 8 / 16 warps, FP16, plain FP16 in tiles of 32 keys: its
     // queries' norm in attn_fast_q_kernel, the same bits as head_norm_rope's)
-    for (int mode : {2, 3, 4, 6, 7, 8}) {
+    for (int mode : {2, 3, 4, 6, 7, 8, 9}) {
         const AttnKernel kernel(mode);
         for (const AttnShape& sh : kAttnShapes) {
             if (!cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) continue;   // (D = 96: the splits)
@@ -1814,6 +1855,7 @@ TEST_F(CudaKernels, AttentionRowsQueryNormInKernelEqualsHeadNormRope) {
                         if (how == 1)
                             cuda::head_norm_rope(dq.get(), R, sh.n_head, sh.D, sh.n_rot, eps, true, false,
                                                  P.dinv->get(), drows.get(), nullptr);
+                        P.halves();
                         cuda::attention(dq.get(), P.dsinks->get(), R, sh.n_head, sh.D, sh.n_swa, ratio, sh.top_k,
                                         dsel.get(), drows.get(), P.dlkv->get(), P.n_layer, P.il, sh.n_rot,
                                         P.dinv->get(), dout.get(), nullptr, codes ? &oc.buf : nullptr,

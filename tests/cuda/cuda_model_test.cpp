@@ -242,7 +242,7 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
 // with its warpgroup-MMA form over two groups a block, and staging every pair slot (the default
 // stages only the pairs it reads), and with the attention's 32-key tiles by the warpgroup MMA
-// (attn_rows_wg_kernel's two forms, where the device has it).
+// (attn_rows_wg_kernel's three forms, where the device has it).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -262,7 +262,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{-1, -1, 32, 2, -1, "flash4 fast, wgmma, 2 groups"},
                              Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, cp.async", 2}}) {
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, cp.async", 2},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, FP16 keys", 3}}) {
         if ((v.wgmma > 0 || v.attn_wg > 0) && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::attn_rows_fast_wg_override(v.attn_wg);
         cuda::gemm_experts_f16_override(v.experts_f16);
@@ -310,6 +311,43 @@ TEST(CudaVsCpuFlash, FastPrefillShortRoundsPairByPair) {
     cuda::fast_pair_rows_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_float_cublas_override(-1);
+}
+
+// The fast rows attention's warpgroup form from the round's FP16 keys (form 3: keys_to_halves
+// before each layer's attention) gives the bits of form 1 (which rounds the float keys itself)
+// on the whole flash4 model: a 96-token prompt in rounds of 48 (the second round's windows and
+// compressed rows partly from the first), then one round of two sessions (one continuing, one
+// new: each its own FP16 keys), the warpgroup launches counted.
+TEST(CudaVsCpuFlash, FastAttentionKeyHalvesKeepWarpgroupBits) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
+    if (!cuda::gemm_experts_wgmma_available()) GTEST_SKIP() << "no warpgroup MMA on this device";
+    const auto m = model::Model::load(flash4("flash"));
+    const size_t V = m->config.n_vocab;
+    const auto toks = random_tokens(96, 0, int32_t(V), 7), more = random_tokens(48, 0, int32_t(V), 8),
+               other = random_tokens(60, 0, int32_t(V), 9);
+    std::string why;
+    auto gpu = open_cuda(*m, true, 48, &why);
+    ASSERT_TRUE(gpu) << why;
+    kv::Budget budget;
+    auto run = [&](int form) {
+        cuda::attn_rows_fast_wg_override(form);
+        const uint64_t wg0 = cuda::attn_rows_wg_calls();
+        auto ka = session(*gpu, 1024, &budget), kb = session(*gpu, 1024, &budget);
+        std::vector<float> out = all_logits(*gpu, *ka, toks);
+        std::vector<float> la(more.size() * V), lb(other.size() * V);
+        StepInput in[2] = {{ka.get(), more, true, la.data(), {}}, {kb.get(), other, true, lb.data(), {}}};
+        gpu->forward(in);
+        EXPECT_TRUE(in[0].error.empty() && in[1].error.empty()) << in[0].error << in[1].error;
+        EXPECT_GT(cuda::attn_rows_wg_calls(), wg0) << "form " << form << ": the warpgroup kernel was not taken";
+        out.insert(out.end(), la.begin(), la.end());
+        out.insert(out.end(), lb.begin(), lb.end());
+        return out;
+    };
+    const auto f1 = run(1), f3 = run(3);
+    cuda::attn_rows_fast_wg_override(-1);
+    ASSERT_EQ(f1.size(), f3.size());
+    EXPECT_EQ(0, std::memcmp(f1.data(), f3.data(), f1.size() * sizeof(float))) << "form 3 against form 1";
 }
 
 // Short exact prompt rounds with their routed experts pair by pair (DSV4_EXACT_PAIR_ROWS: the FLAT

@@ -28,8 +28,10 @@
 // or chunking (a row's arithmetic depends on its keys alone).
 // Measured (runs 186-187, an H100, 4 ratio-4 layers, µs a token of a fast chunk): form 1 4.86
 // against the mma.sync kernel's 3.37 (with the fast queries' 0.28), 2.12 with the producer's key
-// loads skipped: its loads through registers (32 KB in flight an SM) bound it, hence form 2
-// (not yet run). Off by default (DSV4_ATTN_FAST_WG).
+// loads skipped: its loads through registers (32 KB in flight an SM) bound it. Run 188: form 2
+// (the floats by cp.async) 3.67 against 3.42, 2.37 with its key loads skipped: a chunk's key
+// tiles are ~2.7 GB of floats a ratio-4 layer, read from L2 at about its rate, hence form 3
+// (FP16 keys made once a layer: half the bytes). Off by default (DSV4_ATTN_FAST_WG).
 // The layouts (no swizzle; V as an MN-major B with LBO 128, SBO 512) were proved first by
 // bench/gpu/wgmma_attn_probe.cu (run 185).
 #include <cuda_fp16.h>
@@ -108,7 +110,10 @@ __device__ __forceinline__ uint32_t h2u(float a, float b) {
 // floats a thread) and stores them as halves; two query buffers. FORM 2: it copies them by
 // cp.async into the staging buffer F (64 KB in flight, no registers), then converts its own
 // pieces into the tile; one query buffer (the next row's queries are copied after the last
-// tile's scores, while the consumers finish that tile).
+// tile's scores, while the consumers finish that tile). FORM 3: it copies the tile by cp.async
+// from the round's FP16 keys (DevLayerKV::kh, made by keys_to_halves before the layer's
+// attention: the same rounding, so the same bits as forms 1 and 2) straight into the core-matrix
+// layout: half the bytes, no registers, no conversion; two query buffers.
 template <int FORM>
 __global__ void __launch_bounds__(kWgThreads, 1)
     attn_rows_wg_kernel(const __half* q16, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
@@ -152,6 +157,32 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
                 const uint32_t st = n & 1;
                 uint8_t* kt = smw + S::k + st * kWgKBytes;
+                if constexpr (FORM == 3) {
+                    // key 8 (tw / 32) + tw % 8, its 16-byte chunks 4 u + (tw / 8) % 4: a warp reads
+                    // 64 contiguous bytes of each of 8 keys and writes whole core matrices
+                    const uint32_t kk = 8 * (tw / 32) + tw % 8, cq = (tw / 8) % 4, g = t0 + kk;
+                    const uint16_t* kp = nullptr;
+                    if (g < ks.NK && !no_keys) {
+                        const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+                        kp = L.kh + (g < ks.n_raw ? uint64_t((ks.lo + g) % L.raw_cap)
+                                                  : L.raw_cap + uint64_t(ks.use_sel ? sel[uint64_t(r) * top_k +
+                                                                                          (g - ks.n_raw)]
+                                                                                    : g - ks.n_raw)) *
+                                           D;
+                    }
+                    if (n >= 2) bar_sync(kBarKEmpty + st, kWgThreads);   // the consumers are done with the stage
+#pragma unroll
+                    for (uint32_t u = 0; u < 16; ++u) {
+                        const uint32_t dc = 4 * u + cq;
+                        uint8_t* dst = kt + wg_cm_offset(kk, 8 * dc, KT);
+                        if (kp) cp_async16(dst, kp + 8 * dc);
+                        else *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+                    }
+                    cp_async_wait_all();
+                    xf::fence_proxy_async();
+                    bar_arrive(kBarKFull + st, kWgThreads);
+                    continue;
+                }
                 const uint32_t g = t0 + kj;
                 const float* kp = nullptr;
                 if (g < ks.NK && !no_keys) {
@@ -376,14 +407,15 @@ bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_sw
                     const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                     uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
                     cudaStream_t s) {
-    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || (form != 1 && form != 2)) return false;
-    const uint32_t resident = form == 2 ? wg_resident<2>() : wg_resident<1>();
+    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 3) return false;
+    const uint32_t resident = form == 1 ? wg_resident<1>() : form == 2 ? wg_resident<2>() : wg_resident<3>();
     if (resident == 0) return false;
     // DSV4_ATTN_WG_NO_KEYS=1 (a measurement, wrong outputs): the producer stages zero keys
     // without loading them, so the consumers' own time shows (run 187)
     static const bool no_keys = env_int("DSV4_ATTN_WG_NO_KEYS", 0) == 1;
-    auto* kernel = form == 2 ? attn_rows_wg_kernel<2> : attn_rows_wg_kernel<1>;
-    kernel<<<std::min(R, resident), kWgThreads, form == 2 ? WgSmem<2>::bytes : WgSmem<1>::bytes, s>>>(
+    auto* kernel = form == 1 ? attn_rows_wg_kernel<1> : form == 2 ? attn_rows_wg_kernel<2> : attn_rows_wg_kernel<3>;
+    const uint32_t smem = form == 1 ? WgSmem<1>::bytes : form == 2 ? WgSmem<2>::bytes : WgSmem<3>::bytes;
+    kernel<<<std::min(R, resident), kWgThreads, smem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
         inv_freq, o, oq, od, no_keys);
     check_launch("attention (rows, WG)");
