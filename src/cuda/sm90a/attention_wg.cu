@@ -57,18 +57,20 @@ constexpr float kWgQScale = 1024.0f;   // the queries' (attn_fast_q_kernel's 2^1
 // of a key tile (64 KB: each producer thread's own 16-byte pieces, read back by itself).
 constexpr uint32_t kWgQBytes = kWgH * kWgD * 2, kWgKBytes = kWgKT * kWgD * 2, kWgXBytes = kWgH * kWgKT * 4;
 constexpr uint32_t kWgFBytes = kWgKT * kWgD * 4;
+// Form 4 keeps three key stages (its consumers hold two tiles at once) and one query buffer.
 template <int FORM>
 struct WgSmem {
-    static constexpr uint32_t q_buffers = FORM == 2 ? 1 : 2;
-    static constexpr uint32_t k = q_buffers * kWgQBytes, x = k + 2 * kWgKBytes, f = x + 4 * kWgXBytes;
+    static constexpr uint32_t q_buffers = FORM == 2 || FORM == 4 ? 1 : 2, k_stages = FORM == 4 ? 3 : 2;
+    static constexpr uint32_t k = q_buffers * kWgQBytes, x = k + k_stages * kWgKBytes, f = x + 4 * kWgXBytes;
     static constexpr uint32_t bytes = f + (FORM == 2 ? kWgFBytes : 0);
 };
 constexpr uint32_t kWgMaxRot = 128;   // RoPE tail dims at most (the angles' static shared memory)
 static_assert(WgSmem<1>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
 static_assert(WgSmem<2>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
+static_assert(WgSmem<4>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
 // Named barriers (0 is __syncthreads): the consumers' exchange; each key stage and query
 // buffer full (producer arrives, consumers wait) and empty (the reverse).
-constexpr uint32_t kBarX = 1, kBarKFull = 2, kBarKEmpty = 4, kBarQFull = 6, kBarQEmpty = 8;
+constexpr uint32_t kBarX = 1, kBarKFull = 2, kBarKEmpty = 5, kBarQFull = 8, kBarQEmpty = 10;
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -82,7 +84,13 @@ __device__ __forceinline__ uint32_t wg_cm_offset(uint32_t row, uint32_t k, uint3
     return (k / 16) * rows * 32 + ((k / 8) % 2) * rows * 16 + (row / 8) * 128 + (row % 8) * 16 + (k % 8) * 2;
 }
 // Registers a warpgroup may hold from here on (setmaxnreg: the producer gives back what the
-// consumers take; 256 x 208 + 128 x 88 <= 65,536).
+// consumers take: 256 x 208 + 128 x 88 = 384 x 168, the launch's; form 4's consumers, with two
+// tiles' P, take 224 and leave its producer, which holds no key values, 56).
+template <int FORM>
+constexpr uint32_t kWgConsumerRegs = FORM == 4 ? 224 : 208;
+template <int FORM>
+constexpr uint32_t kWgProducerRegs = FORM == 4 ? 56 : 88;
+static_assert(256 * kWgConsumerRegs<4> + 128 * kWgProducerRegs<4> == 384 * 168, "WG rows attention: registers");
 template <uint32_t N>
 __device__ __forceinline__ void reg_alloc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -113,7 +121,9 @@ __device__ __forceinline__ uint32_t h2u(float a, float b) {
 // tile's scores, while the consumers finish that tile). FORM 3: it copies the tile by cp.async
 // from the round's FP16 keys (DevLayerKV::kh, made by keys_to_halves before the layer's
 // attention: the same rounding, so the same bits as forms 1 and 2) straight into the core-matrix
-// layout: half the bytes, no registers, no conversion; two query buffers.
+// layout: half the bytes, no registers, no conversion; two query buffers. FORM 4: form 3's
+// producer with three key stages and one query buffer, for consumers that hold two tiles at once
+// (below: the scores of the next tile and their softmax during P · V).
 template <int FORM>
 __global__ void __launch_bounds__(kWgThreads, 1)
     attn_rows_wg_kernel(const __half* q16, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
@@ -130,7 +140,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     RowTiles<KT, D, kWgThreads> tiles{rows, lkv, sel, n_swa, ratio, top_k, n_layer, il, R};
 
     if (wg == 2) {   // ---- the producer
-        reg_dealloc<88>();
+        reg_dealloc<kWgProducerRegs<FORM>>();
         // padding heads: zero in the query buffers once (a row's copy writes the real heads)
         for (uint32_t i = tw; i < S::q_buffers * (kWgH - n_head) * (D / 8); i += 128) {
             const uint32_t b = i / ((kWgH - n_head) * (D / 8)), j = i % ((kWgH - n_head) * (D / 8));
@@ -155,9 +165,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             }
             const auto ks = tiles.keys(r);
             for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
-                const uint32_t st = n & 1;
+                const uint32_t st = n % S::k_stages;
                 uint8_t* kt = smw + S::k + st * kWgKBytes;
-                if constexpr (FORM == 3) {
+                if constexpr (FORM >= 3) {
                     // key 8 (tw / 32) + tw % 8, its 16-byte chunks 4 u + (tw / 8) % 4: a warp reads
                     // 64 contiguous bytes of each of 8 keys and writes whole core matrices
                     const uint32_t kk = 8 * (tw / 32) + tw % 8, cq = (tw / 8) % 4, g = t0 + kk;
@@ -170,7 +180,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                                                                                     : g - ks.n_raw)) *
                                            D;
                     }
-                    if (n >= 2) bar_sync(kBarKEmpty + st, kWgThreads);   // the consumers are done with the stage
+                    if (n >= S::k_stages) bar_sync(kBarKEmpty + st, kWgThreads);   // the consumers are done with it
 #pragma unroll
                     for (uint32_t u = 0; u < 16; ++u) {
                         const uint32_t dc = 4 * u + cq;
@@ -250,7 +260,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
 
     // ---- the consumers: warpgroup wg, its warp w: head rows 16 w + gid and + 8
-    reg_alloc<208>();
+    reg_alloc<kWgConsumerRegs<FORM>>();
     const uint32_t w = tw / 32, lane = tw % 32, gid = lane / 4, tig = lane % 4;
     const uint32_t h0 = 16 * w + gid, h1 = h0 + 8;
     const float scale = float(1.0 / sqrt(double(D))) / kWgQScale;
@@ -266,13 +276,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;   // rows h0, h1 (the quad's four lanes alike)
         bar_sync(kBarQFull + qb, kWgThreads);
         const uint32_t qa = sm_a + qb * kWgQBytes;
-        for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
-            const uint32_t st = n & 1, nt = min(KT, uint32_t(ks.NK - t0));
-            const bool last = t0 + KT >= ks.NK;
+        // S_wg over dims 256 wg .. 256 wg + 255 (k-steps 16 wg .. 16 wg + 15) of the tile in stage
+        // st, issued and committed (not waited for)
+        auto scores = [&](float (&sc)[16], uint32_t st) {
             const uint32_t ka = sm_a + S::k + st * kWgKBytes;
-            bar_sync(kBarKFull + st, kWgThreads);
-            // S_wg over dims 256 wg .. 256 wg + 255: k-steps 16 wg .. 16 wg + 15
-            float sc[16];
             xf::wg_fence();
 #pragma unroll
             for (uint32_t s = 0; s < 16; ++s) {
@@ -281,13 +288,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                                  wg_ss_desc(ka + kg * KT * 32, KT * 16, 128), s > 0);
             }
             xf::wg_commit();
-            xf::wg_wait<0>();
-#pragma unroll
-            for (uint32_t j = 0; j < 16; ++j) xf::wg_fence_operand(sc[j]);
-            if (last) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
-            // exchange: this warpgroup's half into X[n & 1][wg], the other's back; S = S_0 + S_1
-            float* xs = reinterpret_cast<float*>(smw + S::x + ((n & 1) * 2 + wg) * kWgXBytes);
-            const float* xo = reinterpret_cast<const float*>(smw + S::x + ((n & 1) * 2 + (1 - wg)) * kWgXBytes);
+        };
+        // The scores of tile n (nt keys) once waited for: exchanged (S = S_0 + S_1), the online
+        // softmax of rows h0, h1, and P (times 2^12, FP16) as the A fragments of the tile's two
+        // k-steps of 16 keys; c0, c1 the factors O takes before P · V is added.
+        auto softmax = [&](float (&sc)[16], uint32_t nt, uint32_t tn, uint32_t (&pa)[2][4], float& c0, float& c1) {
+            // exchange: this warpgroup's half into X[tn & 1][wg], the other's back
+            float* xs = reinterpret_cast<float*>(smw + S::x + ((tn & 1) * 2 + wg) * kWgXBytes);
+            const float* xo = reinterpret_cast<const float*>(smw + S::x + ((tn & 1) * 2 + (1 - wg)) * kWgXBytes);
 #pragma unroll
             for (uint32_t t = 0; t < 4; ++t) {
                 *reinterpret_cast<float2*>(xs + h0 * KT + 8 * t + 2 * tig) = make_float2(sc[4 * t], sc[4 * t + 1]);
@@ -303,7 +311,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 for (uint32_t e = 0; e < 4; ++e)
                     sc[4 * t + e] = wg == 0 ? __fadd_rn(sc[4 * t + e], oth[e]) : __fadd_rn(oth[e], sc[4 * t + e]);
             }
-            // online softmax of rows h0 (sc[4t], sc[4t + 1]) and h1 (sc[4t + 2], sc[4t + 3]), key 8 t + 2 tig (+ 1)
+            // rows h0 (sc[4t], sc[4t + 1]) and h1 (sc[4t + 2], sc[4t + 3]), key 8 t + 2 tig (+ 1)
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (uint32_t t = 0; t < 4; ++t)
@@ -317,7 +325,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 }
             quad_all(mx0, mx1, [](float a, float b) { return fmaxf(a, b); });
             const float nm0 = fmaxf(m0, mx0), nm1 = fmaxf(m1, mx1);
-            const float c0 = expf(m0 - nm0), c1 = expf(m1 - nm1);
+            c0 = expf(m0 - nm0), c1 = expf(m1 - nm1);
             float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
             for (uint32_t t = 0; t < 4; ++t)
@@ -331,15 +339,6 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             quad_all(s0, s1, [](float a, float b) { return __fadd_rn(a, b); });
             l0 = __fadd_rn(__fmul_rn(l0, c0), s0), l1 = __fadd_rn(__fmul_rn(l1, c1), s1);
             m0 = nm0, m1 = nm1;
-            if (c0 != 1.0f || c1 != 1.0f) {
-#pragma unroll
-                for (uint32_t j = 0; j < 32; ++j) {
-                    ov[4 * j] *= c0, ov[4 * j + 1] *= c0;
-                    ov[4 * j + 2] *= c1, ov[4 * j + 3] *= c1;
-                }
-            }
-            // P (times 2^12, FP16) as the A fragments of the two k-steps of 16 keys
-            uint32_t pa[2][4];
 #pragma unroll
             for (uint32_t kk = 0; kk < 2; ++kk) {
                 const float* lo = sc + 8 * kk;   // n-tiles 2 kk (keys 16 kk + 2 tig ..), 2 kk + 1 (+ 8)
@@ -348,42 +347,128 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 pa[kk][2] = h2u(lo[4] * kWgPScale, lo[5] * kWgPScale);
                 pa[kk][3] = h2u(lo[6] * kWgPScale, lo[7] * kWgPScale);
             }
-            // O += P · V: V the key tile as an MN-major B (dims 256 wg ..: 8 dims a core matrix,
-            // 512 bytes apart; keys 16 kk ..: 8 keys a core matrix, 128 bytes apart)
+        };
+        auto rescale = [&](float c0, float c1) {
+            if (c0 != 1.0f || c1 != 1.0f) {
+#pragma unroll
+                for (uint32_t j = 0; j < 32; ++j) {
+                    ov[4 * j] *= c0, ov[4 * j + 1] *= c0;
+                    ov[4 * j + 2] *= c1, ov[4 * j + 3] *= c1;
+                }
+            }
+        };
+        // O += P · V, issued and committed: V the key tile in stage st as an MN-major B (dims
+        // 256 wg ..: 8 dims a core matrix, 512 bytes apart; keys 16 kk ..: 8 keys a core matrix,
+        // 128 bytes apart)
+        auto weighted = [&](const uint32_t (&pa)[2][4], uint32_t st) {
+            const uint32_t ka = sm_a + S::k + st * kWgKBytes;
             xf::wg_fence();
 #pragma unroll
             for (uint32_t kk = 0; kk < 2; ++kk)
                 wg_mma_rs<256, 1>(ov, pa[kk], wg_ss_desc(ka + kk * 256 + wg * (256 / 8) * (KT * 16), 128, KT * 16), true);
             xf::wg_commit();
+        };
+        if constexpr (FORM == 4) {
+            // Two tiles at once (FlashAttention-3's schedule within a warpgroup): the scores of
+            // tile j + 1 are issued before P · V of tile j, and their softmax runs while that
+            // product does; O is rescaled for tile j + 1 once it is done. The same operations on
+            // the same values as the forms before: the same bits.
+            const uint32_t T = uint32_t((ks.NK + KT - 1) / KT);
+            float sc[16];
+            uint32_t pa0[2][4], pa1[2][4];   // P of the even and the odd tiles (each read by a P · V in flight)
+            float c0, c1;
+            bar_sync(kBarKFull + n % S::k_stages, kWgThreads);
+            scores(sc, n % S::k_stages);
             xf::wg_wait<0>();
 #pragma unroll
-            for (uint32_t j = 0; j < 128; ++j) xf::wg_fence_operand(ov[j]);
-            bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
-
-            if (last) {   // the row's output: the sink, the normalisation, the RoPE tail back, the codes
-                float fw[2], inv[2];
+            for (uint32_t j = 0; j < 16; ++j) xf::wg_fence_operand(sc[j]);
+            if (T == 1) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
+            softmax(sc, min(KT, uint32_t(ks.NK)), n, pa0, c0, c1);
+            rescale(c0, c1);
+            // tile j (its P in pa; not the row's last), the next one's P into pb
+            auto step = [&](uint32_t j, const uint32_t (&pa)[2][4], uint32_t (&pb)[2][4]) {
+                const uint32_t st = n % S::k_stages, st1 = (n + 1) % S::k_stages;
+                bar_sync(kBarKFull + st1, kWgThreads);
+                scores(sc, st1);
+                weighted(pa, st);
+                xf::wg_wait<1>();   // the scores of tile j + 1 (P · V of tile j may still run)
+#pragma unroll
+                for (uint32_t q = 0; q < 16; ++q) xf::wg_fence_operand(sc[q]);
+                if (j + 2 == T) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
+                softmax(sc, min(KT, uint32_t(ks.NK - uint64_t(j + 1) * KT)), n + 1, pb, c0, c1);
+                xf::wg_wait<0>();
+#pragma unroll
+                for (uint32_t q = 0; q < 128; ++q) xf::wg_fence_operand(ov[q]);
+                bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
+                rescale(c0, c1);
+                ++n;
+            };
+            // the row's last tile (its P in pa)
+            auto finish = [&](const uint32_t (&pa)[2][4]) {
+                const uint32_t st = n % S::k_stages;
+                weighted(pa, st);
+                xf::wg_wait<0>();
+#pragma unroll
+                for (uint32_t q = 0; q < 128; ++q) xf::wg_fence_operand(ov[q]);
+                bar_arrive(kBarKEmpty + st, kWgThreads);
+                ++n;
+            };
+            uint32_t j = 0;
+            for (; j + 2 < T; j += 2) {
+                step(j, pa0, pa1);
+                step(j + 1, pa1, pa0);
+            }
+            if (j + 1 < T) {   // two tiles left (j even: P in pa0)
+                step(j, pa0, pa1);
+                finish(pa1);
+            } else {
+                finish(pa0);
+            }
+        } else {
+            for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
+                const uint32_t st = n % S::k_stages, nt = min(KT, uint32_t(ks.NK - t0));
+                const bool last = t0 + KT >= ks.NK;
+                bar_sync(kBarKFull + st, kWgThreads);
+                float sc[16];
+                scores(sc, st);
+                xf::wg_wait<0>();
+#pragma unroll
+                for (uint32_t j = 0; j < 16; ++j) xf::wg_fence_operand(sc[j]);
+                if (last) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
+                uint32_t pa[2][4];
+                float c0, c1;
+                softmax(sc, nt, n, pa, c0, c1);
+                rescale(c0, c1);
+                weighted(pa, st);
+                xf::wg_wait<0>();
+#pragma unroll
+                for (uint32_t j = 0; j < 128; ++j) xf::wg_fence_operand(ov[j]);
+                bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
+            }
+        }
+        {   // the row's output: the sink, the normalisation, the RoPE tail back, the codes
+            float fw[2], inv[2];
+#pragma unroll
+            for (uint32_t hh = 0; hh < 2; ++hh) {
+                const uint32_t h = hh ? h1 : h0;
+                rows_sink_norm(h < n_head ? sinks[h] : 0.0f, hh ? m1 : m0, hh ? l1 : l0, kWgPScale, fw[hh], inv[hh]);
+            }
+            const uint32_t tail0 = D - n_rot;
+#pragma unroll
+            for (uint32_t b = 0; b < 8; ++b) {   // blocks of 32 columns: n-tiles 4 b .. 4 b + 3
 #pragma unroll
                 for (uint32_t hh = 0; hh < 2; ++hh) {
                     const uint32_t h = hh ? h1 : h0;
-                    rows_sink_norm(h < n_head ? sinks[h] : 0.0f, hh ? m1 : m0, hh ? l1 : l0, kWgPScale, fw[hh], inv[hh]);
-                }
-                const uint32_t tail0 = D - n_rot;
+                    float y[4][2];
+                    float am = 0.0f;
 #pragma unroll
-                for (uint32_t b = 0; b < 8; ++b) {   // blocks of 32 columns: n-tiles 4 b .. 4 b + 3
-#pragma unroll
-                    for (uint32_t hh = 0; hh < 2; ++hh) {
-                        const uint32_t h = hh ? h1 : h0;
-                        float y[4][2];
-                        float am = 0.0f;
-#pragma unroll
-                        for (uint32_t t = 0; t < 4; ++t) {
-                            const uint32_t j = 4 * (4 * b + t) + 2 * hh;
-                            rows_out_pair(ov[j], ov[j + 1], fw[hh], inv[hh], 256 * wg + 8 * (4 * b + t) + 2 * tig, tail0,
-                                          rc_s[ab], rs_s[ab], y[t], am);
-                        }
-                        rows_store_block(y, am, o, oq, od, (uint64_t(r) * n_head + h) * D + 256 * wg + 32 * b, tig,
-                                         h < n_head);
+                    for (uint32_t t = 0; t < 4; ++t) {
+                        const uint32_t j = 4 * (4 * b + t) + 2 * hh;
+                        rows_out_pair(ov[j], ov[j + 1], fw[hh], inv[hh], 256 * wg + 8 * (4 * b + t) + 2 * tig, tail0,
+                                      rc_s[ab], rs_s[ab], y[t], am);
                     }
+                    rows_store_block(y, am, o, oq, od, (uint64_t(r) * n_head + h) * D + 256 * wg + 32 * b, tig,
+                                     h < n_head);
                 }
             }
         }
@@ -407,14 +492,23 @@ bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_sw
                     const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                     uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
                     cudaStream_t s) {
-    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 3) return false;
-    const uint32_t resident = form == 1 ? wg_resident<1>() : form == 2 ? wg_resident<2>() : wg_resident<3>();
+    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 4) return false;
+    const uint32_t resident = form == 1   ? wg_resident<1>()
+                              : form == 2 ? wg_resident<2>()
+                              : form == 3 ? wg_resident<3>()
+                                          : wg_resident<4>();
     if (resident == 0) return false;
     // DSV4_ATTN_WG_NO_KEYS=1 (a measurement, wrong outputs): the producer stages zero keys
     // without loading them, so the consumers' own time shows (run 187)
     static const bool no_keys = env_int("DSV4_ATTN_WG_NO_KEYS", 0) == 1;
-    auto* kernel = form == 1 ? attn_rows_wg_kernel<1> : form == 2 ? attn_rows_wg_kernel<2> : attn_rows_wg_kernel<3>;
-    const uint32_t smem = form == 1 ? WgSmem<1>::bytes : form == 2 ? WgSmem<2>::bytes : WgSmem<3>::bytes;
+    auto* kernel = form == 1   ? attn_rows_wg_kernel<1>
+                   : form == 2 ? attn_rows_wg_kernel<2>
+                   : form == 3 ? attn_rows_wg_kernel<3>
+                               : attn_rows_wg_kernel<4>;
+    const uint32_t smem = form == 1   ? WgSmem<1>::bytes
+                          : form == 2 ? WgSmem<2>::bytes
+                          : form == 3 ? WgSmem<3>::bytes
+                                      : WgSmem<4>::bytes;
     kernel<<<std::min(R, resident), kWgThreads, smem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
         inv_freq, o, oq, od, no_keys);
