@@ -31,7 +31,13 @@
 // loads skipped: its loads through registers (32 KB in flight an SM) bound it. Run 188: form 2
 // (the floats by cp.async) 3.67 against 3.42, 2.37 with its key loads skipped: a chunk's key
 // tiles are ~2.7 GB of floats a ratio-4 layer, read from L2 at about its rate, hence form 3
-// (FP16 keys made once a layer: half the bytes). Off by default (DSV4_ATTN_FAST_WG).
+// (FP16 keys made once a layer: half the bytes). Run 189: form 3 2.38 (the no-keys time: its
+// loads hide behind the consumers), the chunk 14.57 -> 13.52; the default (DSV4_ATTN_FAST_WG=3),
+// the 36-layer fast prefill 8,777 -> 9,116 tok/s (run 191). Its Nsight Compute profile (run 192):
+// the consumers now bound it, their online rescale of O (FMUL 16.8 % of the instructions), the
+// scores' exchange through shared memory and the softmax. (A form 4 that issued the next tile's
+// scores before P · V and ran its softmax meanwhile, FlashAttention-3's schedule, measured slower:
+// 2.86, with three key stages, one query buffer and 224 registers; its code is in 7b3389e.)
 // The layouts (no swizzle; V as an MN-major B with LBO 128, SBO 512) were proved first by
 // bench/gpu/wgmma_attn_probe.cu (run 185).
 #include <cuda_fp16.h>
@@ -57,17 +63,15 @@ constexpr float kWgQScale = 1024.0f;   // the queries' (attn_fast_q_kernel's 2^1
 // of a key tile (64 KB: each producer thread's own 16-byte pieces, read back by itself).
 constexpr uint32_t kWgQBytes = kWgH * kWgD * 2, kWgKBytes = kWgKT * kWgD * 2, kWgXBytes = kWgH * kWgKT * 4;
 constexpr uint32_t kWgFBytes = kWgKT * kWgD * 4;
-// Form 4 keeps three key stages (its consumers hold two tiles at once) and one query buffer.
 template <int FORM>
 struct WgSmem {
-    static constexpr uint32_t q_buffers = FORM == 2 || FORM == 4 ? 1 : 2, k_stages = FORM == 4 ? 3 : 2;
+    static constexpr uint32_t q_buffers = FORM == 2 ? 1 : 2, k_stages = 2;
     static constexpr uint32_t k = q_buffers * kWgQBytes, x = k + k_stages * kWgKBytes, f = x + 4 * kWgXBytes;
     static constexpr uint32_t bytes = f + (FORM == 2 ? kWgFBytes : 0);
 };
 constexpr uint32_t kWgMaxRot = 128;   // RoPE tail dims at most (the angles' static shared memory)
 static_assert(WgSmem<1>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
 static_assert(WgSmem<2>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
-static_assert(WgSmem<4>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
 // Named barriers (0 is __syncthreads): the consumers' exchange; each key stage and query
 // buffer full (producer arrives, consumers wait) and empty (the reverse).
 constexpr uint32_t kBarX = 1, kBarKFull = 2, kBarKEmpty = 5, kBarQFull = 8, kBarQEmpty = 10;
@@ -84,13 +88,7 @@ __device__ __forceinline__ uint32_t wg_cm_offset(uint32_t row, uint32_t k, uint3
     return (k / 16) * rows * 32 + ((k / 8) % 2) * rows * 16 + (row / 8) * 128 + (row % 8) * 16 + (k % 8) * 2;
 }
 // Registers a warpgroup may hold from here on (setmaxnreg: the producer gives back what the
-// consumers take: 256 x 208 + 128 x 88 = 384 x 168, the launch's; form 4's consumers, with two
-// tiles' P, take 224 and leave its producer, which holds no key values, 56).
-template <int FORM>
-constexpr uint32_t kWgConsumerRegs = FORM == 4 ? 224 : 208;
-template <int FORM>
-constexpr uint32_t kWgProducerRegs = FORM == 4 ? 56 : 88;
-static_assert(256 * kWgConsumerRegs<4> + 128 * kWgProducerRegs<4> == 384 * 168, "WG rows attention: registers");
+// consumers take: 256 x 208 + 128 x 88 = 384 x 168, the launch's).
 template <uint32_t N>
 __device__ __forceinline__ void reg_alloc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -121,9 +119,7 @@ __device__ __forceinline__ uint32_t h2u(float a, float b) {
 // tile's scores, while the consumers finish that tile). FORM 3: it copies the tile by cp.async
 // from the round's FP16 keys (DevLayerKV::kh, made by keys_to_halves before the layer's
 // attention: the same rounding, so the same bits as forms 1 and 2) straight into the core-matrix
-// layout: half the bytes, no registers, no conversion; two query buffers. FORM 4: form 3's
-// producer with three key stages and one query buffer, for consumers that hold two tiles at once
-// (below: the scores of the next tile and their softmax during P · V).
+// layout: half the bytes, no registers, no conversion; two query buffers.
 template <int FORM>
 __global__ void __launch_bounds__(kWgThreads, 1)
     attn_rows_wg_kernel(const __half* q16, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
@@ -140,7 +136,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     RowTiles<KT, D, kWgThreads> tiles{rows, lkv, sel, n_swa, ratio, top_k, n_layer, il, R};
 
     if (wg == 2) {   // ---- the producer
-        reg_dealloc<kWgProducerRegs<FORM>>();
+        reg_dealloc<88>();
         // padding heads: zero in the query buffers once (a row's copy writes the real heads)
         for (uint32_t i = tw; i < S::q_buffers * (kWgH - n_head) * (D / 8); i += 128) {
             const uint32_t b = i / ((kWgH - n_head) * (D / 8)), j = i % ((kWgH - n_head) * (D / 8));
@@ -260,7 +256,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
 
     // ---- the consumers: warpgroup wg, its warp w: head rows 16 w + gid and + 8
-    reg_alloc<kWgConsumerRegs<FORM>>();
+    reg_alloc<208>();
     const uint32_t w = tw / 32, lane = tw % 32, gid = lane / 4, tig = lane % 4;
     const uint32_t h0 = 16 * w + gid, h1 = h0 + 8;
     const float scale = float(1.0 / sqrt(double(D))) / kWgQScale;
@@ -368,83 +364,25 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 wg_mma_rs<256, 1>(ov, pa[kk], wg_ss_desc(ka + kk * 256 + wg * (256 / 8) * (KT * 16), 128, KT * 16), true);
             xf::wg_commit();
         };
-        if constexpr (FORM == 4) {
-            // Two tiles at once (FlashAttention-3's schedule within a warpgroup): the scores of
-            // tile j + 1 are issued before P · V of tile j, and their softmax runs while that
-            // product does; O is rescaled for tile j + 1 once it is done. The same operations on
-            // the same values as the forms before: the same bits.
-            const uint32_t T = uint32_t((ks.NK + KT - 1) / KT);
+        for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
+            const uint32_t st = n % S::k_stages, nt = min(KT, uint32_t(ks.NK - t0));
+            const bool last = t0 + KT >= ks.NK;
+            bar_sync(kBarKFull + st, kWgThreads);
             float sc[16];
-            uint32_t pa0[2][4], pa1[2][4];   // P of the even and the odd tiles (each read by a P · V in flight)
-            float c0, c1;
-            bar_sync(kBarKFull + n % S::k_stages, kWgThreads);
-            scores(sc, n % S::k_stages);
+            scores(sc, st);
             xf::wg_wait<0>();
 #pragma unroll
             for (uint32_t j = 0; j < 16; ++j) xf::wg_fence_operand(sc[j]);
-            if (T == 1) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
-            softmax(sc, min(KT, uint32_t(ks.NK)), n, pa0, c0, c1);
+            if (last) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
+            uint32_t pa[2][4];
+            float c0, c1;
+            softmax(sc, nt, n, pa, c0, c1);
             rescale(c0, c1);
-            // tile j (its P in pa; not the row's last), the next one's P into pb
-            auto step = [&](uint32_t j, const uint32_t (&pa)[2][4], uint32_t (&pb)[2][4]) {
-                const uint32_t st = n % S::k_stages, st1 = (n + 1) % S::k_stages;
-                bar_sync(kBarKFull + st1, kWgThreads);
-                scores(sc, st1);
-                weighted(pa, st);
-                xf::wg_wait<1>();   // the scores of tile j + 1 (P · V of tile j may still run)
+            weighted(pa, st);
+            xf::wg_wait<0>();
 #pragma unroll
-                for (uint32_t q = 0; q < 16; ++q) xf::wg_fence_operand(sc[q]);
-                if (j + 2 == T) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
-                softmax(sc, min(KT, uint32_t(ks.NK - uint64_t(j + 1) * KT)), n + 1, pb, c0, c1);
-                xf::wg_wait<0>();
-#pragma unroll
-                for (uint32_t q = 0; q < 128; ++q) xf::wg_fence_operand(ov[q]);
-                bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
-                rescale(c0, c1);
-                ++n;
-            };
-            // the row's last tile (its P in pa)
-            auto finish = [&](const uint32_t (&pa)[2][4]) {
-                const uint32_t st = n % S::k_stages;
-                weighted(pa, st);
-                xf::wg_wait<0>();
-#pragma unroll
-                for (uint32_t q = 0; q < 128; ++q) xf::wg_fence_operand(ov[q]);
-                bar_arrive(kBarKEmpty + st, kWgThreads);
-                ++n;
-            };
-            uint32_t j = 0;
-            for (; j + 2 < T; j += 2) {
-                step(j, pa0, pa1);
-                step(j + 1, pa1, pa0);
-            }
-            if (j + 1 < T) {   // two tiles left (j even: P in pa0)
-                step(j, pa0, pa1);
-                finish(pa1);
-            } else {
-                finish(pa0);
-            }
-        } else {
-            for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
-                const uint32_t st = n % S::k_stages, nt = min(KT, uint32_t(ks.NK - t0));
-                const bool last = t0 + KT >= ks.NK;
-                bar_sync(kBarKFull + st, kWgThreads);
-                float sc[16];
-                scores(sc, st);
-                xf::wg_wait<0>();
-#pragma unroll
-                for (uint32_t j = 0; j < 16; ++j) xf::wg_fence_operand(sc[j]);
-                if (last) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
-                uint32_t pa[2][4];
-                float c0, c1;
-                softmax(sc, nt, n, pa, c0, c1);
-                rescale(c0, c1);
-                weighted(pa, st);
-                xf::wg_wait<0>();
-#pragma unroll
-                for (uint32_t j = 0; j < 128; ++j) xf::wg_fence_operand(ov[j]);
-                bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
-            }
+            for (uint32_t j = 0; j < 128; ++j) xf::wg_fence_operand(ov[j]);
+            bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
         }
         {   // the row's output: the sink, the normalisation, the RoPE tail back, the codes
             float fw[2], inv[2];
@@ -492,23 +430,14 @@ bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_sw
                     const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                     uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
                     cudaStream_t s) {
-    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 4) return false;
-    const uint32_t resident = form == 1   ? wg_resident<1>()
-                              : form == 2 ? wg_resident<2>()
-                              : form == 3 ? wg_resident<3>()
-                                          : wg_resident<4>();
+    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 3) return false;
+    const uint32_t resident = form == 1 ? wg_resident<1>() : form == 2 ? wg_resident<2>() : wg_resident<3>();
     if (resident == 0) return false;
     // DSV4_ATTN_WG_NO_KEYS=1 (a measurement, wrong outputs): the producer stages zero keys
     // without loading them, so the consumers' own time shows (run 187)
     static const bool no_keys = env_int("DSV4_ATTN_WG_NO_KEYS", 0) == 1;
-    auto* kernel = form == 1   ? attn_rows_wg_kernel<1>
-                   : form == 2 ? attn_rows_wg_kernel<2>
-                   : form == 3 ? attn_rows_wg_kernel<3>
-                               : attn_rows_wg_kernel<4>;
-    const uint32_t smem = form == 1   ? WgSmem<1>::bytes
-                          : form == 2 ? WgSmem<2>::bytes
-                          : form == 3 ? WgSmem<3>::bytes
-                                      : WgSmem<4>::bytes;
+    auto* kernel = form == 1 ? attn_rows_wg_kernel<1> : form == 2 ? attn_rows_wg_kernel<2> : attn_rows_wg_kernel<3>;
+    const uint32_t smem = form == 1 ? WgSmem<1>::bytes : form == 2 ? WgSmem<2>::bytes : WgSmem<3>::bytes;
     kernel<<<std::min(R, resident), kWgThreads, smem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
         inv_freq, o, oq, od, no_keys);
