@@ -1278,11 +1278,16 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                 off[s + 1] = off[s] + key_halves_values(lkv[uint64_t(s) * c_.n_layer].raw_cap, rows_[se[s] - 1].pos,
                                                         c_.head_dim);
             size_t free_b = 0, total_b = 0;
-            const bool fits = off[S] <= kh_.size() ||
-                              (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
-                               off[S] * sizeof(uint16_t) + (size_t(2) << 30) <= free_b);
+            bool fits = off[S] <= kh_.size() || (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
+                                                 off[S] * sizeof(uint16_t) + (size_t(2) << 30) <= free_b);
             if (fits) {
-                kh_.ensure(off[S], "attention key halves", &gen_);
+                try {   // (an allocation refused after all: this round without them, nothing lost)
+                    kh_.ensure(off[S], "attention key halves", &gen_);
+                } catch (const std::exception&) {
+                    fits = false;
+                }
+            }
+            if (fits) {
                 for (uint32_t s = 0; s < S; ++s)
                     for (uint32_t il = 0; il < c_.n_layer; ++il) {
                         DevLayerKV& L = lkv[uint64_t(s) * c_.n_layer + il];
