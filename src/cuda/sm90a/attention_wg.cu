@@ -286,11 +286,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             }
             xf::wg_commit();
         };
-        // The scores of tile n (nt keys) once waited for: exchanged (S = S_0 + S_1), the online
-        // softmax of rows h0, h1, and P (times 2^12, FP16) as the A fragments of the tile's two
-        // k-steps of 16 keys; c0, c1 the factors O takes before P · V is added.
-        auto softmax = [&](float (&sc)[16], uint32_t nt, uint32_t tn, uint32_t (&pa)[2][4], float& c0, float& c1) {
-            // exchange: this warpgroup's half into X[tn & 1][wg], the other's back
+        // The scores of tile n once waited for, exchanged: S = S_0 + S_1 in both warpgroups.
+        auto exchange = [&](float (&sc)[16], uint32_t tn) {
+            // this warpgroup's half into X[tn & 1][wg], the other's back
             float* xs = reinterpret_cast<float*>(smw + S::x + ((tn & 1) * 2 + wg) * kWgXBytes);
             const float* xo = reinterpret_cast<const float*>(smw + S::x + ((tn & 1) * 2 + (1 - wg)) * kWgXBytes);
 #pragma unroll
@@ -308,7 +306,11 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 for (uint32_t e = 0; e < 4; ++e)
                     sc[4 * t + e] = wg == 0 ? __fadd_rn(sc[4 * t + e], oth[e]) : __fadd_rn(oth[e], sc[4 * t + e]);
             }
-            // rows h0 (sc[4t], sc[4t + 1]) and h1 (sc[4t + 2], sc[4t + 3]), key 8 t + 2 tig (+ 1)
+        };
+        // The online softmax of rows h0 (sc[4t], sc[4t + 1]) and h1 (sc[4t + 2], sc[4t + 3]), key
+        // 8 t + 2 tig (+ 1), over a tile's nt keys: sc becomes the weights exp(s - m), (m, l) move
+        // on, c0, c1 the factors O takes before this tile's P · V is added.
+        auto softmax = [&](float (&sc)[16], uint32_t nt, float& c0, float& c1) {
             float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
             for (uint32_t t = 0; t < 4; ++t)
@@ -339,6 +341,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             quad_all(s0, s1, [](float a, float b) { return __fadd_rn(a, b); });
             l0 = __fadd_rn(__fmul_rn(l0, c0), s0), l1 = __fadd_rn(__fmul_rn(l1, c1), s1);
             m0 = nm0, m1 = nm1;
+        };
+        // The weights (times 2^12, FP16) as the A fragments of the tile's two k-steps of 16 keys.
+        auto fragments = [&](const float (&sc)[16], uint32_t (&pa)[2][4]) {
 #pragma unroll
             for (uint32_t kk = 0; kk < 2; ++kk) {
                 const float* lo = sc + 8 * kk;   // n-tiles 2 kk (keys 16 kk + 2 tig ..), 2 kk + 1 (+ 8)
@@ -380,7 +385,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
             if (last) bar_arrive(kBarQEmpty + qb, kWgThreads);   // the row's queries read
             uint32_t pa[2][4];
             float c0, c1;
-            softmax(sc, nt, n, pa, c0, c1);
+            exchange(sc, n);
+            softmax(sc, nt, c0, c1);
+            fragments(sc, pa);
             rescale(c0, c1);
             weighted(pa, st);
             xf::wg_wait<0>();
