@@ -789,7 +789,7 @@ void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint3
     }();
     attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o);
     check_launch("attention (fast queries)");
-    if (wg == 3 && !g_key_halves_round) wg = 0;   // (form 3 reads the round's FP16 keys)
+    if (wg >= 3 && !g_key_halves_round) wg = 0;   // (forms 3 and 4 read the round's FP16 keys)
     if (wg && launch_rows_wg(wg, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
                              od, s)) {
         ++g_wg_calls;
@@ -814,15 +814,15 @@ uint64_t attn_rows_fast_calls(int kt) { return kt == 32 ? g_fast32_calls.load() 
 void attn_rows_fast_wg_override(int form) { g_fast_wg_override = form; }
 uint64_t attn_rows_wg_calls() { return g_wg_calls.load(); }
 int attn_rows_wg_form() {
-    // DSV4_ATTN_FAST_WG (read once; attn_rows_fast_wg_override wins): 1 to 3 the fast rows
+    // DSV4_ATTN_FAST_WG (read once; attn_rows_fast_wg_override wins): 1 to 4 the fast rows
     // attention's 32-key tiles by Hopper's warpgroup MMA (sm90a/attention_wg.cu, a compute
     // capability 9.0 device; 2: the key tiles copied by cp.async, 3: copied from the round's FP16
     // keys: the default, run 189: a fast chunk of 4 ratio-4 layers 14.57 -> 13.52 us a token, the
-    // attention 3.42 -> 2.38), 0 by mma.sync (also where the round has no FP16 keys or the device
-    // no warpgroup MMA)
+    // attention 3.42 -> 2.38; 4: form 3's keys, the consumers in split roles, other bits, not yet
+    // run), 0 by mma.sync (also where the round has no FP16 keys or the device no warpgroup MMA)
     static const int env = env_int("DSV4_ATTN_FAST_WG", 3);
     const int form = g_fast_wg_override >= 0 ? g_fast_wg_override : env;
-    return form >= 1 && form <= 3 && gemm_experts_wgmma_available() ? form : 0;
+    return form >= 1 && form <= 4 && gemm_experts_wgmma_available() ? form : 0;
 }
 void attn_key_halves_round(bool on) { g_key_halves_round = on; }
 bool attn_key_halves_round() { return g_key_halves_round; }

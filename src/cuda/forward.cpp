@@ -602,7 +602,7 @@ private:
     std::vector<int32_t> greedy_excl_host_;
     DBuf<DevRow> rows_dev_;
     DBuf<DevLayerKV> lkv_dev_;
-    // A fast prompt round's FP16 keys (DevLayerKV::kh; the rows attention's warpgroup form 3),
+    // A fast prompt round's FP16 keys (DevLayerKV::kh; the rows attention's warpgroup forms 3, 4),
     // made again by keys_to_halves before each layer's attention while kh_round_.
     DBuf<uint16_t> kh_;
     bool kh_round_ = false;
@@ -1268,11 +1268,11 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
             gemm_decode_round(!prompt || decode_head);
         };
         round_order(false);
-        // The fast rows attention's form 3 reads FP16 keys made once a layer (keys_to_halves):
+        // The fast rows attention's forms 3, 4 read FP16 keys made once a layer (keys_to_halves):
         // room for each session's raw ring and its compressed rows at ratio 4, unless that would
         // leave the device short (then the round keeps the mma.sync kernel).
         kh_round_ = false;
-        if (fast_prefill_ && prompt && c_.head_dim == 512 && attn_rows_wg_form() == 3) {
+        if (fast_prefill_ && prompt && c_.head_dim == 512 && attn_rows_wg_form() >= 3) {
             std::vector<uint64_t> off(S + 1, 0);
             for (uint32_t s = 0; s < S; ++s)
                 off[s + 1] = off[s] + key_halves_values(lkv[uint64_t(s) * c_.n_layer].raw_cap, rows_[se[s] - 1].pos,

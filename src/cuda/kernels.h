@@ -687,25 +687,25 @@ uint64_t attn_rows_fast_calls(int kt = 0);
 // Tests: that form in tiles of 32 keys by Hopper's warpgroup MMA (attn_rows_wg_kernel,
 // sm90a/attention_wg.cu, where gemm_experts_wgmma_available(); heads of 512 up to 64: 1 its key
 // tiles loaded through the producer's registers, 2 by cp.async, 3 by cp.async from the round's
-// FP16 keys where attn_key_halves_round) or by mma.sync (0); -1: DSV4_ATTN_FAST_WG's (default
-// 3). Its own bits, the same in every form.
+// FP16 keys where attn_key_halves_round, 4 from those with the consumers in split roles) or by
+// mma.sync (0); -1: DSV4_ATTN_FAST_WG's (default 3). Its own bits, the same in forms 1-3.
 void attn_rows_fast_wg_override(int form);
 // Launches of the warpgroup form in this process (tests: the path was taken).
 uint64_t attn_rows_wg_calls();
 // The warpgroup form the override or DSV4_ATTN_FAST_WG asks for (0 none; 3: its key tiles
-// copied from the round's FP16 keys, DevLayerKV::kh, by cp.async: the default), where the
-// device has it.
+// copied from the round's FP16 keys, DevLayerKV::kh, by cp.async: the default; 4: the same keys,
+// the consumers in split roles: other bits), where the device has it.
 int attn_rows_wg_form();
 // Whether this round's DevLayerKV carry FP16 keys (kh) that keys_to_halves fills before each
-// layer's attention (set by the backend a round at a time; tests for a scope): form 3 runs only
-// then, else the mma.sync kernel does.
+// layer's attention (set by the backend a round at a time; tests for a scope): forms 3 and 4
+// run only then, else the mma.sync kernel does.
 void attn_key_halves_round(bool on);
 bool attn_key_halves_round();
 // Layer il's keys of S sessions as FP16 (round to nearest) into their kh: the raw ring rows of
 // positions kh_lo .. kh_hi and, for ratio > 0, the compressed rows 0 .. (kh_hi + 1) / ratio - 1.
 void keys_to_halves(const DevLayerKV* lkv, uint32_t S, uint32_t n_layer, uint32_t il, uint32_t D, uint32_t ratio,
                     cudaStream_t s);
-// The warpgroup form's launch (sm90a/attention_wg.cu; forms 1 to 3, as above), after
+// The warpgroup form's launch (sm90a/attention_wg.cu; forms 1 to 4, as above), after
 // attn_fast_q_kernel has put the rows' FP16 queries into o: false where the shape or the device
 // does not allow it.
 bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,

@@ -1460,7 +1460,8 @@ struct AttnCase {
 // DSV4_ATTN_FAST_KT=32), else as 5; 7 those tiles by Hopper's warpgroup MMA
 // (attn_rows_wg_kernel, DSV4_ATTN_FAST_WG=1) where the device has it, else as 6; 8 the same with
 // its key tiles copied by cp.async (DSV4_ATTN_FAST_WG=2); 9 the same from FP16 keys
-// (DSV4_ATTN_FAST_WG=3, the round's keys made by keys_to_halves: AttnProblem::run); the
+// (DSV4_ATTN_FAST_WG=3, the round's keys made by keys_to_halves: AttnProblem::run); 10 from
+// those keys with its consumers in split roles (DSV4_ATTN_FAST_WG=4: other bits); the
 // environment's choice again afterwards.
 struct AttnKernel {
     explicit AttnKernel(int mode) {
@@ -1517,10 +1518,10 @@ std::vector<int64_t> attn_positions(const AttnShape& sh, uint32_t ratio) {
 // 5, widths 256 and 512; DSV4_ATTN_FAST) rounds queries, keys, weights and values to FP16 once
 // each (2^-11 of each): held to 5e-3 of the head's largest output (queries in [-4, 4], keys in
 // [-1, 1]: its scores move by ~3e-4 a key, its weights and values by 2^-11); mode 6 (its 32-key
-// tiles at width 512) the same, and modes 7, 8 and 9 (those tiles by the warpgroup MMA, where
-// the device has it: its launches counted).
+// tiles at width 512) the same, and modes 7 to 10 (those tiles by the warpgroup MMA, where the
+// device has it: its launches counted).
 TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
-    for (int tc : {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
+    for (int tc : {10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1563,9 +1564,9 @@ TEST_F(CudaKernels, AttentionMatchesDoubleReference) {
 // group), the 64- and 20-head ones for the tensor cores (16). R: slices of 32 rows or more
 // for every layer kind of the model's shape (ratio 128: 100 rows = slices of 34, 34, 32). Mode 5
 // (the plain FP16 rows kernel) and 6 (its 32-key tiles) too: other bits than mode 4, but a
-// row's own whatever the batch; modes 7, 8 and 9 (the warpgroup forms) too.
+// row's own whatever the batch; modes 7 to 10 (the warpgroup forms) too.
 TEST_F(CudaKernels, AttentionRowsAreBitIdenticalAloneAndBatched) {
-    for (int tc : {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
+    for (int tc : {10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             for (uint32_t ratio : {0u, 4u, 128u}) {
@@ -1663,8 +1664,8 @@ TEST_F(CudaKernels, AttentionOutputCodesEqualQuantizeAct) {
     // The merge (and a prompt round's rows kernel) can write the output projection's Q8_0 codes
     // of o itself: the same bytes as quantize_act from o, and o unchanged (mode 5: the plain FP16
     // rows kernel's o; mode 6: its 32-key tiles, whose codes leave from the accumulators; modes 7
-    // to 9 those tiles by the warpgroup MMA).
-    for (int tc : {9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
+    // to 10 those tiles by the warpgroup MMA).
+    for (int tc : {10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0}) {
         const AttnKernel kernel(tc);
         for (const AttnShape& sh : kAttnShapes) {
             if (sh.D % 128) continue;
@@ -1828,7 +1829,7 @@ TEST_F(CudaKernels, AttentionRowsQueryNormInKernelEqualsHeadNormRope) {
     };
     // (AttnKernel: the rows kernel with 8 / 16 warps, FP16, plain FP16 in tiles of 32 keys: its
     // queries' norm in attn_fast_q_kernel, the same bits as head_norm_rope's)
-    for (int mode : {2, 3, 4, 6, 7, 8, 9}) {
+    for (int mode : {2, 3, 4, 6, 7, 8, 9, 10}) {
         const AttnKernel kernel(mode);
         for (const AttnShape& sh : kAttnShapes) {
             if (!cuda::attn_rows_ok(sh.n_head, sh.D, sh.n_rot)) continue;   // (D = 96: the splits)

@@ -242,8 +242,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
 // with its warpgroup-MMA form over two groups a block, and staging every pair slot (the default
 // stages only the pairs it reads), and with the attention's 32-key tiles by the warpgroup MMA
-// (attn_rows_wg_kernel's forms 1 and 2; the default is form 3 where the device has it, so its
-// mma.sync form too).
+// (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
+// its mma.sync form too).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -264,7 +264,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, cp.async", 2},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by mma.sync", 0}}) {
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by mma.sync", 0},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention in split roles", 4}}) {
         if ((v.wgmma > 0 || v.attn_wg > 0) && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::attn_rows_fast_wg_override(v.attn_wg);
         cuda::gemm_experts_f16_override(v.experts_f16);

@@ -37,7 +37,8 @@
 // the consumers now bound it, their online rescale of O (FMUL 16.8 % of the instructions), the
 // scores' exchange through shared memory and the softmax. (A form 4 that issued the next tile's
 // scores before P · V and ran its softmax meanwhile, FlashAttention-3's schedule, measured slower:
-// 2.86, with three key stages, one query buffer and 224 registers; its code is in 7b3389e.)
+// 2.86, with three key stages, one query buffer and 224 registers; its code is in 7b3389e.) The
+// present form 4 (opt-in, not yet run) splits the roles instead: see the consumers below.
 // The layouts (no swizzle; V as an MN-major B with LBO 128, SBO 512) were proved first by
 // bench/gpu/wgmma_attn_probe.cu (run 185).
 #include <cuda_fp16.h>
@@ -63,18 +64,26 @@ constexpr float kWgQScale = 1024.0f;   // the queries' (attn_fast_q_kernel's 2^1
 // of a key tile (64 KB: each producer thread's own 16-byte pieces, read back by itself).
 constexpr uint32_t kWgQBytes = kWgH * kWgD * 2, kWgKBytes = kWgKT * kWgD * 2, kWgXBytes = kWgH * kWgKT * 4;
 constexpr uint32_t kWgFBytes = kWgKT * kWgD * 4;
+// Form 4 keeps three key stages and one query buffer; its region x holds the weights P of two
+// tiles (the A operand of P · V, [64][32] halves each) and the rows' state after them.
 template <int FORM>
 struct WgSmem {
-    static constexpr uint32_t q_buffers = FORM == 2 ? 1 : 2, k_stages = 2;
+    static constexpr uint32_t q_buffers = FORM == 2 || FORM == 4 ? 1 : 2, k_stages = FORM == 4 ? 3 : 2;
     static constexpr uint32_t k = q_buffers * kWgQBytes, x = k + k_stages * kWgKBytes, f = x + 4 * kWgXBytes;
     static constexpr uint32_t bytes = f + (FORM == 2 ? kWgFBytes : 0);
 };
 constexpr uint32_t kWgMaxRot = 128;   // RoPE tail dims at most (the angles' static shared memory)
 static_assert(WgSmem<1>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
 static_assert(WgSmem<2>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
+static_assert(WgSmem<4>::bytes + 2 * 2 * (kWgMaxRot / 2) * 4 <= 227 * 1024, "WG rows attention: one block an SM");
+constexpr uint32_t kWgPBytes = kWgH * kWgKT * 2;   // form 4: a tile's P as halves
+static_assert(2 * kWgPBytes + 2 * 3 * kWgH * 4 <= 4 * kWgXBytes, "form 4: P and the state in region x");
 // Named barriers (0 is __syncthreads): the consumers' exchange; each key stage and query
 // buffer full (producer arrives, consumers wait) and empty (the reverse).
-constexpr uint32_t kBarX = 1, kBarKFull = 2, kBarKEmpty = 5, kBarQFull = 8, kBarQEmpty = 10;
+// Form 4 also: a tile's P and state written (by parity; its owner arrives, the other waits) and
+// each warpgroup's own P written (its four warps).
+constexpr uint32_t kBarX = 1, kBarKFull = 2, kBarKEmpty = 5, kBarQFull = 8, kBarQEmpty = 10, kBarState = 12,
+                   kBarP = 14;
 
 __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t n) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -119,7 +128,9 @@ __device__ __forceinline__ uint32_t h2u(float a, float b) {
 // tile's scores, while the consumers finish that tile). FORM 3: it copies the tile by cp.async
 // from the round's FP16 keys (DevLayerKV::kh, made by keys_to_halves before the layer's
 // attention: the same rounding, so the same bits as forms 1 and 2) straight into the core-matrix
-// layout: half the bytes, no registers, no conversion; two query buffers.
+// layout: half the bytes, no registers, no conversion; two query buffers. FORM 4: form 3's
+// producer with three key stages and one query buffer, for consumers in split roles (below; not
+// yet run on a device).
 template <int FORM>
 __global__ void __launch_bounds__(kWgThreads, 1)
     attn_rows_wg_kernel(const __half* q16, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
@@ -187,7 +198,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                     }
                     cp_async_wait_all();
                     xf::fence_proxy_async();
-                    bar_arrive(kBarKFull + st, kWgThreads);
+                    bar_arrive(kBarKFull + st, FORM == 4 ? 256 : kWgThreads);   // (form 4: the tile's owner waits)
                     continue;
                 }
                 const uint32_t g = t0 + kj;
@@ -275,12 +286,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
         const uint32_t qa = sm_a + qb * kWgQBytes;
         // S_wg over dims 256 wg .. 256 wg + 255 (k-steps 16 wg .. 16 wg + 15) of the tile in stage
         // st, issued and committed (not waited for)
+        // (form 4: S over all of D, k-steps 0 .. 31)
         auto scores = [&](float (&sc)[16], uint32_t st) {
             const uint32_t ka = sm_a + S::k + st * kWgKBytes;
             xf::wg_fence();
 #pragma unroll
-            for (uint32_t s = 0; s < 16; ++s) {
-                const uint32_t kg = 16 * wg + s;
+            for (uint32_t s = 0; s < (FORM == 4 ? 32 : 16); ++s) {
+                const uint32_t kg = (FORM == 4 ? 0 : 16 * wg) + s;
                 wg_mma_ss<32, 0>(sc, wg_ss_desc(qa + kg * kWgH * 32, kWgH * 16, 128),
                                  wg_ss_desc(ka + kg * KT * 32, KT * 16, 128), s > 0);
             }
@@ -373,6 +385,86 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 wg_mma_rs<256, 1>(ov, pa[kk], wg_ss_desc(ka + kk * 256 + wg * (256 / 8) * (KT * 16), 128, KT * 16), true);
             xf::wg_commit();
         };
+        if constexpr (FORM == 4) {
+            // Split roles (as FlashMLA's): warpgroup j % 2 forms tile j's scores over all of D,
+            // its softmax and P (into shared memory, with the rows' m, l and factor c); the other
+            // reads that state, and both rescale their half of O and add P · V for their 256
+            // value dims, the other issuing the next tile's scores beside it. So each warpgroup
+            // runs the softmax of every other tile, nothing is exchanged but P (4 KB of halves),
+            // and a tile's scores run beside the tile before's P · V. Other bits than forms 1-3
+            // (S in one chain over D, not two halves added).
+            const uint32_t T = uint32_t((ks.NK + KT - 1) / KT);
+            const int64_t own_last = int64_t(T) - 1 - ((T - 1) % 2 != wg ? 1 : 0);   // -1: none
+            const uint32_t pb = sm_a + S::x;                                          // P of parity p at pb + p kWgPBytes
+            uint32_t* pw = reinterpret_cast<uint32_t*>(smw + S::x);
+            float* state = reinterpret_cast<float*>(smw + S::x + 2 * kWgPBytes);    // [parity][m, l, c][64 rows]
+            float sc[16];
+            if (own_last < 0) bar_arrive(kBarQEmpty + qb, kWgThreads);   // (a row of one tile: warpgroup 1 forms none)
+            if (wg == 0) {   // tile 0's scores
+                bar_sync(kBarKFull + n % S::k_stages, 256);
+                scores(sc, n % S::k_stages);
+                xf::wg_wait<0>();
+#pragma unroll
+                for (uint32_t q = 0; q < 16; ++q) xf::wg_fence_operand(sc[q]);
+                if (own_last == 0) bar_arrive(kBarQEmpty + qb, kWgThreads);
+            }
+            for (uint32_t j = 0; j < T; ++j, ++n) {
+                const uint32_t st = n % S::k_stages, par = j & 1;
+                float c0, c1;
+                const bool own = j % 2 == wg, next = !own && j + 1 < T;
+                if (own) {
+                    softmax(sc, min(KT, uint32_t(ks.NK - uint64_t(j) * KT)), c0, c1);
+                    // P (times 2^12) at wg_cm_offset(head, key, 64): rows h0, h1, keys 8 t + 2 tig, + 1
+#pragma unroll
+                    for (uint32_t t = 0; t < 4; ++t) {
+                        pw[(par * kWgPBytes + wg_cm_offset(h0, 8 * t + 2 * tig, kWgH)) / 4] =
+                            h2u(sc[4 * t] * kWgPScale, sc[4 * t + 1] * kWgPScale);
+                        pw[(par * kWgPBytes + wg_cm_offset(h1, 8 * t + 2 * tig, kWgH)) / 4] =
+                            h2u(sc[4 * t + 2] * kWgPScale, sc[4 * t + 3] * kWgPScale);
+                    }
+                    if (tig == 0) {
+                        float* sp = state + par * 3 * kWgH;
+                        sp[h0] = m0, sp[kWgH + h0] = l0, sp[2 * kWgH + h0] = c0;
+                        sp[h1] = m1, sp[kWgH + h1] = l1, sp[2 * kWgH + h1] = c1;
+                    }
+                    xf::fence_proxy_async();
+                    bar_arrive(kBarState + par, 256);   // for the other warpgroup
+                    bar_sync(kBarP + wg, 128);          // this one's own P · V reads all four warps' P
+                } else {
+                    bar_sync(kBarState + par, 256);
+                    const float* sp = state + par * 3 * kWgH;
+                    m0 = sp[h0], l0 = sp[kWgH + h0], c0 = sp[2 * kWgH + h0];
+                    m1 = sp[h1], l1 = sp[kWgH + h1], c1 = sp[2 * kWgH + h1];
+                }
+                // (O rescaled before any wgmma of this stage is issued: ptxas serialises every
+                // wgmma of the kernel if their accumulators are written between issue and wait)
+                rescale(c0, c1);
+                {   // O += P · V, P from shared memory (the A operand's K-major core matrices)
+                    const uint32_t ka = sm_a + S::k + st * kWgKBytes;
+                    xf::wg_fence();
+#pragma unroll
+                    for (uint32_t kk = 0; kk < 2; ++kk)
+                        wg_mma_ss<256, 1>(ov, wg_ss_desc(pb + par * kWgPBytes + kk * kWgH * 32, kWgH * 16, 128),
+                                          wg_ss_desc(ka + kk * 256 + wg * (256 / 8) * (KT * 16), 128, KT * 16), true);
+                    xf::wg_commit();
+                }
+                // (each path waits before it joins the other: sc must not merge while in flight)
+                if (next) {   // the next tile is this warpgroup's: its scores beside P · V
+                    bar_sync(kBarKFull + (n + 1) % S::k_stages, 256);
+                    scores(sc, (n + 1) % S::k_stages);
+                    xf::wg_wait<0>();
+#pragma unroll
+                    for (uint32_t q = 0; q < 16; ++q) xf::wg_fence_operand(sc[q]);
+                    if (int64_t(j) + 1 == own_last) bar_arrive(kBarQEmpty + qb, kWgThreads);   // its last scores
+                } else {
+                    xf::wg_wait<0>();
+                }
+#pragma unroll
+                for (uint32_t q = 0; q < 128; ++q) xf::wg_fence_operand(ov[q]);
+                bar_arrive(kBarKEmpty + st, kWgThreads);   // the tile read
+            }
+            bar_sync(kBarX, 256);   // (both done with P and the state before the next row writes them)
+        } else
         for (uint32_t t0 = 0; t0 < ks.NK; t0 += KT, ++n) {
             const uint32_t st = n % S::k_stages, nt = min(KT, uint32_t(ks.NK - t0));
             const bool last = t0 + KT >= ks.NK;
@@ -441,8 +533,11 @@ bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_sw
                     const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                     uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
                     cudaStream_t s) {
-    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 3) return false;
-    const uint32_t resident = form == 1 ? wg_resident<1>() : form == 2 ? wg_resident<2>() : wg_resident<3>();
+    if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 4) return false;
+    const uint32_t resident = form == 1   ? wg_resident<1>()
+                              : form == 2 ? wg_resident<2>()
+                              : form == 3 ? wg_resident<3>()
+                                          : wg_resident<4>();
     if (resident == 0) return false;
     // DSV4_ATTN_WG_NO_KEYS=1 (a measurement, wrong outputs): the producer stages zero keys
     // without loading them, so the consumers' own time shows (run 187)
@@ -452,8 +547,14 @@ bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_sw
     // FP16 below 2^15), so the consumers rescale O on fewer tiles (run 192: FMUL 16.8 % of the
     // kernel's instructions)
     static const float margin = std::min(2.0794f, float(env_int("DSV4_ATTN_WG_MARGIN", 0)) / 1000.0f);
-    auto* kernel = form == 1 ? attn_rows_wg_kernel<1> : form == 2 ? attn_rows_wg_kernel<2> : attn_rows_wg_kernel<3>;
-    const uint32_t smem = form == 1 ? WgSmem<1>::bytes : form == 2 ? WgSmem<2>::bytes : WgSmem<3>::bytes;
+    auto* kernel = form == 1   ? attn_rows_wg_kernel<1>
+                   : form == 2 ? attn_rows_wg_kernel<2>
+                   : form == 3 ? attn_rows_wg_kernel<3>
+                               : attn_rows_wg_kernel<4>;
+    const uint32_t smem = form == 1   ? WgSmem<1>::bytes
+                          : form == 2 ? WgSmem<2>::bytes
+                          : form == 3 ? WgSmem<3>::bytes
+                                      : WgSmem<4>::bytes;
     kernel<<<std::min(R, resident), kWgThreads, smem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
         inv_freq, o, oq, od, no_keys, margin);
