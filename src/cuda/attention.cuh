@@ -226,6 +226,10 @@ struct RowTiles {
         const uint32_t g = t0 + kj;
         return g < ks.NK && g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
     }
+    // key g's selection (g below NK; 0 where it is a ring row or the row selects none)
+    __device__ __forceinline__ uint32_t sel_at(const Keys& ks, uint32_t r, uint32_t g) const {
+        return g >= ks.n_raw && ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)] : 0u;
+    }
     // The tile after (r, t0) and key row kj's selection there: a kernel keeps the tile after the
     // one it computes (copied during it) and reads the selection of the one after that.
     struct Next {
@@ -235,17 +239,28 @@ struct RowTiles {
         advance(r, t0);
         return {r, t0, sel_of(r, t0, kj)};
     }
-    // This thread's part of key row kj of tile (r, t0) (selection sg) into the staged row dst
-    // (attn_key_row_sel's rows); rows past the row's keys zero (their weights are 0, and 0 · a
-    // stale NaN would not be).
+    // Key g (below NK) of row r with keys ks, selection sg where the row selects
+    // (attn_key_row_sel's rows): its float row, and its row in the round's FP16 keys
+    // (DevLayerKV::kh: the ring's rows, then the compressed ones).
+    __device__ __forceinline__ const float* key_row(const Keys& ks, uint32_t r, uint32_t g, uint32_t sg) const {
+        const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+        return g < ks.n_raw ? L.raw + uint64_t((ks.lo + g) % L.raw_cap) * D
+                            : L.comp + uint64_t(ks.use_sel ? sg : g - ks.n_raw) * L.comp_stride;
+    }
+    __device__ __forceinline__ const uint16_t* key_half_row(const Keys& ks, uint32_t r, uint32_t g,
+                                                            uint32_t sg) const {
+        const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
+        return L.kh + (g < ks.n_raw ? uint64_t((ks.lo + g) % L.raw_cap)
+                                    : L.raw_cap + uint64_t(ks.use_sel ? sg : g - ks.n_raw)) * D;
+    }
+    // This thread's part of key row kj of tile (r, t0) (selection sg) into the staged row dst;
+    // rows past the row's keys zero (their weights are 0, and 0 · a stale NaN would not be).
     __device__ __forceinline__ void stage(uint32_t r, uint32_t t0, uint32_t sg, uint32_t kj, uint32_t ksub, float* dst) {
         constexpr uint32_t D4 = D / 4, KTH = T / KT;
         const Keys ks = keys(r);
         const uint32_t g = t0 + kj;
         if (g < ks.NK) {
-            const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-            const float* kp = g < ks.n_raw ? L.raw + uint64_t((ks.lo + g) % L.raw_cap) * D
-                                           : L.comp + uint64_t(ks.use_sel ? sg : g - ks.n_raw) * L.comp_stride;
+            const float* kp = key_row(ks, r, g, sg);
             for (uint32_t u = ksub; u < D4; u += KTH) cp_async16(dst + 4 * u, kp + 4 * u);
         } else {
             for (uint32_t u = ksub; u < D4; u += KTH) *reinterpret_cast<float4*>(dst + 4 * u) = make_float4(0, 0, 0, 0);

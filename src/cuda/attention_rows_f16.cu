@@ -767,12 +767,9 @@ __global__ void keys_to_halves_kernel(const DevLayerKV* lkv, uint32_t n_layer, u
         }
         const float4 a = __ldcs(reinterpret_cast<const float4*>(src + 8 * c));
         const float4 b = __ldcs(reinterpret_cast<const float4*>(src + 8 * c + 4));
-        const __half2 h0 = __floats2half2_rn(a.x, a.y), h1 = __floats2half2_rn(a.z, a.w);
-        const __half2 h2 = __floats2half2_rn(b.x, b.y), h3 = __floats2half2_rn(b.z, b.w);
-        uint4 v;
-        v.x = *reinterpret_cast<const uint32_t*>(&h0), v.y = *reinterpret_cast<const uint32_t*>(&h1);
-        v.z = *reinterpret_cast<const uint32_t*>(&h2), v.w = *reinterpret_cast<const uint32_t*>(&h3);
-        *reinterpret_cast<uint4*>(L.kh + dst + 8 * c) = v;
+        *reinterpret_cast<uint4*>(L.kh + dst + 8 * c) =
+            make_uint4(h2_bits(__floats2half2_rn(a.x, a.y)), h2_bits(__floats2half2_rn(a.z, a.w)),
+                       h2_bits(__floats2half2_rn(b.x, b.y)), h2_bits(__floats2half2_rn(b.z, b.w)));
     }
 }
 

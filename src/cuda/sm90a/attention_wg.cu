@@ -51,6 +51,7 @@
 namespace dsv4::cuda {
 namespace {
 
+using xf::h2_of;
 using wgss::wg_mma_rs;
 using wgss::wg_mma_ss;
 using wgss::wg_ss_desc;
@@ -116,10 +117,6 @@ __device__ __forceinline__ void quad_all(float& a, float& b, Op op) {
         b = op(b, __shfl_xor_sync(0xffffffffu, b, x));
     }
 }
-__device__ __forceinline__ uint32_t h2u(float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&h);
-}
 
 // FORM 1: the producer loads a tile's floats into its registers (two batches of 8 chunks of 8
 // floats a thread) and stores them as halves; two query buffers. FORM 2: it copies them by
@@ -179,15 +176,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                     // key 8 (tw / 32) + tw % 8, its 16-byte chunks 4 u + (tw / 8) % 4: a warp reads
                     // 64 contiguous bytes of each of 8 keys and writes whole core matrices
                     const uint32_t kk = 8 * (tw / 32) + tw % 8, cq = (tw / 8) % 4, g = t0 + kk;
-                    const uint16_t* kp = nullptr;
-                    if (g < ks.NK && !no_keys) {
-                        const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-                        kp = L.kh + (g < ks.n_raw ? uint64_t((ks.lo + g) % L.raw_cap)
-                                                  : L.raw_cap + uint64_t(ks.use_sel ? sel[uint64_t(r) * top_k +
-                                                                                          (g - ks.n_raw)]
-                                                                                    : g - ks.n_raw)) *
-                                           D;
-                    }
+                    const uint16_t* kp =
+                        g < ks.NK && !no_keys ? tiles.key_half_row(ks, r, g, tiles.sel_at(ks, r, g)) : nullptr;
                     if (n >= S::k_stages) bar_sync(kBarKEmpty + st, kWgThreads);   // the consumers are done with it
 #pragma unroll
                     for (uint32_t u = 0; u < 16; ++u) {
@@ -202,13 +192,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                     continue;
                 }
                 const uint32_t g = t0 + kj;
-                const float* kp = nullptr;
-                if (g < ks.NK && !no_keys) {
-                    const DevLayerKV& L = lkv[uint64_t(rows[r].sess) * n_layer + il];
-                    kp = g < ks.n_raw ? L.raw + uint64_t((ks.lo + g) % L.raw_cap) * D
-                                      : L.comp + uint64_t(ks.use_sel ? sel[uint64_t(r) * top_k + (g - ks.n_raw)]
-                                                                     : g - ks.n_raw) * L.comp_stride;
-                }
+                const float* kp = g < ks.NK && !no_keys ? tiles.key_row(ks, r, g, tiles.sel_at(ks, r, g)) : nullptr;
                 if constexpr (FORM == 2) {
                     // this thread's 16 chunks of 8 dims (dc0 + 4u) as 32 pieces of 16 bytes, piece
                     // (u, e) at F + (2u + e) · 2,048 + 16 tw (a warp's reads back: consecutive)
@@ -234,7 +218,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                         const float4 a = *reinterpret_cast<const float4*>(f + (2 * u) * 2048);
                         const float4 c = *reinterpret_cast<const float4*>(f + (2 * u + 1) * 2048);
                         *reinterpret_cast<uint4*>(kt + wg_cm_offset(kj, 8 * dc, KT)) =
-                            make_uint4(h2u(a.x, a.y), h2u(a.z, a.w), h2u(c.x, c.y), h2u(c.z, c.w));
+                            make_uint4(h2_of(a.x, a.y), h2_of(a.z, a.w), h2_of(c.x, c.y), h2_of(c.z, c.w));
                     }
                     xf::fence_proxy_async();
                     bar_arrive(kBarKFull + st, kWgThreads);
@@ -257,7 +241,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                         const uint32_t dc = dc0 + 4 * (8 * b + u);
                         const float4 a = v[2 * u], c = v[2 * u + 1];
                         *reinterpret_cast<uint4*>(kt + wg_cm_offset(kj, 8 * dc, KT)) =
-                            make_uint4(h2u(a.x, a.y), h2u(a.z, a.w), h2u(c.x, c.y), h2u(c.z, c.w));
+                            make_uint4(h2_of(a.x, a.y), h2_of(a.z, a.w), h2_of(c.x, c.y), h2_of(c.z, c.w));
                     }
                 }
                 xf::fence_proxy_async();
@@ -359,10 +343,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
             for (uint32_t kk = 0; kk < 2; ++kk) {
                 const float* lo = sc + 8 * kk;   // n-tiles 2 kk (keys 16 kk + 2 tig ..), 2 kk + 1 (+ 8)
-                pa[kk][0] = h2u(lo[0] * kWgPScale, lo[1] * kWgPScale);
-                pa[kk][1] = h2u(lo[2] * kWgPScale, lo[3] * kWgPScale);
-                pa[kk][2] = h2u(lo[4] * kWgPScale, lo[5] * kWgPScale);
-                pa[kk][3] = h2u(lo[6] * kWgPScale, lo[7] * kWgPScale);
+                pa[kk][0] = h2_of(lo[0] * kWgPScale, lo[1] * kWgPScale);
+                pa[kk][1] = h2_of(lo[2] * kWgPScale, lo[3] * kWgPScale);
+                pa[kk][2] = h2_of(lo[4] * kWgPScale, lo[5] * kWgPScale);
+                pa[kk][3] = h2_of(lo[6] * kWgPScale, lo[7] * kWgPScale);
             }
         };
         auto rescale = [&](float c0, float c1) {
@@ -418,9 +402,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 #pragma unroll
                     for (uint32_t t = 0; t < 4; ++t) {
                         pw[(par * kWgPBytes + wg_cm_offset(h0, 8 * t + 2 * tig, kWgH)) / 4] =
-                            h2u(sc[4 * t] * kWgPScale, sc[4 * t + 1] * kWgPScale);
+                            h2_of(sc[4 * t] * kWgPScale, sc[4 * t + 1] * kWgPScale);
                         pw[(par * kWgPBytes + wg_cm_offset(h1, 8 * t + 2 * tig, kWgH)) / 4] =
-                            h2u(sc[4 * t + 2] * kWgPScale, sc[4 * t + 3] * kWgPScale);
+                            h2_of(sc[4 * t + 2] * kWgPScale, sc[4 * t + 3] * kWgPScale);
                     }
                     if (tig == 0) {
                         float* sp = state + par * 3 * kWgH;
