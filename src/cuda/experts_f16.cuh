@@ -57,11 +57,6 @@ struct KqGemm {
     const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
-    // The fast experts kernel's HB form: the activation rows as FP16 in its k order ([row][AL]
-    // halves, xf_half_slot), copied straight into its B tiles; and (the IQ2_XXS gate+up) its
-    // swiglu outputs written so too ([pair][y_stride] halves) for the down's HB form. Null: none.
-    const uint16_t* ah;
-    uint16_t* yh;
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -151,26 +146,24 @@ constexpr float kXfWScale = 256.0f;
 // Output rows a block: Q2_K its 256 stage rows; IQ2_XXS 128 rows of gate and the same of up.
 constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
 // The kernel's forms: kXfMma (mma.sync), kXfWg (warpgroup MMA), kXfWg2 (warpgroup MMA over two
-// groups of an expert at once: 128 pairs, 512 threads; below), kXfWgH (WG with its B tiles
-// copied from FP16 activations in the kernel's k order: KqGemm::ah; below).
-constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWgH = 3;
+// groups of an expert at once: 128 pairs, 512 threads; below).
+constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
 template <uint32_t T, int FORM = kXfMma>
 struct XfSmem {
-    static constexpr bool iq2 = T == T_IQ2_XXS, hb = FORM == kXfWgH;
+    static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = xf_pairs(FORM);
     // [2] B buffers: the activations as halves, xf_slot order: 64 rows of kXfRowH (ldmatrix), or
-    // wgmma's K-major core matrices (xf_wg_offset); none in the HB form (its stages hold them)
-    static constexpr int b = 0, b_bytes = hb ? 0 : FORM != kXfMma ? pairs * kXfK * 2 : pairs * kXfRowH;
+    // wgmma's K-major core matrices (xf_wg_offset)
+    static constexpr int b = 0, b_bytes = FORM != kXfMma ? pairs * kXfK * 2 : pairs * kXfRowH;
     // a raw stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code
     // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
     // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
     // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
-    // (HB: the activations' halves [64][64] in xf_wg_offset's layout, the B tile itself; no dx)
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
                          st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
-                         st_dx = st_act + pairs * kXfK * (hb ? 2 : 1), st_bytes = st_dx + (hb ? 0 : pairs * 4);
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
     static constexpr int stage = b + 2 * b_bytes;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
@@ -181,19 +174,10 @@ struct XfSmem {
 static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
-static_assert(2 * (XfSmem<T_Q2_K, kXfWgH>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (HB): 2 blocks an SM");
-static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWgH>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (HB): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
     return 2 * (16 * (j >> 2) + 8 * ((j >> 1) & 1) + 2 * tig);
-}
-
-// The HB form's activations: within each tile of 64 values, logical value v = 16 tig + 4 ks + 2 hi
-// + e (the one a thread's A fragment pairs with, xf_slot) at its physical k slot 16 ks + 8 hi + 2 tig
-// + e, so a 16-byte piece of a row is one core-matrix row of the B tile (k-step ks, half hi).
-__host__ __device__ constexpr uint32_t xf_half_slot(uint32_t v) {
-    return (v & ~63u) | (16 * ((v >> 2) & 3) + 8 * ((v >> 1) & 1) + 2 * ((v >> 4) & 3) + (v & 1));
 }
 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
@@ -363,17 +347,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-// HB (kXfWgH, DSV4_XF_HALVES): WG with its B tiles copied, not expanded. Every block of a group
-// (16 of them for a 2,048-row gate+up) expanded the same activation codes into halves again; here
-// the activations come as FP16 made once in the kernel's k order (KqGemm::ah: xf_act_halves, or
-// the gate+up's own outputs through p.yh for the down), so a thread's two 16-byte pieces of a
-// tile go by cp.async straight into the stage's B tile in wgmma's layout, and nothing is expanded
-// for B (run 166's SASS: ~55 of the ~410 instructions a warp and tile). The stage then is the B
-// buffer, so the loop waits for tile i itself (two tiles in flight behind it) and makes the
-// copies visible to wgmma (fence.proxy.async) before its barrier.
 template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
-    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma, HB = FORM == kXfWgH;
+    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -413,13 +389,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // row t, up's row t - 128); threads from 256 on (WG2) the activations and the codes only
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
-    // HB: this thread's two 16-byte pieces of a tile's B: pair hb_pair(u) (u = 0, 1), piece (t / 8)
-    // % 8 (k-step piece / 2, half piece % 2); a warp's 32 pieces of one k-step half are 8 pairs'
-    // core-matrix rows side by side (128 contiguous bytes: no bank conflicts)
-    auto hb_pair = [&](int u) { return int(8 * ((t >> 6) + 4 * u) + (t & 7)); };
-    [[maybe_unused]] uint32_t hrow[2] = {0, 0};
-    if constexpr (HB)
-        for (int u = 0; u < 2; ++u) hrow[u] = uint32_t(gp[min(hb_pair(u), cnt - 1)]) / p.act_div;
     // (row indices, not pointers: fewer registers live through the tile loop)
     const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)),
                    row_hi = IQ2 || FORM == kXfWg2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
@@ -434,20 +403,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        if constexpr (HB) {
-            const uint32_t c = (t >> 3) & 7;
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const uint32_t n = uint32_t(hb_pair(u));
-                if (n < used)
-                    cp_async16(st + L::st_act + (c >> 1) * (PAIRS * 32) + (c & 1) * (PAIRS * 16) + (n / 8) * 128 + (n % 8) * 16,
-                               p.ah + uint64_t(hrow[u]) * p.AL + uint64_t(i) * kXfK + c * 8);
-            }
-        } else {
-            if ((t >> 2) < used)
-                cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
-            if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
-        }
+        if ((t >> 2) < used)
+            cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
+        if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -472,7 +430,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
     // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
     auto expand_b = [&](int i) {
-        if (HB || (t >> 2) >= used) return;   // (HB: the stage holds the B tile)
+        if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
@@ -497,7 +455,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         cp_async_commit();
     }
     cp_async_wait<2>();
-    if constexpr (HB) fence_proxy_async();   // (the B tile's copies, for wgmma's reads)
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
     expand_b(0);
     auto run = [&](auto ntv) {
@@ -506,20 +463,13 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         each(acc, [](float& x) { x = 0.0f; });
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
-            // tile i + 1's stage (tile i + 2's may still fly); HB: tile i's (i + 1 and i + 2 may fly:
-            // nothing of tile i + 1 is expanded ahead)
-            if constexpr (HB) {
-                cp_async_wait<2>();
-                fence_proxy_async();
-            } else {
-                cp_async_wait<1>();
-            }
+            cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
             if (i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-            const uint8_t* bsm = HB ? st + L::st_act : sm + L::b + (i & 1) * L::b_bytes;
+            const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
             // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
             // (grid indices shifted to grid row 2 (tig % 2), signs to its 7 bits) and scale
@@ -660,12 +610,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     if (FORM == kXfWg2 && e >= 2) continue;
                     const uint64_t n = m0 + (FORM == kXfWg2 ? 8 * warp + gid : 16 * warp + gid + 8 * (e >> 1));
                     const float g = acc[0][nt][e], u = FORM == kXfWg2 ? acc[0][nt][(e + 2) & 3] : acc[MT - 1][nt][e];
-                    if (n < p.N) {
-                        const float v = swiglu_pair<true>(g * (1.0f / kXfWScale), u * (1.0f / kXfWScale), p.clamp,
-                                                          p.ew, uint32_t(pc));
-                        p.y[pc * p.y_stride + n] = v;
-                        if (HB && p.yh) p.yh[pc * p.y_stride + xf_half_slot(uint32_t(n))] = __half_as_ushort(__float2half_rn(v));
-                    }
+                    if (n < p.N)
+                        p.y[pc * p.y_stride + n] = swiglu_pair<true>(g * (1.0f / kXfWScale), u * (1.0f / kXfWScale),
+                                                                     p.clamp, p.ew, uint32_t(pc));
                 } else {
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {

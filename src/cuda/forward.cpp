@@ -551,7 +551,6 @@ private:
     HcPostIn post_pending_;
     void attention_layer(uint32_t il, uint32_t R, uint32_t S);
     void ffn_layer(uint32_t il, uint32_t R);
-    bool experts_halves(uint32_t R, uint32_t P);
     void run_layers(uint32_t R, uint32_t S);
     void head_prepare(uint32_t NW);
     void head_project(uint32_t i0, uint32_t n) {
@@ -606,9 +605,6 @@ private:
     // A fast prompt round's FP16 keys (DevLayerKV::kh; the rows attention's warpgroup forms 3, 4),
     // made again by keys_to_halves before each layer's attention while kh_round_.
     DBuf<uint16_t> kh_;
-    // The fast experts kernel's FP16 activations in its k order (DevAct::xf): xn_ for the routed
-    // gate+up, and the gate+up's outputs for the down (experts_halves).
-    DBuf<uint16_t> xfh_, midh_;
     bool kh_round_ = false;
     DBuf<int8_t> act_q_, act2_q_;
     DBuf<float> act_d_, act2_d_;
@@ -1123,15 +1119,7 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     // session's bits are those it gets alone, either way.
     const MoeGroups* gp = R > g_decode_pair_rows || kq_prompt ? &groups : nullptr;
     if (gp) moe_groups(experts_.get(), P, NE, groups, stream_);
-    DevAct ag = xn_act(L.gate_exps.type, R);
-    // A fast round's grouped experts in the HB form: xn as FP16 in the kernel's k order once, and
-    // the gate+up's outputs so too for the down, where the device has room for both.
-    const bool halves = fast && kq_prompt && experts_halves(R, P);
-    if (halves) {
-        xf_act_halves(xn_.get(), E, E, R, xfh_.get(), stream_);
-        ag.xf = xfh_.get();
-        if (gemm_experts_halves_down()) gemm_experts_halves_out(midh_.get());
-    }
+    const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
         // one pass: both rows of a (pair, n) in one warp, SwiGLU in the epilogue
         dup("experts gate+up", [&] {
@@ -1146,35 +1134,13 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
         mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
         swiglu(gate_.get(), up_.get(), mid_.get(), P, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_);
     }
-    gemm_experts_halves_out(nullptr);
-    DevAct ad = quantize_act(L.down_exps.type, mid_.get(), F, P, F, act_, stream_);
-    if (halves && gemm_experts_halves_written()) ad.xf = midh_.get();
+    const DevAct ad = quantize_act(L.down_exps.type, mid_.get(), F, P, F, act_, stream_);
     dup("experts down", [&] { matvec(L.down_exps, ad, P, down_.get(), E, E, 0, stream_, experts_.get(), E, 1, gp); });
     mark("experts down", double(P) * E * L.down_exps.row_bytes);
     // moe + shared summed in a fixed order
     if (FS) join(0);
     join(kSinkhorn);
     sublayer_post(R, down_.get(), K, FS != 0);
-}
-
-// Room for the HB form's FP16 activations (xn_ and the gate+up's outputs) of a round of R rows
-// and P pairs, where it would run: false (the codes' form) where growing the buffers would leave
-// the device under 2 GiB free or is refused.
-bool CudaBackend::experts_halves(uint32_t R, uint32_t P) {
-    if (!gemm_experts_halves_wanted(P, c_.n_expert)) return false;
-    const size_t nx = size_t(R) * c_.n_embd, nm = gemm_experts_halves_down() ? size_t(P) * c_.n_ff_exp : 0;
-    if (c_.n_embd % 64 || c_.n_ff_exp % 64) return false;
-    const size_t grow = (nx > xfh_.size() ? nx : 0) + (nm > midh_.size() ? nm : 0);
-    size_t free_b = 0, total_b = 0;
-    if (grow && (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess || grow * 2 + (size_t(2) << 30) > free_b))
-        return false;
-    try {   // (refused after all: the codes' form, nothing lost)
-        xfh_.ensure(nx, "experts' FP16 activations", &gen_);
-        midh_.ensure(nm, "experts' FP16 activations", &gen_);
-    } catch (const std::exception&) {
-        return false;
-    }
-    return true;
 }
 
 void CudaBackend::run_layers(uint32_t R, uint32_t S) {

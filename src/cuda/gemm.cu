@@ -8,14 +8,11 @@
 // order in which that butterfly tree adds them (bit-reversed lane numbers), and added at once
 // through a stack of five partial sums: the same additions of the same values. So a row's
 // result is bit for bit what decode gives, whichever path a batch takes.
-#include <atomic>
 #include <algorithm>
 #include <utility>
 #include <cstdint>
 #include <type_traits>
 #include <cstdlib>
-#include <stdexcept>
-#include <string>
 
 #include <cooperative_groups.h>
 
@@ -1979,22 +1976,11 @@ int xf_wgmma_form(bool wide) {
     if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
-// Whether the last fast IQ2_XXS gate+up on this thread wrote its outputs as FP16 too (HB, p.yh).
-thread_local bool g_xf_written = false;
-std::atomic<uint64_t> g_xf_hb_launches{0};   // gemm_experts_halves_launches
-// p.ah, p.yh: the HB form's (gemm_kq_experts sets them only where it may run), taken where the
-// round's form is WG; any other form leaves them.
-bool launch_experts_f16(KqGemm p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
+bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
-    if (int form = xf_wgmma_form(wide); !table && form != kXfMma) {
-        if (form == kXfWg && p.ah) form = kXfWgH;
-        if (form != kXfWgH) p.ah = nullptr, p.yh = nullptr;
-        const bool ok = launch_experts_wgmma(p, type, form, N, cap, s);
-        g_xf_written = ok && p.yh;
-        if (ok && form == kXfWgH) ++g_xf_hb_launches;
-        return ok;
-    }
+    if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
+        return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2006,8 +1992,6 @@ bool launch_experts_f16(KqGemm p, uint32_t type, uint64_t N, uint32_t cap, bool 
 // (tests) wins over the first, gemm_experts_f16_iq2_override over the second.
 int g_experts_f16_override = -1;
 int g_xf_iq2_override = -1;
-int g_xf_halves_override = -1;
-thread_local uint16_t* g_xf_yh = nullptr;   // gemm_experts_halves_out
 bool experts_f16_on(uint32_t type) {
     static const int env = env_int("DSV4_EXPERTS_F16", -1);
     static const bool iq2 = env_switch("DSV4_XF_IQ2", true);
@@ -2078,50 +2062,6 @@ void gemm_smem_override(int on) { g_smem_override = on; }
 void gemm_q2k_mins(int m) { g_q2k_mins_override = m; }
 void gemm_experts_f16_override(int on) { g_experts_f16_override = on; }
 void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
-void gemm_experts_halves_override(int on) { g_xf_halves_override = on; }
-// DSV4_XF_HALVES (read once): 1 the HB form for the gate+up and the down (run 195: slower), 2 for the
-// gate+up alone (the down then expands the Q8_K codes of the gate+up's outputs), 0 never.
-int xf_halves_mode() {
-    static const int env = std::clamp(env_int("DSV4_XF_HALVES", 0), 0, 2);
-    return g_xf_halves_override >= 0 ? std::min(g_xf_halves_override, 2) : env;
-}
-bool gemm_experts_halves_on() { return xf_halves_mode() != 0; }
-bool gemm_experts_halves_down() { return xf_halves_mode() == 1; }
-bool gemm_experts_halves_wanted(uint64_t P, uint32_t NE) {
-    return gemm_experts_halves_on() && kq_flat_round() && experts_f16_on(T_IQ2_XXS) && experts_f16_on(T_Q2_K) &&
-           xf_wgmma_form(P >= 96 * uint64_t(NE)) == kXfWg;
-}
-void gemm_experts_halves_out(uint16_t* yh) { g_xf_yh = yh; }
-bool gemm_experts_halves_written() { return g_xf_written; }
-uint64_t gemm_experts_halves_launches() { return g_xf_hb_launches.load(); }
-
-// One thread a 16-byte piece of the output: piece c (k-step c / 2, half c % 2) of tile j of row r
-// holds the logical values 16 tig + 4 (c / 2) + 2 (c % 2) + e, tig 0..3, e 0..1 (xf_half_slot).
-__global__ void xf_act_halves_kernel(const float* x, uint64_t xs, uint64_t K, uint32_t R, uint16_t* out) {
-    pdl_begin();
-    const uint64_t pieces = K / 8, i = uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= uint64_t(R) * pieces) return;
-    const uint64_t r = i / pieces, q = i % pieces;
-    const uint32_t c = uint32_t(q % 8);
-    const float* xr = x + r * xs + (q / 8) * kXfK + 4 * (c >> 1) + 2 * (c & 1);
-    uint32_t h[4];
-#pragma unroll
-    for (int tig = 0; tig < 4; ++tig) {
-        const float2 v = *reinterpret_cast<const float2*>(xr + 16 * tig);
-        h[tig] = h2_of(v.x, v.y);
-    }
-    *reinterpret_cast<uint4*>(out + r * K + q * 8) = make_uint4(h[0], h[1], h[2], h[3]);
-}
-void xf_act_halves(const float* x, uint64_t xs, uint64_t K, uint32_t R, uint16_t* out, cudaStream_t s) {
-    if (!R || !K) return;
-    if (K % kXfK || xs % 2 || reinterpret_cast<uintptr_t>(x) % 8 || reinterpret_cast<uintptr_t>(out) % 16)
-        throw std::invalid_argument("xf_act_halves: K " + std::to_string(K) + ", row stride " + std::to_string(xs) +
-                                    ": K must be a multiple of 64, the rows 8-byte and the output 16-byte aligned");
-    const uint64_t n = uint64_t(R) * (K / 8);
-    xf_act_halves_kernel<<<uint32_t((n + 255) / 256), 256, 0, s>>>(x, xs, K, R, out);
-    check_launch("xf_act_halves");
-}
-
 void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
@@ -2251,13 +2191,6 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     iq2_tables(&p.grid, &p.sign, &p.sel, &p.hgrid, &p.hsign);
     p.skip_tiles = kq_skip_on();
     p.stage_used = xf_stage_used_on();
-    // the HB form's FP16 activations and (the fused gate+up) its FP16 outputs for the down
-    if (gemm_experts_halves_on() && a.xf && reinterpret_cast<uintptr_t>(a.xf) % 16 == 0 && p.AL % kXfK == 0) {
-        p.ah = a.xf;
-        if (Wu && g_xf_yh && N % kXfK == 0 && y_stride % kXfK == 0 && reinterpret_cast<uintptr_t>(g_xf_yh) % 16 == 0)
-            p.yh = g_xf_yh;
-    }
-    g_xf_written = false;
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

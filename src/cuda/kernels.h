@@ -81,11 +81,6 @@ struct DevAct {
     // activation (the sublayer's xn); those products then skip their own conversion. Null: none.
     const uint16_t* h = nullptr;
     const unsigned* h_top = nullptr;
-    // The same rows as plain FP16 in the fast experts kernel's k order ([R][K]: xf_act_halves, or
-    // the fast IQ2_XXS gate+up's own outputs, gemm_experts_halves_out), which that kernel's HB form
-    // copies into its B tiles instead of expanding the codes (q, d stay: every other kernel's
-    // input). Null: none.
-    const uint16_t* xf = nullptr;
 };
 
 // Scratch for quantised activations (device memory, owned by the caller).
@@ -366,28 +361,6 @@ void gemm_experts_f16_wgmma_override(int on);
 // same bits. Tests.
 void gemm_experts_f16_stage_used_override(int on);
 bool gemm_experts_wgmma_available();
-// The fast experts kernel's HB form (DSV4_XF_HALVES: 1 (default) on, 0 off, 2 the gate+up alone;
-// the override wins, -1: the variable's): where an activation carries DevAct::xf and the kernel takes its WG form, its B
-// tiles are copied from those FP16 rows (a tile's 64 pairs × 64 values, 8 KB, by cp.async
-// straight into wgmma's layout) instead of expanded from the Q8_K codes in every block. Other
-// bits (the activation's FP16 values, not its codes'), within the same bounds. Tests.
-void gemm_experts_halves_override(int on);
-bool gemm_experts_halves_on();
-// Whether the down takes it too (DSV4_XF_HALVES=2 or the override 2: the gate+up alone).
-bool gemm_experts_halves_down();
-// Whether a prompt round of P routed pairs over NE experts would take the HB form (halves on, the
-// fast experts kernel on for both types, its form WG there): where making DevAct::xf pays.
-bool gemm_experts_halves_wanted(uint64_t P, uint32_t NE);
-// x ([R] rows of K floats, row stride xs; K % 64 == 0) as FP16 in the fast experts kernel's k
-// order (out: [R][K], xf_half_slot), for DevAct::xf.
-void xf_act_halves(const float* x, uint64_t xs, uint64_t K, uint32_t R, uint16_t* out, cudaStream_t s);
-// Where the next routed IQ2_XXS gate+up product on this thread runs the HB form, its swiglu
-// outputs go to yh as well, FP16 in the kernel's k order ([pair][y_stride]: the down's DevAct::xf);
-// null: nowhere. gemm_experts_halves_written() says whether the last such product wrote them.
-void gemm_experts_halves_out(uint16_t* yh);
-bool gemm_experts_halves_written();
-// The HB form's launches so far (tests: the path was taken).
-uint64_t gemm_experts_halves_launches();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
 // the grid's parts (upload_iq2xxs_grid) and the signs' (constants).

@@ -2862,8 +2862,6 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
             cuda::gemm_experts_f16_iq2_override(-1);
             cuda::gemm_experts_f16_wgmma_override(-1);
             cuda::gemm_experts_f16_stage_used_override(-1);
-            cuda::gemm_experts_halves_override(-1);
-            cuda::gemm_experts_halves_out(nullptr);
             cuda::kq_flat_pairs(false);
         }
     } restore;
@@ -2903,7 +2901,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
     ASSERT_EQ(batches[0]->count.download()[0], int32_t(want_groups));
     for (const Type wt : {Type::IQ2_XXS, Type::Q2_K}) {
         for (const uint64_t K : {256, 1024, 2304, 4096}) {
-            for (const uint64_t N : {uint64_t(70), uint64_t(130), uint64_t(192), uint64_t(300)}) {
+            for (const uint64_t N : {uint64_t(70), uint64_t(130), uint64_t(300)}) {
                 const bool fused = wt == Type::IQ2_XXS;
                 const std::string what = std::string(quant::traits(wt).name) + " K " + std::to_string(K) + " N " +
                                          std::to_string(N);
@@ -2986,16 +2984,14 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                 // from the grid as 2-bit codes (nib 1, gemm_iq2_nib_override)
                 // a batch's products into poisoned outputs (a skipped one shows): the gate alone, and
                 // gate+up fused with clamp c
-                // (use: the activation the products take; the fast kernel's HB form's carries DevAct::xf)
-                const cuda::DevAct* use = &a;
                 auto gate_alone = [&](const Batch& b) {
                     DevVec<float> got(std::vector<float>(b.P * N, std::nanf("")));
-                    cuda::matvec(dg.w, *use, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
+                    cuda::matvec(dg.w, a, b.P, got.get(), N, N, 0, nullptr, dex.get(), RPE, KU, &b.g);
                     return got.download();
                 };
                 auto gate_up = [&](const Batch& b, int c) {
                     DevVec<float> sw(std::vector<float>(b.P * N, std::nanf("")));
-                    cuda::matvec_swiglu(dg.w, du.w, *use, b.P, sw.get(), N, N, clamps[c], c ? nullptr : dew.get(), nullptr,
+                    cuda::matvec_swiglu(dg.w, du.w, a, b.P, sw.get(), N, N, clamps[c], c ? nullptr : dew.get(), nullptr,
                                         dex.get(), RPE, KU, &b.g);
                     return sw.download();
                 };
@@ -3017,26 +3013,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // exact bits everywhere (the kernel ran)
                         const auto qv = ah.q.download();
                         const auto qd = ah.d.download();
-                        std::vector<float> xa(R * K), xq(R * K);
-                        for (uint64_t i = 0; i < xa.size(); ++i) {
-                            xq[i] = float(qv[i]) * qd[i / 256];
-                            xa[i] = std::fabs(xq[i]);
-                        }
-                        // The HB form's activation: the codes' values as FP16 in the kernel's k order
-                        // (xf_act_halves), so the same bounds hold
-                        DevVec<float> dxq(xq);
-                        DevVec<uint16_t> xfh(R * K);
-                        cuda::xf_act_halves(dxq.get(), K, K, R, xfh.get(), nullptr);
-                        cuda::DevAct ahx = a;
-                        ahx.xf = xfh.get();
-                        {   // the halves' order: within each 64 values, v = 16 tig + 4 ks + 2 hi + e at 16 ks + 8 hi + 2 tig + e
-                            const auto hx = xfh.download();
-                            for (uint64_t i = 0; i < hx.size(); ++i) {
-                                const uint64_t v = i % 64, row = i / 64;
-                                const uint64_t slot = 16 * ((v >> 2) & 3) + 8 * ((v >> 1) & 1) + 2 * (v >> 4) + (v & 1);
-                                ASSERT_EQ(hx[row * 64 + slot], quant::fp32_to_fp16(xq[i])) << what << " xf_act_halves, value " << i;
-                            }
-                        }
+                        std::vector<float> xa(R * K);
+                        for (uint64_t i = 0; i < xa.size(); ++i) xa[i] = std::fabs(float(qv[i]) * qd[i / 256]);
                         // Σ_k |terms_k| |x_k| of every (pair, row) of a weight
                         auto magnitudes = [&](const HostWeight& hw) {
                             std::vector<float> m(P * N), tm(K);
@@ -3058,33 +3036,19 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // over two groups of an expert a block (the counts 65 and 130: a pair of
                         // groups, and a third group alone); each staging every pair slot, then
                         // only the pairs its MMAs read (DSV4_XF_STAGE_USED)
-                        // (4: the WG form from FP16 activations, HB, with its FP16 outputs where N
-                        // allows them)
-                        const int forms = cuda::gemm_experts_wgmma_available() ? 4 : 1;
+                        const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
                         const auto staged = [](int su) { return su ? ", read pairs staged" : ""; };
-                        auto use_form = [&](int wg) {
-                            cuda::gemm_experts_f16_wgmma_override(wg == 3 ? 1 : wg);
-                            cuda::gemm_experts_halves_override(wg == 3);
-                            use = wg == 3 ? &ahx : &a;
-                        };
-                        auto form_name = [](int wg) {
-                            return std::string(wg == 1 ? " (wgmma)" : wg == 2 ? " (wgmma, 2 groups)" : wg == 3 ? " (wgmma, FP16 activations)" : "");
-                        };
                         if (fused) {
                             for (size_t fb = 0; fb < 2 * forms * batches.size(); ++fb) {
                                 const size_t bi = fb % batches.size();
                                 const int wg = int(fb / batches.size()) % forms;
                                 const int su = int(fb / (forms * batches.size()));
-                                use_form(wg);
+                                cuda::gemm_experts_f16_wgmma_override(wg);
                                 cuda::gemm_experts_f16_stage_used_override(su);
                                 const Batch& b = *batches[bi];
-                                const std::string where = what + " f16" + form_name(wg) + staged(su) + ", batch of " +
-                                                          std::to_string(batch_rows[bi]) + " rows: ";
-                                // HB with N a multiple of 64: the swiglu's outputs also as FP16 in the
-                                // kernel's k order (the down's activation), each the float output rounded
-                                const bool yh_on = wg == 3 && N % 64 == 0;
-                                DevVec<uint16_t> yh(std::vector<uint16_t>(b.P * N, 0xFFFF));
-                                cuda::gemm_experts_halves_out(yh_on ? yh.get() : nullptr);
+                                const std::string where = what + " f16" + (wg ? wg == 2 ? " (wgmma, 2 groups)" : " (wgmma)" : "") +
+                                                          staged(su) + ", batch of " + std::to_string(batch_rows[bi]) +
+                                                          " rows: ";
                                 // the gate alone keeps its exact kernel
                                 const auto r1 = gate_alone(b);
                                 ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
@@ -3103,20 +3067,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     }
                                     ASSERT_NE(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
                                         << where << "gate+up, the exact bits";
-                                    ASSERT_EQ(cuda::gemm_experts_halves_written(), yh_on) << where << "FP16 outputs written";
-                                    if (yh_on) {
-                                        const auto hy = yh.download();
-                                        for (uint64_t i = 0; i < r2.size(); ++i) {
-                                            const uint64_t v = i % N, pr = i / N;
-                                            const uint64_t slot = (v & ~uint64_t(63)) | (16 * ((v >> 2) & 3) + 8 * ((v >> 1) & 1) +
-                                                                                          2 * ((v >> 4) & 3) + (v & 1));
-                                            ASSERT_EQ(hy[pr * N + slot], quant::fp32_to_fp16(r2[i]))
-                                                << where << "FP16 output of pair " << pr << " row " << v;
-                                        }
-                                    }
                                 }
-                                cuda::gemm_experts_halves_out(nullptr);
-                                use_form(0);
                                 // DSV4_XF_IQ2=0: gate+up back on the exact kernel
                                 cuda::gemm_experts_f16_iq2_override(0);
                                 const auto r3 = gate_up(b, 1);
@@ -3126,7 +3077,6 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     << first_diff(r3, sw_ref[1], b.P);
                             }
                             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                            cuda::gemm_experts_halves_override(-1);
                             cuda::gemm_experts_f16_override(-1);
                             cuda::gemm_experts_f16_wgmma_override(-1);
                             cuda::gemm_experts_f16_stage_used_override(-1);
@@ -3138,12 +3088,13 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             const int form = fs % (1 + forms), su = fs / (1 + forms);
                             const int table = form == 1;
                             cuda::gemm_experts_f16_table_override(table);
-                            use_form(form >= 2 ? form - 1 : 0);
+                            cuda::gemm_experts_f16_wgmma_override(form >= 2 ? form - 1 : 0);
                             cuda::gemm_experts_f16_stage_used_override(su);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 const Batch& b = *batches[bi];
                                 const std::string where = what + " f16, table " + std::to_string(table) +
-                                                          form_name(form >= 2 ? form - 1 : 0) + staged(su) + ", batch of " +
+                                                          (form == 2 ? " (wgmma)" : form == 3 ? " (wgmma, 2 groups)" : "") +
+                                                          staged(su) + ", batch of " +
                                                           std::to_string(batch_rows[bi]) + " rows: ";
                                 const auto r1 = gate_alone(b);
                                 for (uint64_t i = 0; i < r1.size(); ++i)
@@ -3154,8 +3105,6 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             }
                         }
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-                        use_form(0);
-                        cuda::gemm_experts_halves_override(-1);
                         cuda::gemm_experts_f16_override(-1);
                         cuda::gemm_experts_f16_table_override(-1);
                         cuda::gemm_experts_f16_wgmma_override(-1);

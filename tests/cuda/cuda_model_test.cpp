@@ -243,8 +243,7 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // with its warpgroup-MMA form over two groups a block, and staging every pair slot (the default
 // stages only the pairs it reads), and with the attention's 32-key tiles by the warpgroup MMA
 // (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
-// its mma.sync form too), and with the experts' WG form expanding the Q8_K codes (the default
-// copies FP16 activations, HB).
+// its mma.sync form too).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -255,10 +254,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         int experts_f16, iq2, kt, wgmma, stage_used;
         const char* label;
         int attn_wg = -1;
-        int halves = -1;
     };
     for (const Variant& v : {Variant{-1, -1, 32, -1, -1, "flash4-flash fast prefill"},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, experts from Q8_K codes", -1, 0},
                              Variant{-1, -1, 16, -1, -1, "flash4 fast, 16-key tiles"},
                              Variant{-1, 0, 32, -1, -1, "flash4 fast, exact gate+up"},
                              Variant{0, -1, 32, -1, -1, "flash4 fast, exact experts"},
@@ -276,15 +273,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         cuda::gemm_experts_f16_wgmma_override(v.wgmma);
         cuda::gemm_experts_f16_stage_used_override(v.stage_used);
         cuda::attn_rows_fast_kt_override(v.kt);
-        cuda::gemm_experts_halves_override(v.halves);
-        const uint64_t hb = cuda::gemm_experts_halves_launches();
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
-        // the default takes the WG form from FP16 activations (HB) where the device has wgmma
-        if (v.experts_f16 && v.iq2 && v.wgmma < 0 && v.halves) {
-            EXPECT_EQ(cuda::gemm_experts_halves_launches() > hb, cuda::gemm_experts_wgmma_available()) << v.label;
-        }
     }
-    cuda::gemm_experts_halves_override(-1);
     cuda::gemm_experts_f16_override(-1);
     cuda::gemm_experts_f16_iq2_override(-1);
     cuda::gemm_experts_f16_wgmma_override(-1);
