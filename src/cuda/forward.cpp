@@ -1099,6 +1099,12 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     if (!(L.gate_exps.type == uint32_t(quant::Type::IQ2_XXS) && gemm_kq_eligible(L.gate_exps, &groups) &&
           gemm_kq_eligible(L.up_exps, &groups) && gemm_kq_eligible(L.down_exps, &groups)))
         groups.per_group = 8;
+    // The grouped kernels launch a block row per possible group (their grid's y is the cap; rows
+    // past the round's count return at once): the cap of the groups actually formed, not of
+    // groups of 8 (a 2,048-token round in groups of 64: 448 rows instead of 1,792, ~21,500 empty
+    // blocks fewer a product). DSV4_MOE_TIGHT_CAP=0: the cap of groups of 8 (before).
+    static const bool tight_cap = env_switch("DSV4_MOE_TIGHT_CAP", true);
+    if (tight_cap) groups.cap = moe_groups_cap(P, NE, groups.per_group);
     // A prompt round's 2-bit experts add in k order (groups of gemm_kq_pairs() = 64, DSV4_KQ_FLAT):
     // the grouped FLAT GEMMs, or for a round of few rows (prompt_pair_rows) pair by pair by the
     // FLAT forms of decode's kernels, where those take the experts (kq_pair_flat_ok; else grouped,
