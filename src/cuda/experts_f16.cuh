@@ -146,8 +146,9 @@ constexpr float kXfWScale = 256.0f;
 // Output rows a block: Q2_K its 256 stage rows; IQ2_XXS 128 rows of gate and the same of up.
 constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
 // The kernel's forms: kXfMma (mma.sync), kXfWg (warpgroup MMA), kXfWg2 (warpgroup MMA over two
-// groups of an expert at once: 128 pairs, 512 threads; below).
-constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
+// groups of an expert at once: 128 pairs, 512 threads; below), kXfWgC (WG in clusters of two
+// blocks sharing their group's staged activations; below).
+constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWgC = 3;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
 template <uint32_t T, int FORM = kXfMma>
@@ -296,6 +297,35 @@ __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
+// The block's rank in its thread block cluster, and the cluster's barrier in two halves (every
+// thread of both blocks, each arrive followed by its wait): arrive releases this thread's writes
+// (cp.async's too, once waited for), wait acquires the other block's.
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+#endif
+    return r;
+}
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+// The generic address of p's byte in the shared memory of the cluster's block `rank`.
+template <typename T>
+__device__ __forceinline__ const T* cluster_map(const T* p, uint32_t rank) {
+    uint64_t r = reinterpret_cast<uint64_t>(p);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.u64 %0, %0, %1;\n" : "+l"(r) : "r"(rank));
+#endif
+    return reinterpret_cast<const T*>(r);
+}
 // Keeps the compiler from moving accesses of x across a wg_wait (the wgmma writes x unseen).
 __device__ __forceinline__ void wg_fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 // Generic-proxy stores to shared memory made visible to wgmma's reads (the async proxy).
@@ -347,9 +377,20 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
+// WGC (kXfWgC, opt-in: DSV4_XF_WGMMA=3): WG with the blocks of a group's neighbouring row ranges
+// in clusters of two. Each of a group's 16 blocks read the same activation codes from L2 (run
+// 196: the down's L2 72 % busy); here block r of a cluster stages only pairs 32 r .. 32 r + 31
+// (codes and dx), and expand_b reads the other half from the other block's stage (distributed
+// shared memory), so a tile's activation bytes from L2 halve. The same expansion and MMAs, so
+// WG's bits. Sync: at tile i each thread arrives on the cluster's barrier once its copies of
+// tile i + 1 landed, and waits on it, after issuing tile i's MMAs, before expanding tile i + 1;
+// so a block reads the other's stage only after that block's copies landed, and overwrites its
+// own stage (tile i + 3 into tile i - 1's) only after the other's reads of it (at tile i - 2,
+// before its arrive at tile i - 1, which this block's wait at tile i - 1 saw). A block leaves
+// after its last wait: the other's reads of it are done by then.
 template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
-    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
+    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma, CL = FORM == kXfWgC;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -364,6 +405,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     const int32_t* gp = eg.pairs;
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+    // WGC: this block's half of the pairs (32 rank ..), staged by threads 128 rank .. (codes)
+    // and 32 rank .. (dx)
+    const uint32_t rank = CL ? cluster_rank() : 0;
     const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
     // the pairs whose activations are staged and expanded: all (copies of the last past cnt), or
     // (stage_used) only those the MMAs read, whole 16-pair steps (ldmatrix.x4, wgmma's N): the
@@ -403,9 +447,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        if ((t >> 2) < used)
+        if ((t >> 2) < used && (!CL || (t >> 7) == rank))
             cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
-        if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
+        if (t < used && (!CL || (t >> 5) == rank))
+            cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -432,6 +477,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto expand_b = [&](int i) {
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
+        if (CL && (t >> 7) != rank) st = cluster_map(st, t >> 7);   // (the other block staged this pair)
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
@@ -455,7 +501,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         cp_async_commit();
     }
     cp_async_wait<2>();
+    if constexpr (CL) cluster_arrive();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
+    if constexpr (CL) cluster_wait();   // (and in the other block)
     expand_b(0);
     auto run = [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
@@ -464,10 +512,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
+            if constexpr (CL) cluster_arrive();
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (i + 1 < ntiles) expand_b(i + 1);
+            if (!CL && i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
@@ -593,6 +642,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     }
                 }
             }
+            if constexpr (CL) {   // tile i's MMAs issued: tile i + 1's B, half from the other block
+                cluster_wait();
+                if (i + 1 < ntiles) expand_b(i + 1);
+            }
             if constexpr (WG) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer
         }
         cp_async_wait<0>();
@@ -638,10 +691,16 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
     constexpr int bytes = XfSmem<T, FORM>::bytes;
     const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
-    kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
+    const uint32_t gx = uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T));
+    if constexpr (FORM == kXfWgC) {   // (an even count of row blocks: a last one past N writes nothing)
+        check(launch_clusters(kernel, dim3(gx + (gx & 1), cap), dim3(xf_threads(FORM)), bytes, s, dim3(2, 1, 1), p),
+              "fast experts (clusters of two)");
+    } else {
+        kernel<<<dim3(gx, cap), xf_threads(FORM), bytes, s>>>(p);
+    }
     return true;
 }
-// The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
+// The same with a wgmma form (kXfWg, kXfWg2, kXfWgC; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 

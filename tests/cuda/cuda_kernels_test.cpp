@@ -3034,9 +3034,23 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         cuda::gemm_experts_f16_override(1);
                         // the kernel's forms: mma.sync, and where the device has it wgmma, and wgmma
                         // over two groups of an expert a block (the counts 65 and 130: a pair of
-                        // groups, and a third group alone); each staging every pair slot, then
-                        // only the pairs its MMAs read (DSV4_XF_STAGE_USED)
-                        const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
+                        // groups, and a third group alone), and wgmma in clusters of two blocks
+                        // sharing their staged activations (WG's bits: compared with WG's output;
+                        // N 70 and 300: an odd count of row blocks, the grid's last past N); each
+                        // staging every pair slot, then only the pairs its MMAs read
+                        // (DSV4_XF_STAGE_USED)
+                        const int forms = cuda::gemm_experts_wgmma_available() ? 4 : 1;
+                        auto form_name = [](int wg) {
+                            return std::string(wg == 1 ? " (wgmma)" : wg == 2 ? " (wgmma, 2 groups)" : wg == 3 ? " (wgmma, clusters of 2)" : "");
+                        };
+                        // the cluster form's output against WG's, bit for bit
+                        auto same_as_wg = [&](const std::vector<float>& got, auto&& product, const std::string& where) {
+                            cuda::gemm_experts_f16_wgmma_override(1);
+                            const auto want = product();
+                            cuda::gemm_experts_f16_wgmma_override(3);
+                            ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+                                << where << "clusters of two against WG, first difference at " << first_diff(got, want, uint32_t(got.size() / N));
+                        };
                         const auto staged = [](int su) { return su ? ", read pairs staged" : ""; };
                         if (fused) {
                             for (size_t fb = 0; fb < 2 * forms * batches.size(); ++fb) {
@@ -3046,9 +3060,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 cuda::gemm_experts_f16_wgmma_override(wg);
                                 cuda::gemm_experts_f16_stage_used_override(su);
                                 const Batch& b = *batches[bi];
-                                const std::string where = what + " f16" + (wg ? wg == 2 ? " (wgmma, 2 groups)" : " (wgmma)" : "") +
-                                                          staged(su) + ", batch of " + std::to_string(batch_rows[bi]) +
-                                                          " rows: ";
+                                const std::string where = what + " f16" + form_name(wg) + staged(su) + ", batch of " +
+                                                          std::to_string(batch_rows[bi]) + " rows: ";
                                 // the gate alone keeps its exact kernel
                                 const auto r1 = gate_alone(b);
                                 ASSERT_EQ(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4))
@@ -3067,6 +3080,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     }
                                     ASSERT_NE(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
                                         << where << "gate+up, the exact bits";
+                                    if (wg == 3) same_as_wg(r2, [&] { return gate_up(b, c); }, where + "gate+up: ");
                                 }
                                 // DSV4_XF_IQ2=0: gate+up back on the exact kernel
                                 cuda::gemm_experts_f16_iq2_override(0);
@@ -3093,8 +3107,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 const Batch& b = *batches[bi];
                                 const std::string where = what + " f16, table " + std::to_string(table) +
-                                                          (form == 2 ? " (wgmma)" : form == 3 ? " (wgmma, 2 groups)" : "") +
-                                                          staged(su) + ", batch of " +
+                                                          form_name(form >= 2 ? form - 1 : 0) + staged(su) + ", batch of " +
                                                           std::to_string(batch_rows[bi]) + " rows: ";
                                 const auto r1 = gate_alone(b);
                                 for (uint64_t i = 0; i < r1.size(); ++i)
@@ -3102,6 +3115,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                         << where << "pair " << i / N << " row " << i % N << ": " << r1[i]
                                         << " vs CPU " << ref[i] << ", Σ|terms| " << mg[i];
                                 ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
+                                if (form == 4) same_as_wg(r1, [&] { return gate_alone(b); }, where);
                             }
                         }
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
