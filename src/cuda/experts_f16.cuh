@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "cuda/common.cuh"
@@ -297,35 +298,6 @@ __device__ __forceinline__ void wg_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
-// The block's rank in its thread block cluster, and the cluster's barrier in two halves (every
-// thread of both blocks, each arrive followed by its wait): arrive releases this thread's writes
-// (cp.async's too, once waited for), wait acquires the other block's.
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-#endif
-    return r;
-}
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-#endif
-}
-// The generic address of p's byte in the shared memory of the cluster's block `rank`.
-template <typename T>
-__device__ __forceinline__ const T* cluster_map(const T* p, uint32_t rank) {
-    uint64_t r = reinterpret_cast<uint64_t>(p);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mapa.u64 %0, %0, %1;\n" : "+l"(r) : "r"(rank));
-#endif
-    return reinterpret_cast<const T*>(r);
-}
 // Keeps the compiler from moving accesses of x across a wg_wait (the wgmma writes x unseen).
 __device__ __forceinline__ void wg_fence_operand(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 // Generic-proxy stores to shared memory made visible to wgmma's reads (the async proxy).
@@ -407,7 +379,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
     // WGC: this block's half of the pairs (32 rank ..), staged by threads 128 rank .. (codes)
     // and 32 rank .. (dx)
-    const uint32_t rank = CL ? cluster_rank() : 0;
+    const uint32_t rank = CL ? cooperative_groups::this_cluster().block_rank() : 0;
     const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
     // the pairs whose activations are staged and expanded: all (copies of the last past cnt), or
     // (stage_used) only those the MMAs read, whole 16-pair steps (ldmatrix.x4, wgmma's N): the
@@ -477,7 +449,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto expand_b = [&](int i) {
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        if (CL && (t >> 7) != rank) st = cluster_map(st, t >> 7);   // (the other block staged this pair)
+        if (CL && (t >> 7) != rank)   // (the other block staged this pair)
+            st = cooperative_groups::this_cluster().map_shared_rank(st, int(t >> 7));
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
@@ -500,10 +473,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if (i < ntiles) issue(i);
         cp_async_commit();
     }
+    // (WGC: the cluster's barrier in halves, each thread's arrive then its wait: arrive releases
+    // this thread's writes, cp.async's once waited for; wait acquires the other block's)
     cp_async_wait<2>();
-    if constexpr (CL) cluster_arrive();
+    if constexpr (CL) cooperative_groups::this_cluster().barrier_arrive();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
-    if constexpr (CL) cluster_wait();   // (and in the other block)
+    if constexpr (CL) cooperative_groups::this_cluster().barrier_wait();   // (and in the other block)
     expand_b(0);
     auto run = [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
@@ -512,7 +487,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            if constexpr (CL) cluster_arrive();
+            if constexpr (CL) cooperative_groups::this_cluster().barrier_arrive();
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
@@ -643,7 +618,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                 }
             }
             if constexpr (CL) {   // tile i's MMAs issued: tile i + 1's B, half from the other block
-                cluster_wait();
+                cooperative_groups::this_cluster().barrier_wait();
                 if (i + 1 < ntiles) expand_b(i + 1);
             }
             if constexpr (WG) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer

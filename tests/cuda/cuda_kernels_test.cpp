@@ -3036,7 +3036,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // over two groups of an expert a block (the counts 65 and 130: a pair of
                         // groups, and a third group alone), and wgmma in clusters of two blocks
                         // sharing their staged activations (WG's bits: compared with WG's output;
-                        // N 70 and 300: an odd count of row blocks, the grid's last past N); each
+                        // an odd count of row blocks, so a last block past N, at N 70 and 300 for
+                        // IQ2_XXS's 128 rows a block and at N 70 and 130 for Q2_K's 256); each
                         // staging every pair slot, then only the pairs its MMAs read
                         // (DSV4_XF_STAGE_USED)
                         const int forms = cuda::gemm_experts_wgmma_available() ? 4 : 1;

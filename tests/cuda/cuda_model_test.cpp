@@ -242,9 +242,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
 // with its warpgroup-MMA form over two groups a block and in clusters of two blocks, and staging
 // every pair slot (the default stages only the pairs it reads), and with the attention's 32-key
-// tiles by the warpgroup MMA
-// (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
-// its mma.sync form too).
+// tiles by the warpgroup MMA (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where
+// the device has it, so its mma.sync form too).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
