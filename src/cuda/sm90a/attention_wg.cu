@@ -399,12 +399,13 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                 if (own) {
                     softmax(sc, min(KT, uint32_t(ks.NK - uint64_t(j) * KT)), c0, c1);
                     // P (times 2^12) at wg_cm_offset(head, key, 64): rows h0, h1, keys 8 t + 2 tig, + 1
+                    // (n-tile t's pairs are fragment t / 2's registers 2 (t % 2) and 2 (t % 2) + 1)
+                    uint32_t pa[2][4];
+                    fragments(sc, pa);
 #pragma unroll
                     for (uint32_t t = 0; t < 4; ++t) {
-                        pw[(par * kWgPBytes + wg_cm_offset(h0, 8 * t + 2 * tig, kWgH)) / 4] =
-                            h2_of(sc[4 * t] * kWgPScale, sc[4 * t + 1] * kWgPScale);
-                        pw[(par * kWgPBytes + wg_cm_offset(h1, 8 * t + 2 * tig, kWgH)) / 4] =
-                            h2_of(sc[4 * t + 2] * kWgPScale, sc[4 * t + 3] * kWgPScale);
+                        pw[(par * kWgPBytes + wg_cm_offset(h0, 8 * t + 2 * tig, kWgH)) / 4] = pa[t / 2][2 * (t % 2)];
+                        pw[(par * kWgPBytes + wg_cm_offset(h1, 8 * t + 2 * tig, kWgH)) / 4] = pa[t / 2][2 * (t % 2) + 1];
                     }
                     if (tig == 0) {
                         float* sp = state + par * 3 * kWgH;
