@@ -148,8 +148,10 @@ constexpr float kXfWScale = 256.0f;
 constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
 // The kernel's forms: kXfMma (mma.sync), kXfWg (warpgroup MMA), kXfWg2 (warpgroup MMA over two
 // groups of an expert at once: 128 pairs, 512 threads; below), kXfWgC (WG in clusters of two
-// blocks sharing their group's staged activations; below).
-constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWgC = 3;
+// blocks sharing their group's staged activations; below), kXfWgC4 (the same in clusters of four).
+constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWgC = 3, kXfWgC4 = 4;
+// The blocks of a cluster (WGC's forms), else 1.
+constexpr int xf_cluster(int form) { return form == kXfWgC ? 2 : form == kXfWgC4 ? 4 : 1; }
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
 template <uint32_t T, int FORM = kXfMma>
@@ -353,7 +355,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // in clusters of two. Each of a group's 16 blocks read the same activation codes from L2 (run
 // 196: the down's L2 72 % busy); here block r of a cluster stages only pairs 32 r .. 32 r + 31
 // (codes and dx), and expand_b reads the other half from the other block's stage (distributed
-// shared memory), so a tile's activation bytes from L2 halve. The same expansion and MMAs, so
+// shared memory), so a tile's activation bytes from L2 halve. WGC4 (kXfWgC4, DSV4_XF_WGMMA=4):
+// clusters of four, block r staging pairs 16 r .. 16 r + 15, so a quarter of those bytes, each
+// barrier waiting for the slowest of four blocks instead of two. The same expansion and MMAs, so
 // WG's bits. Sync: at tile i each thread arrives on the cluster's barrier once its copies of
 // tile i + 1 landed, and waits on it, after issuing tile i's MMAs, before expanding tile i + 1;
 // so a block reads the other's stage only after that block's copies landed, and overwrites its
@@ -362,7 +366,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // after its last wait: the other's reads of it are done by then.
 template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
-    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma, CL = FORM == kXfWgC;
+    constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
+    constexpr int CS = xf_cluster(FORM);
+    constexpr bool CL = CS > 1;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -377,8 +383,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     const int32_t* gp = eg.pairs;
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    // WGC: this block's half of the pairs (32 rank ..), staged by threads 128 rank .. (codes)
-    // and 32 rank .. (dx)
+    // WGC: this block's share of the pairs (SPAN rank ..), staged by threads 4 SPAN rank ..
+    // (codes) and SPAN rank .. (dx); pair n's block is n / SPAN
+    constexpr uint32_t SPAN = uint32_t(PAIRS / CS);
     const uint32_t rank = CL ? cooperative_groups::this_cluster().block_rank() : 0;
     const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
     // the pairs whose activations are staged and expanded: all (copies of the last past cnt), or
@@ -419,9 +426,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        if ((t >> 2) < used && (!CL || (t >> 7) == rank))
+        if ((t >> 2) < used && (!CL || (t >> 2) / SPAN == rank))
             cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
-        if (t < used && (!CL || (t >> 5) == rank))
+        if (t < used && (!CL || t / SPAN == rank))
             cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
@@ -449,8 +456,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto expand_b = [&](int i) {
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        if (CL && (t >> 7) != rank)   // (the other block staged this pair)
-            st = cooperative_groups::this_cluster().map_shared_rank(st, int(t >> 7));
+        if (CL && (t >> 2) / SPAN != rank)   // (another block staged this pair)
+            st = cooperative_groups::this_cluster().map_shared_rank(st, int((t >> 2) / SPAN));
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
@@ -667,15 +674,16 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
     const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     const uint32_t gx = uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T));
-    if constexpr (FORM == kXfWgC) {   // (an even count of row blocks: a last one past N writes nothing)
-        check(launch_clusters(kernel, dim3(gx + (gx & 1), cap), dim3(xf_threads(FORM)), bytes, s, dim3(2, 1, 1), p),
-              "fast experts (clusters of two)");
+    if constexpr (xf_cluster(FORM) > 1) {   // (whole clusters of row blocks: those past N write nothing)
+        constexpr uint32_t cs = xf_cluster(FORM);
+        check(launch_clusters(kernel, dim3((gx + cs - 1) / cs * cs, cap), dim3(xf_threads(FORM)), bytes, s, dim3(cs, 1, 1), p),
+              "fast experts (clusters)");
     } else {
         kernel<<<dim3(gx, cap), xf_threads(FORM), bytes, s>>>(p);
     }
     return true;
 }
-// The same with a wgmma form (kXfWg, kXfWg2, kXfWgC; sm90a/experts_wgmma.cu: only sm_90a machine code,
+// The same with a wgmma form (kXfWg, kXfWg2, kXfWgC, kXfWgC4; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 

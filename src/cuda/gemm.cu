@@ -1968,13 +1968,14 @@ bool xf_stage_used_on() {
 // the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
 // took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
 // 13.28 to 15.50, its groups mostly 64 pairs or fewer); 3 WGC (WG in clusters of two blocks
-// sharing their group's staged activations; not yet measured). gemm_experts_f16_wgmma_override
+// sharing their group's staged activations; not yet measured); 4 WGC4 (the same in clusters of
+// four; not yet measured). gemm_experts_f16_wgmma_override
 // (tests) wins over the variable.
 int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {
     static const int env = env_int("DSV4_XF_WGMMA", -1);
     int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
-    if (form < kXfMma || form > kXfWgC) form = wide ? kXfWg2 : kXfWg;
+    if (form < kXfMma || form > kXfWgC4) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {

@@ -3034,23 +3034,27 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         cuda::gemm_experts_f16_override(1);
                         // the kernel's forms: mma.sync, and where the device has it wgmma, and wgmma
                         // over two groups of an expert a block (the counts 65 and 130: a pair of
-                        // groups, and a third group alone), and wgmma in clusters of two blocks
-                        // sharing their staged activations (WG's bits: compared with WG's output;
-                        // an odd count of row blocks, so a last block past N, at N 70 and 300 for
-                        // IQ2_XXS's 128 rows a block and at N 70 and 130 for Q2_K's 256); each
+                        // groups, and a third group alone), and wgmma in clusters of two and of
+                        // four blocks sharing their staged activations (WG's bits: compared with
+                        // WG's output; a count of row blocks not a multiple of the cluster's, so
+                        // blocks past N, at N 70 and 300 for IQ2_XXS's 128 rows a block and at N
+                        // 70 and 130 for Q2_K's 256); each
                         // staging every pair slot, then only the pairs its MMAs read
                         // (DSV4_XF_STAGE_USED)
-                        const int forms = cuda::gemm_experts_wgmma_available() ? 4 : 1;
+                        const int forms = cuda::gemm_experts_wgmma_available() ? 5 : 1;
                         auto form_name = [](int wg) {
-                            return std::string(wg == 1 ? " (wgmma)" : wg == 2 ? " (wgmma, 2 groups)" : wg == 3 ? " (wgmma, clusters of 2)" : "");
+                            return std::string(wg == 1   ? " (wgmma)"
+                                               : wg == 2 ? " (wgmma, 2 groups)"
+                                               : wg >= 3 ? " (wgmma, clusters of " + std::to_string(wg == 3 ? 2 : 4) + ")"
+                                                         : "");
                         };
-                        // the cluster form's output against WG's, bit for bit
-                        auto same_as_wg = [&](const std::vector<float>& got, auto&& product, const std::string& where) {
+                        // a cluster form's (wg) output against WG's, bit for bit
+                        auto same_as_wg = [&](int wg, const std::vector<float>& got, auto&& product, const std::string& where) {
                             cuda::gemm_experts_f16_wgmma_override(1);
                             const auto want = product();
-                            cuda::gemm_experts_f16_wgmma_override(3);
+                            cuda::gemm_experts_f16_wgmma_override(wg);
                             ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-                                << where << "clusters of two against WG, first difference at " << first_diff(got, want, uint32_t(got.size() / N));
+                                << where << "clusters against WG, first difference at " << first_diff(got, want, uint32_t(got.size() / N));
                         };
                         const auto staged = [](int su) { return su ? ", read pairs staged" : ""; };
                         if (fused) {
@@ -3081,7 +3085,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     }
                                     ASSERT_NE(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
                                         << where << "gate+up, the exact bits";
-                                    if (wg == 3) same_as_wg(r2, [&] { return gate_up(b, c); }, where + "gate+up: ");
+                                    if (wg >= 3) same_as_wg(wg, r2, [&] { return gate_up(b, c); }, where + "gate+up: ");
                                 }
                                 // DSV4_XF_IQ2=0: gate+up back on the exact kernel
                                 cuda::gemm_experts_f16_iq2_override(0);
@@ -3098,7 +3102,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             continue;
                         }
                         // (either expansion: the halves' steps, and a row's four values by PRMT;
-                        // forms 2, 3: the halves' steps by wgmma, one or two groups a block)
+                        // forms 2-5: the halves' steps by wgmma: one or two groups a block, in
+                        // clusters of two or four)
                         for (int fs = 0; fs < 2 * (1 + forms); ++fs) {
                             const int form = fs % (1 + forms), su = fs / (1 + forms);
                             const int table = form == 1;
@@ -3116,7 +3121,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                         << where << "pair " << i / N << " row " << i % N << ": " << r1[i]
                                         << " vs CPU " << ref[i] << ", Σ|terms| " << mg[i];
                                 ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
-                                if (form == 4) same_as_wg(r1, [&] { return gate_alone(b); }, where);
+                                if (form >= 4) same_as_wg(form - 1, r1, [&] { return gate_alone(b); }, where);
                             }
                         }
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
