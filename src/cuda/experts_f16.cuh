@@ -58,6 +58,7 @@ struct KqGemm {
     const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
+    bool paired_codes;     // the fast Q2_K kernel stages a tile pair's code bytes once (DSV4_XF_PAIRED_CODES)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -423,6 +424,15 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         for (int mt = 0; mt < MT; ++mt)
             for (int h = 0; h < 2; ++h)
                 dpar |= uint32_t((w_row(stage_row(mt, h) & 127) * nsb) & 1) << (2 * mt + h);
+    // Q2_K: the stage whose code bytes tile i reads. A tile's 64 values lie in the 32 code bytes
+    // of half tq / 2 of its super-block, so tiles 2m and 2m + 1 read the same bytes; with
+    // paired_codes tile 2m alone stages them, into stage m % 3's code bytes (three: pair m's are
+    // read at tiles 2m, 2m + 1 and overwritten by pair m + 3's copies, issued at tile 2m + 3
+    // after its barrier), so a tile pulls 8 KB of codes from L2 every other tile (run 196: the
+    // down's L2 72 % busy; ~14 KB a tile before). The other parts of the stage keep tile i % 4's.
+    auto codes_stage = [&](int i) -> uint8_t* {
+        return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
+    };
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
@@ -442,9 +452,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
             // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
             const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
-            cp_async16(st + L::st_codes + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
-            if constexpr (FORM != kXfWg2)
-                cp_async16(st + L::st_codes + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
+            if (!p.paired_codes || !(i & 1)) {
+                uint8_t* cs = codes_stage(i);
+                cp_async16(cs + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
+                if constexpr (FORM != kXfWg2)
+                    cp_async16(cs + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
+            }
             if (t < uint32_t(kXfRows)) {
                 cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
                 cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
@@ -529,7 +542,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                         b2[mt][h] = gw.y >> (14 * (tig & 1));
                         s2[mt][h] = h2_mul(*reinterpret_cast<const uint32_t*>(&d2), h2_sub(c2, 0x64006400u));
                     } else {
-                        qrow[mt][h] = st + L::st_codes + r * 32 + (tig & 1) * 16;
+                        qrow[mt][h] = codes_stage(i) + r * 32 + (tig & 1) * 16;
                         const uint32_t sc = st[L::st_sc + r * 4 + tig];
                         const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
                         const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),

@@ -1961,6 +1961,15 @@ bool xf_stage_used_on() {
     static const bool on = env_int("DSV4_XF_STAGE_USED", 1) != 0;
     return g_xf_stage_used_override >= 0 ? g_xf_stage_used_override != 0 : on;
 }
+// DSV4_XF_PAIRED_CODES (read once; 1: on, else off until measured): the fast Q2_K kernel stages
+// the code bytes two tiles share once (gemm_experts_f16_kernel's codes_stage: the same values,
+// so the same bits, ~28 % fewer bytes a tile from L2); gemm_experts_f16_paired_codes_override
+// (tests) wins.
+int g_xf_paired_codes_override = -1;
+bool xf_paired_codes_on() {
+    static const bool on = env_int("DSV4_XF_PAIRED_CODES", 0) == 1;
+    return g_xf_paired_codes_override >= 0 ? g_xf_paired_codes_override != 0 : on;
+}
 // DSV4_XF_WGMMA (read once): the kernel's form on a device that has wgmma (compute capability
 // 9.0; elsewhere mma.sync): 0 mma.sync; 1 WG (sm90a/experts_wgmma.cu; run 164, an H100: a fast
 // 2,048-token chunk's gate+up 4.02 -> 3.53 us a token, its down 2.63 -> 2.27); 2 WG2 (two groups
@@ -2067,6 +2076,7 @@ void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
 void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
+void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no
@@ -2193,6 +2203,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     iq2_tables(&p.grid, &p.sign, &p.sel, &p.hgrid, &p.hsign);
     p.skip_tiles = kq_skip_on();
     p.stage_used = xf_stage_used_on();
+    p.paired_codes = xf_paired_codes_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

@@ -3103,13 +3103,15 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         }
                         // (either expansion: the halves' steps, and a row's four values by PRMT;
                         // forms 2-5: the halves' steps by wgmma: one or two groups a block, in
-                        // clusters of two or four)
+                        // clusters of two or four; staging only the read pairs, the code bytes of
+                        // a tile pair once too: DSV4_XF_PAIRED_CODES, the same values)
                         for (int fs = 0; fs < 2 * (1 + forms); ++fs) {
                             const int form = fs % (1 + forms), su = fs / (1 + forms);
                             const int table = form == 1;
                             cuda::gemm_experts_f16_table_override(table);
                             cuda::gemm_experts_f16_wgmma_override(form >= 2 ? form - 1 : 0);
                             cuda::gemm_experts_f16_stage_used_override(su);
+                            cuda::gemm_experts_f16_paired_codes_override(su);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 const Batch& b = *batches[bi];
                                 const std::string where = what + " f16, table " + std::to_string(table) +
@@ -3129,6 +3131,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         cuda::gemm_experts_f16_table_override(-1);
                         cuda::gemm_experts_f16_wgmma_override(-1);
                         cuda::gemm_experts_f16_stage_used_override(-1);
+                        cuda::gemm_experts_f16_paired_codes_override(-1);
                         continue;
                     }
                     cuda::gemm_smem_override(smem);
