@@ -411,12 +411,16 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // pair's dx (t < PAIRS); Q2_K: half t % 2 of the codes of rows t / 2 and (256 threads) 128 + t
     // / 2, and row t's scale bytes and (d, dmin); IQ2_XXS: stage row t's two groups and d (gate's
     // row t, up's row t - 128); threads from 256 on (WG2) the activations and the codes only
+    // (32-bit offsets from the tensors' bases, not pointers: fewer registers live through the
+    // tile loop, and a tile's address is a 32-bit step and one 64-bit add instead of 64-bit
+    // products; launch_experts_f16 checks that every offset fits: xf_offsets_fit)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
-    // (row indices, not pointers: fewer registers live through the tile loop)
-    const uint32_t row_lo = IQ2 ? 0 : uint32_t(w_row(t >> 1)),
-                   row_hi = IQ2 || FORM == kXfWg2 ? 0 : uint32_t(w_row(128 + (t >> 1)));
-    const uint32_t row_t = uint32_t(w_row(IQ2 ? t & 127 : t));
+    const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = xrow * uint32_t(p.AL / 256);
+    // Q2_K: the first code byte of this thread's half of rows t / 2 and 128 + t / 2 in super-block 0
+    const uint32_t lo_off = IQ2 ? 0 : uint32_t(w_row(t >> 1)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16,
+                   hi_off = IQ2 || FORM == kXfWg2 ? 0 : uint32_t(w_row(128 + (t >> 1))) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16;
+    const uint32_t sb_t = uint32_t(w_row(IQ2 ? t & 127 : t)) * uint32_t(nsb);   // stage row t's first super-block
     // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
     // sb's d is the high half of the staged word when that parity differs from sb's)
     uint32_t dpar = 0;
@@ -437,30 +441,30 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         if ((t >> 2) < used && (!CL || (t >> 2) / SPAN == rank))
-            cp_async16(st + L::st_act + t * 16, p.aq + uint64_t(arow) * p.AL + uint64_t(i) * kXfK + (t & 3) * 16);
+            cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
         if (t < used && (!CL || t / SPAN == rank))
-            cp_async4(st + L::st_dx + t * 4, p.ad + uint64_t(xrow) * (p.AL / 256) + sb);
+            cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
         if constexpr (IQ2) {
-            // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each)
+            // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): bytes 16 i of the row's
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
-                cp_async16(st + L::st_codes + t * 16, wq + (uint64_t(row_t) * nsb + sb) * 64 + 16 * tq);
-                cp_async4(st + L::st_dw + t * 4, wd + ((uint64_t(row_t) * nsb + sb) & ~uint64_t(1)));
+                cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
+                cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
             }
         } else {
             // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
             // (after the 16 scale bytes), at shifts 4 (tq % 2) and + 2
-            const uint64_t off = uint64_t(sb) * 80 + 16 + 32 * (tq >> 1) + (t & 1) * 16;
+            const uint32_t off = uint32_t(sb) * 80 + 32 * uint32_t(tq >> 1);
             if (!p.paired_codes || !(i & 1)) {
                 uint8_t* cs = codes_stage(i);
-                cp_async16(cs + t * 16, p.wq[0] + uint64_t(row_lo) * nsb * 80 + off);
+                cp_async16(cs + t * 16, p.wq[0] + (lo_off + off));
                 if constexpr (FORM != kXfWg2)
-                    cp_async16(cs + 4096 + t * 16, p.wq[0] + uint64_t(row_hi) * nsb * 80 + off);
+                    cp_async16(cs + 4096 + t * 16, p.wq[0] + (hi_off + off));
             }
             if (t < uint32_t(kXfRows)) {
-                cp_async4(st + L::st_sc + t * 4, p.wq[0] + (uint64_t(row_t) * nsb + sb) * 80 + 4 * tq);
-                cp_async4(st + L::st_dw + t * 4, p.wd[0] + (uint64_t(row_t) * nsb + sb) * 2);
+                cp_async4(st + L::st_sc + t * 4, p.wq[0] + ((sb_t + uint32_t(sb)) * 80 + 4 * uint32_t(tq)));
+                cp_async4(st + L::st_dw + t * 4, p.wd[0] + (sb_t + uint32_t(sb)) * 2);
             }
         }
     };

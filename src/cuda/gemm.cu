@@ -2214,7 +2214,11 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
                          (!Wu || reinterpret_cast<uintptr_t>(p.wq[1]) % 16 == 0);
     // the fast mode's FP16 kernel: Q2_K alone (the down projection), IQ2_XXS gate+up fused
     const bool xf_shape = Wg.type == T_Q2_K ? !Wu : Wu && reinterpret_cast<uintptr_t>(p.wd[1]) % 4 == 0;
-    if (flat && aligned && xf_shape && experts_f16_on(Wg.type) && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
+    // (its copies' addresses are 32-bit offsets from the tensors' bases: every byte of the weights
+    // and of the activation rows the pairs read within 4 GiB of them)
+    const bool xf_fits = Wg.rows * (Wg.K / 256) * (Wg.type == T_Q2_K ? 80 : 64) <= UINT32_MAX &&
+                         (uint64_t(P - 1) / p.act_div + 1) * p.AL <= UINT32_MAX;
+    if (flat && aligned && xf_shape && xf_fits && experts_f16_on(Wg.type) && reinterpret_cast<uintptr_t>(p.wd[0]) % 4 == 0 &&
         launch_experts_f16(p, Wg.type, N, g.cap, uint64_t(P) * rows_per_expert >= 96 * Wg.rows, s)) {
         // (launched by launch_experts_f16: the fast mode's bits)
     } else if (Wg.type == T_IQ2_XXS && smem_on() && reinterpret_cast<uintptr_t>(p.aq) % 16 == 0 && p.AL % 16 == 0 &&
