@@ -450,7 +450,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
                 cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
-                cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
+                if (tq == 0)   // (d: one a super-block, read at its first tile: d2 below)
+                    cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
             }
         } else {
             // the tile's 64 values (sub-blocks 4 tq .. + 3) lie in the 32 code bytes of half tq / 2
@@ -508,6 +509,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         constexpr int NV = decltype(ntv)::value;
         float acc[MT][NT][4];
         each(acc, [](float& x) { x = 0.0f; });
+        [[maybe_unused]] uint32_t d2[MT][2] = {};   // IQ2_XXS: the rows' d of the tile's super-block, both halves
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
@@ -533,18 +535,21 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     const uint32_t r = stage_row(mt, h);
                     if constexpr (IQ2) {
                         const uint2 gw = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 16 + (tig >> 1) * 8);
-                        const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-                        const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
+                        if ((i & 3) == 0) {   // the super-block's first tile: its d (staged then alone)
+                            const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
+                            const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
+                            const __half2 dh = __half2half2(__ushort_as_half(uint16_t(dd >> (16 * hi))));
+                            d2[mt][h] = *reinterpret_cast<const uint32_t*>(&dh);
+                        }
                         // d · (0.5 + s) / 4 · 2^8 = d · (32 + 64 s) by one HMUL2 of d (both halves)
                         // and the half 32 + 64 s (exact: 1056 + 64 s is the half 0x6420 + 64 s,
                         // less 1024): the exact product rounded once, as the float product's
                         // rounding to a half was, in ~5 instructions instead of ~9
                         static_assert(0.25f * kXfWScale == 64.0f, "the scale step below assumes 2^8");
-                        const __half2 d2 = __half2half2(__ushort_as_half(uint16_t(dd >> (16 * hi))));
                         const uint32_t c2 = ((gw.y >> 22) & 0x3C0u) * 0x10001u + 0x64206420u;
                         a2[mt][h] = gw.x >> (16 * (tig & 1));
                         b2[mt][h] = gw.y >> (14 * (tig & 1));
-                        s2[mt][h] = h2_mul(*reinterpret_cast<const uint32_t*>(&d2), h2_sub(c2, 0x64006400u));
+                        s2[mt][h] = h2_mul(d2[mt][h], h2_sub(c2, 0x64006400u));
                     } else {
                         qrow[mt][h] = codes_stage(i) + r * 32 + (tig & 1) * 16;
                         const uint32_t sc = st[L::st_sc + r * 4 + tig];
