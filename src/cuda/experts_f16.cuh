@@ -56,7 +56,6 @@ struct KqGemm {
     const uint64_t *grid, *sign;
     const uint32_t* sel;   // the IQ2_XXS sign selectors (iq2.cuh)
     const uint64_t *hgrid, *hsign;   // the IQ2_XXS half selectors' parts (iq2.cuh; the fast experts kernel)
-    const uint64_t *hval, *hneg;     // its halves table: grid rows, sign masks (iq2.cuh; 16 bytes a row)
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
     bool paired_codes;     // the fast Q2_K kernel stages a tile pair's code bytes once (DSV4_XF_PAIRED_CODES)
@@ -143,9 +142,6 @@ constexpr int kXfK = 64;                     // k a tile
 constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
 constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a B row of 64 halves takes (ldmatrix rows on distinct banks)
 constexpr uint32_t kXfGridCopies = 16;       // IQ2_XXS: copies of the half selector tables
-// IQ2_XXS, the halves table (TABLE): its copies (row i, copy c at 16-byte slot 8 i + c: a quarter
-// warp's 16-byte reads, lane l's copy l % 8, fall on distinct bank quads)
-constexpr uint32_t kXfHalfCopies = 8;
 // The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
 // rows of small scales keep normal halves.
 constexpr float kXfWScale = 256.0f;
@@ -374,9 +370,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     constexpr int CS = xf_cluster(FORM);
     constexpr bool CL = CS > 1;
-    static_assert(T == T_Q2_K || IQ2, "fast experts: Q2_K or IQ2_XXS (either expansion)");
-    static_assert(!TABLE || (IQ2 ? WG && FORM != kXfWg2 : !WG),
-                  "TABLE: Q2_K's in the mma.sync form, IQ2_XXS's halves table in the wgmma forms but WG2");
+    static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
+    static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
     using L = XfSmem<T, FORM>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
@@ -406,16 +401,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if constexpr (FORM == kXfWg2) return IQ2 ? 128 * h + 8 * warp + gid : 16 * warp + gid + 8 * h;
         return IQ2 ? 128 * mt + 16 * warp + gid + 8 * h : 32 * warp + 16 * mt + gid + 8 * h;
     };
-    if constexpr (IQ2 && TABLE) {   // the halves table in the same bytes: 16-byte rows, half the copies
-        static_assert(256 * kXfHalfCopies * 16 == 256 * kXfGridCopies * 8, "halves table: the selectors' bytes");
-        iq2_fill_rows16<256, 256, kXfHalfCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hval, t);
-        iq2_fill_rows16<256, 128, kXfHalfCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hneg, t);
-    } else if constexpr (IQ2) {
+    if constexpr (IQ2)
         if (t < 256) {   // (WG2: the first 256 threads)
             iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
             iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
         }
-    }
 
     // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a
     // pair's dx (t < PAIRS); Q2_K: half t % 2 of the codes of rows t / 2 and (256 threads) 128 + t
@@ -575,124 +565,84 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                         }
                     }
                 }
-            if constexpr (IQ2 && TABLE) {
-                // The halves table: grid row kp of this thread's pair (2 (tig % 2) + kp) as 8
-                // halves xor its signs' masks, both halves of each (m-tile, h) read once for the
-                // k-steps 2 kp (values 0-3) and 2 kp + 1 (4-7); an m-tile's two k-steps issued
-                // together, so two rows (8 registers) are live, as the selectors' two words were.
-                // The same halves into the same fragments and wgmma (each sum's k order), so WG's bits.
-                const uint8_t* gtab = sm + L::hgrid + (lane % kXfHalfCopies) * 16;
-                const uint8_t* stab = sm + L::hsign + (lane % kXfHalfCopies) * 16;
-                constexpr int N = 8 * NV;
+            // Q2_K: code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct
+            // banks); IQ2_XXS: the selectors of grid row ks / 2 (words: values 0-3, 4-7)
+            uint2 q[MT][2];
+            [[maybe_unused]] const uint8_t* gtab = sm + L::hgrid + (lane % kXfGridCopies) * 8;
+            [[maybe_unused]] const uint8_t* stab = sm + L::hsign + (lane % kXfGridCopies) * 8;
 #pragma unroll
-                for (int kp = 0; kp < kXfK / 32; ++kp)
+            for (int ks = 0; ks < kXfK / 16; ++ks) {
+                if (ks % 2 == 0)
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        uint4 v[2];
+                    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
-                            // (row strides: 8 copies of 16 bytes, as the selectors' 16 of 8)
-                            const uint32_t go = shift_right(a2[mt][h], 8 * kp - 7) & (0xFFu << 7);
-                            const uint32_t so = shift_right(b2[mt][h], 7 * kp - 7) & (127u << 7);
-                            const uint4 g = *reinterpret_cast<const uint4*>(gtab + go);
-                            const uint4 sg = *reinterpret_cast<const uint4*>(stab + so);
-                            v[h] = make_uint4(g.x ^ sg.x, g.y ^ sg.y, g.z ^ sg.z, g.w ^ sg.w);
-                        }
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            uint32_t a[4];
-#pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                a[h] = h2_mul(e ? v[h].z : v[h].x, s2[mt][h]);
-                                a[2 + h] = h2_mul(e ? v[h].w : v[h].y, s2[mt][h]);
+                            if constexpr (IQ2) {
+                                // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
+                                // 128: the tables' row stride)
+                                const uint32_t go = shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7);
+                                const uint32_t so = shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7);
+                                const uint2 g = *reinterpret_cast<const uint2*>(gtab + go);
+                                const uint2 sg = *reinterpret_cast<const uint2*>(stab + so);
+                                q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
+                            } else {
+                                q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
                             }
-                            wg_fence();
-                            wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
-                                      wg_desc<PAIRS>(bsm + (2 * kp + e) * (PAIRS * 32)));
-                            wg_commit();
-                            wg_wait<1>();
+                        }
+                // m-tile mt's A fragment: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3
+                // (slots 2 tig + 8, + 9) of its rows (Q2_K: code word ks; IQ2_XXS: selector word
+                // ks % 2 of its grid row)
+                auto frag = [&](int mt, uint32_t (&a)[4]) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
+                        if constexpr (IQ2) {
+                            // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
+                            a[h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
+                            a[2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
+                        } else if constexpr (TABLE) {
+                            const uint32_t m = (w >> sh) & 0x03030303u;
+                            const uint32_t sel = m * 0x22u + 0x10101010u;
+                            a[h] = prmt(a2[mt][h], b2[mt][h], sel);
+                            a[2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
+                        } else {
+                            const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
+                            a[h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
+                            a[2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
                         }
                     }
-            } else {
-                // Q2_K: code words ks, ks + 1 of each row (8 bytes: a half-warp's loads hit distinct
-                // banks); IQ2_XXS: the selectors of grid row ks / 2 (words: values 0-3, 4-7)
-                uint2 q[MT][2];
-                [[maybe_unused]] const uint8_t* gtab = sm + L::hgrid + (lane % kXfGridCopies) * 8;
-                [[maybe_unused]] const uint8_t* stab = sm + L::hsign + (lane % kXfGridCopies) * 8;
+                };
+                if constexpr (WG) {
+                    // one commit group an m-tile, so only two fragments (8 registers) are live: the
+                    // one in flight and the one being written. N = 8 NV (NV even here; the pairs
+                    // past cnt are staged copies of the last).
+                    constexpr int N = 8 * NV;
 #pragma unroll
-                for (int ks = 0; ks < kXfK / 16; ++ks) {
-                    if (ks % 2 == 0)
+                    for (int mt = 0; mt < MT; ++mt) {
+                        uint32_t a[4];
+                        frag(mt, a);
+                        wg_fence();   // the fragment written
+                        wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
+                                  wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
+                        wg_commit();
+                        wg_wait<1>();   // the group before done: its fragment's registers free
+                    }
+                } else {
+                    static_assert(MT == 2, "mma.sync: two m-tiles a warp");
+                    uint32_t a[2][4];
+                    frag(0, a[0]);
+                    frag(1, a[1]);
 #pragma unroll
-                        for (int mt = 0; mt < MT; ++mt)
+                    for (int np = 0; np < (NV + 1) / 2; ++np) {
+                        uint32_t b[4];
+                        ldmatrix_x4(b, bsm + (16 * np + 8 * (lane >> 4) + (lane & 7)) * kXfRowH + ks * 32 +
+                                           ((lane >> 3) & 1) * 16);
 #pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                if constexpr (IQ2) {
-                                    // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
-                                    // 128: the tables' row stride)
-                                    const uint32_t go = shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7);
-                                    const uint32_t so = shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7);
-                                    const uint2 g = *reinterpret_cast<const uint2*>(gtab + go);
-                                    const uint2 sg = *reinterpret_cast<const uint2*>(stab + so);
-                                    q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
-                                } else {
-                                    q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
-                                }
-                            }
-                    // m-tile mt's A fragment: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3
-                    // (slots 2 tig + 8, + 9) of its rows (Q2_K: code word ks; IQ2_XXS: selector word
-                    // ks % 2 of its grid row)
-                    auto frag = [&](int mt, uint32_t (&a)[4]) {
+                        for (int u = 0; u < 2; ++u)
+                            if (2 * np + u < NV)
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
-                            if constexpr (IQ2) {
-                                // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
-                                a[h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
-                                a[2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
-                            } else if constexpr (TABLE) {
-                                const uint32_t m = (w >> sh) & 0x03030303u;
-                                const uint32_t sel = m * 0x22u + 0x10101010u;
-                                a[h] = prmt(a2[mt][h], b2[mt][h], sel);
-                                a[2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
-                            } else {
-                                const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
-                                a[h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
-                                a[2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
-                            }
-                        }
-                    };
-                    if constexpr (WG) {
-                        // one commit group an m-tile, so only two fragments (8 registers) are live: the
-                        // one in flight and the one being written. N = 8 NV (NV even here; the pairs
-                        // past cnt are staged copies of the last).
-                        constexpr int N = 8 * NV;
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
-                            uint32_t a[4];
-                            frag(mt, a);
-                            wg_fence();   // the fragment written
-                            wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
-                                      wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
-                            wg_commit();
-                            wg_wait<1>();   // the group before done: its fragment's registers free
-                        }
-                    } else {
-                        static_assert(MT == 2, "mma.sync: two m-tiles a warp");
-                        uint32_t a[2][4];
-                        frag(0, a[0]);
-                        frag(1, a[1]);
-#pragma unroll
-                        for (int np = 0; np < (NV + 1) / 2; ++np) {
-                            uint32_t b[4];
-                            ldmatrix_x4(b, bsm + (16 * np + 8 * (lane >> 4) + (lane & 7)) * kXfRowH + ks * 32 +
-                                               ((lane >> 3) & 1) * 16);
-#pragma unroll
-                            for (int u = 0; u < 2; ++u)
-                                if (2 * np + u < NV)
-#pragma unroll
-                                    for (int mt = 0; mt < 2; ++mt)
-                                        mma_f16_acc(acc[mt][2 * np + u], a[mt], b[2 * u], b[2 * u + 1]);
-                        }
+                                for (int mt = 0; mt < 2; ++mt)
+                                    mma_f16_acc(acc[mt][2 * np + u], a[mt], b[2 * u], b[2 * u + 1]);
                     }
                 }
             }
@@ -757,8 +707,6 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
 }
 // The same with a wgmma form (kXfWg, kXfWg2, kXfWgC, kXfWgC4; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
-// iq2_table: an IQ2_XXS product's halves-table expansion (TABLE; not for WG2).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, bool iq2_table, uint64_t N, uint32_t cap,
-                          cudaStream_t s);
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -1987,19 +1987,11 @@ int xf_wgmma_form(bool wide) {
     if (form < kXfMma || form > kXfWgC4) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
-// DSV4_XF_IQ2_TABLE (read once; 1: on, else off until measured): the IQ2_XXS gate+up's wgmma forms
-// (but WG2) expand the codes through the halves table (iq2.cuh: the same halves, so the same bits);
-// gemm_experts_f16_iq2_table_override (tests) wins.
-int g_xf_iq2_table_override = -1;
-bool xf_iq2_table_on() {
-    static const bool on = env_int("DSV4_XF_IQ2_TABLE", 0) == 1;
-    return g_xf_iq2_table_override >= 0 ? g_xf_iq2_table_override != 0 : on;
-}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, type == T_IQ2_XXS && form != kXfWg2 && xf_iq2_table_on(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2085,7 +2077,6 @@ void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
-void gemm_experts_f16_iq2_table_override(int on) { g_xf_iq2_table_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no
@@ -2209,7 +2200,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.y_stride = y_stride;
     p.clamp = clamp;
     p.ew = ew;
-    iq2_tables(&p.grid, &p.sign, &p.sel, &p.hgrid, &p.hsign, &p.hval, &p.hneg);
+    iq2_tables(&p.grid, &p.sign, &p.sel, &p.hgrid, &p.hsign);
     p.skip_tiles = kq_skip_on();
     p.stage_used = xf_stage_used_on();
     p.paired_codes = xf_paired_codes_on();

@@ -221,41 +221,4 @@ constexpr Iq2HalfSigns iq2_half_signs() {
     return r;
 }
 
-// The halves-table expansion (gemm_experts_f16_kernel<T_IQ2_XXS, true>: DSV4_XF_IQ2_TABLE): a
-// grid row's 8 magnitudes as halves in one 16-byte entry (upload_iq2xxs_grid), xor a sign
-// pattern's 8 bit-15 masks (another entry), then the scale's HMUL2: the same signed halves as
-// the selectors' PRMTs above, per 8 values two 16-byte reads and 4 XORs where those take two
-// 8-byte reads, 2 ORs and 4 PRMTs (each of which ptxas gives its own copy of the constant
-// word kIq2HalfLo into a register: run 166).
-// The half of a grid magnitude (8, 25 or 43: 0x4800, 0x4E40, 0x5160).
-__host__ __device__ constexpr uint32_t iq2_magnitude_half(uint32_t magnitude) {
-    return magnitude == 8 ? 0x4800u : magnitude == 25 ? 0x4E40u : 0x5160u;
-}
-// The 128 sign patterns' masks: half t's bit 15 when value t is negative (ksigns), 2 words a pattern.
-struct Iq2HalfMasks {
-    uint64_t v[256];
-};
-constexpr Iq2HalfMasks iq2_half_masks() {
-    Iq2HalfMasks r{};
-    for (uint32_t i = 0; i < 128; ++i)
-        for (int t = 0; t < 8; ++t) r.v[2 * i + t / 4] |= uint64_t((iq2_ksigns(i) >> t) & 1) << (16 * (t % 4) + 15);
-    return r;
-}
-// A table of ROWS 16-byte rows in COPIES copies (row i, copy c at 16-byte slot COPIES i + c) from
-// src in global memory (2 words a row), by the block's NT threads: loads in rounds of 4, then
-// 16-byte stores to consecutive addresses per warp. No barrier (the caller's next one).
-template <uint32_t NT, uint32_t ROWS, uint32_t COPIES>
-__device__ __forceinline__ void iq2_fill_rows16(uint4* dst, const uint64_t* src, uint32_t tid) {
-    constexpr uint32_t NG = ROWS * COPIES / NT;
-    static_assert(NG % 4 == 0 && NG * NT == ROWS * COPIES, "fill shape");
-#pragma unroll
-    for (uint32_t j0 = 0; j0 < NG; j0 += 4) {
-        uint4 g[4];
-#pragma unroll
-        for (uint32_t j = 0; j < 4; ++j) g[j] = __ldg(reinterpret_cast<const uint4*>(src) + (tid + NT * (j0 + j)) / COPIES);
-#pragma unroll
-        for (uint32_t j = 0; j < 4; ++j) dst[tid + NT * (j0 + j)] = g[j];
-    }
-}
-
 }  // namespace dsv4::cuda

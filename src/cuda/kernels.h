@@ -364,16 +364,12 @@ void gemm_experts_f16_stage_used_override(int on);
 // Whether that kernel's Q2_K form stages the code bytes a pair of tiles shares once (1) or for
 // each tile (0); -1: DSV4_XF_PAIRED_CODES's (off until measured). The same bits. Tests.
 void gemm_experts_f16_paired_codes_override(int on);
-// Whether that kernel's IQ2_XXS wgmma forms expand the codes through the halves table (1: the same
-// bits) or the half selectors' PRMTs (0); -1: DSV4_XF_IQ2_TABLE's (off until measured). Tests.
-void gemm_experts_f16_iq2_table_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
-// sign selectors (iq2.cuh; constants), of the fast experts kernel's half selectors (iq2.cuh):
-// the grid's parts (upload_iq2xxs_grid) and the signs' (constants), and of its halves table
-// (iq2.cuh): the grid rows as halves (upload_iq2xxs_grid) and the signs' masks (constants).
+// sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
+// the grid's parts (upload_iq2xxs_grid) and the signs' (constants).
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel, const uint64_t** hgrid,
-                const uint64_t** hsign, const uint64_t** hval, const uint64_t** hneg);
+                const uint64_t** hsign);
 
 // Grouped product (the attention output's low-rank A): output row n uses the activation's
 // group n / rows_per_group, i.e. values [g*K, (g+1)*K) of each activation row (a.K = groups*K).

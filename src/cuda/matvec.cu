@@ -24,8 +24,6 @@ __device__ uint64_t g_iq2_sign[128];
 // upload) and the sign parts (constants).
 __device__ uint64_t g_iq2_hgrid[256];
 __device__ const Iq2HalfSigns g_iq2_hsign = iq2_half_signs();
-__device__ __align__(16) uint64_t g_iq2_hval[512];                      // the grid rows as halves (upload_iq2xxs_grid)
-__device__ __align__(16) const Iq2HalfMasks g_iq2_hneg = iq2_half_masks();   // the sign patterns' bit-15 masks
 
 __device__ __forceinline__ uint32_t ksigns(uint32_t i) { return i | ((uint32_t(__popc(i)) & 1u) << 7); }
 
@@ -1608,12 +1606,12 @@ uint32_t decode_row_threads(uint64_t K, uint64_t N, bool expert) {
 }
 
 void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** sel, const uint64_t** hgrid,
-                const uint64_t** hsign, const uint64_t** hval, const uint64_t** hneg) {
+                const uint64_t** hsign) {
     // looked up once: the symbols' addresses do not change within the process
     struct Tables {
         const uint64_t *grid, *sign;
         const uint32_t* sel;
-        const uint64_t *hgrid, *hsign, *hval, *hneg;
+        const uint64_t *hgrid, *hsign;
     };
     static const Tables t = [] {
         auto addr = [](const auto& symbol, const char* what) {
@@ -1625,17 +1623,13 @@ void iq2_tables(const uint64_t** grid, const uint64_t** sign, const uint32_t** s
                       static_cast<const uint64_t*>(addr(g_iq2_sign, "IQ2_XXS signs")),
                       static_cast<const uint32_t*>(addr(g_iq2_sel, "IQ2_XXS sign selectors")),
                       static_cast<const uint64_t*>(addr(g_iq2_hgrid, "IQ2_XXS half selectors")),
-                      static_cast<const uint64_t*>(addr(g_iq2_hsign, "IQ2_XXS half sign selectors")),
-                      static_cast<const uint64_t*>(addr(g_iq2_hval, "IQ2_XXS grid halves")),
-                      static_cast<const uint64_t*>(addr(g_iq2_hneg, "IQ2_XXS sign masks of halves"))};
+                      static_cast<const uint64_t*>(addr(g_iq2_hsign, "IQ2_XXS half sign selectors"))};
     }();
     *grid = t.grid;
     *sign = t.sign;
     *sel = t.sel;
     *hgrid = t.hgrid;
     *hsign = t.hsign;
-    *hval = t.hval;
-    *hneg = t.hneg;
 }
 
 void upload_iq2xxs_grid(const uint64_t* grid) {
@@ -1654,11 +1648,6 @@ void upload_iq2xxs_grid(const uint64_t* grid) {
         for (int t = 0; t < 8; ++t) hgrid[i] |= uint64_t(iq2_half_grid_byte(uint32_t(grid[i] >> (8 * t)) & 0xFF)) << (8 * t);
     }
     check(cudaMemcpyToSymbol(g_iq2_hgrid, hgrid, sizeof(hgrid)), "upload of the IQ2_XXS half selectors");
-    uint64_t hval[512] = {};
-    for (uint32_t i = 0; i < 256; ++i)
-        for (int t = 0; t < 8; ++t)
-            hval[2 * i + t / 4] |= uint64_t(iq2_magnitude_half(uint32_t(grid[i] >> (8 * t)) & 0xFF)) << (16 * (t % 4));
-    check(cudaMemcpyToSymbol(g_iq2_hval, hval, sizeof(hval)), "upload of the IQ2_XXS grid halves");
 }
 
 ActKind act_kind(uint32_t t) {

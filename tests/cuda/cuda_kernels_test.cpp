@@ -3038,8 +3038,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // four blocks sharing their staged activations (WG's bits: compared with
                         // WG's output; a count of row blocks not a multiple of the cluster's, so
                         // blocks past N, at N 70 and 300 for IQ2_XXS's 128 rows a block and at N
-                        // 70 and 130 for Q2_K's 256); the IQ2_XXS gate+up's wgmma forms (but
-                        // WG2) also by the halves table, bit for bit as without it; each
+                        // 70 and 130 for Q2_K's 256); each
                         // staging every pair slot, then only the pairs its MMAs read
                         // (DSV4_XF_STAGE_USED)
                         const int forms = cuda::gemm_experts_wgmma_available() ? 5 : 1;
@@ -3087,14 +3086,6 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     ASSERT_NE(0, std::memcmp(r2.data(), sw_ref[c].data(), r2.size() * 4))
                                         << where << "gate+up, the exact bits";
                                     if (wg >= 3) same_as_wg(wg, r2, [&] { return gate_up(b, c); }, where + "gate+up: ");
-                                    if (wg == 1 || wg >= 3) {   // the halves table: this form's bits
-                                        cuda::gemm_experts_f16_iq2_table_override(1);
-                                        const auto r4 = gate_up(b, c);
-                                        cuda::gemm_experts_f16_iq2_table_override(-1);
-                                        ASSERT_EQ(0, std::memcmp(r4.data(), r2.data(), r2.size() * 4))
-                                            << where << "gate+up by the halves table, first difference at "
-                                            << first_diff(r4, r2, b.P);
-                                    }
                                 }
                                 // DSV4_XF_IQ2=0: gate+up back on the exact kernel
                                 cuda::gemm_experts_f16_iq2_override(0);

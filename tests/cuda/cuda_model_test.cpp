@@ -242,9 +242,9 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
 // with its warpgroup-MMA form over two groups a block and in clusters of two and of four blocks,
 // staging every pair slot (the default stages only the pairs it reads), staging the Q2_K code
-// bytes a tile pair shares once, expanding the IQ2_XXS codes by the halves table, and with the
-// attention's 32-key tiles by the warpgroup MMA (attn_rows_wg_kernel's forms 1, 2 and 4; the
-// default is form 3 where the device has it, so its mma.sync form too).
+// bytes a tile pair shares once, and with the attention's 32-key tiles by the warpgroup MMA
+// (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
+// its mma.sync form too).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -254,7 +254,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     struct Variant {
         int experts_f16, iq2, kt, wgmma, stage_used;
         const char* label;
-        int attn_wg = -1, paired_codes = -1, iq2_table = -1;
+        int attn_wg = -1, paired_codes = -1;
     };
     for (const Variant& v : {Variant{-1, -1, 32, -1, -1, "flash4-flash fast prefill"},
                              Variant{-1, -1, 16, -1, -1, "flash4 fast, 16-key tiles"},
@@ -266,7 +266,6 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{-1, -1, 32, 4, -1, "flash4 fast, wgmma in clusters of 4"},
                              Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, Q2_K codes once a tile pair", -1, 1},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, IQ2_XXS by the halves table", -1, -1, 1},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, cp.async", 2},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by mma.sync", 0},
@@ -278,7 +277,6 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         cuda::gemm_experts_f16_wgmma_override(v.wgmma);
         cuda::gemm_experts_f16_stage_used_override(v.stage_used);
         cuda::gemm_experts_f16_paired_codes_override(v.paired_codes);
-        cuda::gemm_experts_f16_iq2_table_override(v.iq2_table);
         cuda::attn_rows_fast_kt_override(v.kt);
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
     }
@@ -287,7 +285,6 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     cuda::gemm_experts_f16_wgmma_override(-1);
     cuda::gemm_experts_f16_stage_used_override(-1);
     cuda::gemm_experts_f16_paired_codes_override(-1);
-    cuda::gemm_experts_f16_iq2_table_override(-1);
     cuda::attn_rows_fast_kt_override(-1);
     cuda::attn_rows_fast_wg_override(-1);
     cuda::gemm_q8_0_cublas_override(-1);

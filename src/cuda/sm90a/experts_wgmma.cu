@@ -5,13 +5,7 @@
 
 namespace dsv4::cuda::xf {
 
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, bool iq2_table, uint64_t N, uint32_t cap,
-                          cudaStream_t s) {
-    if (iq2_table && type == T_IQ2_XXS) {   // (the halves table: WG, WGC, WGC4)
-        if (form == kXfWgC4) return launch_experts_f16_form<T_IQ2_XXS, true, kXfWgC4>(p, N, cap, s);
-        if (form == kXfWgC) return launch_experts_f16_form<T_IQ2_XXS, true, kXfWgC>(p, N, cap, s);
-        if (form == kXfWg) return launch_experts_f16_form<T_IQ2_XXS, true, kXfWg>(p, N, cap, s);
-    }
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s) {
     if (form == kXfWgC4)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWgC4>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWgC4>(p, N, cap, s);
