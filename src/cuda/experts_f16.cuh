@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include "cuda/common.cuh"
@@ -148,11 +147,10 @@ constexpr float kXfWScale = 256.0f;
 // Output rows a block: Q2_K its 256 stage rows; IQ2_XXS 128 rows of gate and the same of up.
 constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
 // The kernel's forms: kXfMma (mma.sync), kXfWg (warpgroup MMA), kXfWg2 (warpgroup MMA over two
-// groups of an expert at once: 128 pairs, 512 threads; below), kXfWgC (WG in clusters of two
-// blocks sharing their group's staged activations; below), kXfWgC4 (the same in clusters of four).
-constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWgC = 3, kXfWgC4 = 4;
-// The blocks of a cluster (WGC's forms), else 1.
-constexpr int xf_cluster(int form) { return form == kXfWgC ? 2 : form == kXfWgC4 ? 4 : 1; }
+// groups of an expert at once: 128 pairs, 512 threads; below). (WGC, WG in clusters of two or
+// four blocks sharing their group's staged activations, measured slower and removed: run 198,
+// bench/gpu/NOTES.md "Forty-third round"; the code is in 8d63629.)
+constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
 template <uint32_t T, int FORM = kXfMma>
@@ -352,24 +350,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-// WGC (kXfWgC, opt-in: DSV4_XF_WGMMA=3): WG with the blocks of a group's neighbouring row ranges
-// in clusters of two. Each of a group's 16 blocks read the same activation codes from L2 (run
-// 196: the down's L2 72 % busy); here block r of a cluster stages only pairs 32 r .. 32 r + 31
-// (codes and dx), and expand_b reads the other half from the other block's stage (distributed
-// shared memory), so a tile's activation bytes from L2 halve. WGC4 (kXfWgC4, DSV4_XF_WGMMA=4):
-// clusters of four, block r staging pairs 16 r .. 16 r + 15, so a quarter of those bytes, each
-// barrier waiting for the slowest of four blocks instead of two. The same expansion and MMAs, so
-// WG's bits. Sync: at tile i each thread arrives on the cluster's barrier once its copies of
-// tile i + 1 landed, and waits on it, after issuing tile i's MMAs, before expanding tile i + 1;
-// so a block reads the other's stage only after that block's copies landed, and overwrites its
-// own stage (tile i + 3 into tile i - 1's) only after the other's reads of it (at tile i - 2,
-// before its arrive at tile i - 1, which this block's wait at tile i - 1 saw). A block leaves
-// after its last wait: the other's reads of it are done by then.
 template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
-    constexpr int CS = xf_cluster(FORM);
-    constexpr bool CL = CS > 1;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -384,10 +367,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     const int32_t* gp = eg.pairs;
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    // WGC: this block's share of the pairs (SPAN rank ..), staged by threads 4 SPAN rank ..
-    // (codes) and SPAN rank .. (dx); pair n's block is n / SPAN
-    constexpr uint32_t SPAN = uint32_t(PAIRS / CS);
-    const uint32_t rank = CL ? cooperative_groups::this_cluster().block_rank() : 0;
     const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
     // the pairs whose activations are staged and expanded: all (copies of the last past cnt), or
     // (stage_used) only those the MMAs read, whole 16-pair steps (ldmatrix.x4, wgmma's N): the
@@ -433,17 +412,16 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // paired_codes tile 2m alone stages them, into stage m % 3's code bytes (three: pair m's are
     // read at tiles 2m, 2m + 1 and overwritten by pair m + 3's copies, issued at tile 2m + 3
     // after its barrier), so a tile pulls 8 KB of codes from L2 every other tile (run 196: the
-    // down's L2 72 % busy; ~14 KB a tile before). The other parts of the stage keep tile i % 4's.
+    // down's L2 72 % busy; ~14 KB a tile before; run 198: the down 2.23 -> 2.06 us a token of a
+    // fast chunk). The other parts of the stage keep tile i % 4's.
     auto codes_stage = [&](int i) -> uint8_t* {
         return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
     };
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        if ((t >> 2) < used && (!CL || (t >> 2) / SPAN == rank))
-            cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-        if (t < used && (!CL || t / SPAN == rank))
-            cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
+        if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
+        if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): bytes 16 i of the row's
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -474,8 +452,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto expand_b = [&](int i) {
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        if (CL && (t >> 2) / SPAN != rank)   // (another block staged this pair)
-            st = cooperative_groups::this_cluster().map_shared_rank(st, int((t >> 2) / SPAN));
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
@@ -498,12 +474,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if (i < ntiles) issue(i);
         cp_async_commit();
     }
-    // (WGC: the cluster's barrier in halves, each thread's arrive then its wait: arrive releases
-    // this thread's writes, cp.async's once waited for; wait acquires the other block's)
     cp_async_wait<2>();
-    if constexpr (CL) cooperative_groups::this_cluster().barrier_arrive();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
-    if constexpr (CL) cooperative_groups::this_cluster().barrier_wait();   // (and in the other block)
     expand_b(0);
     auto run = [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
@@ -513,11 +485,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            if constexpr (CL) cooperative_groups::this_cluster().barrier_arrive();
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (!CL && i + 1 < ntiles) expand_b(i + 1);
+            if (i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
@@ -646,10 +617,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     }
                 }
             }
-            if constexpr (CL) {   // tile i's MMAs issued: tile i + 1's B, half from the other block
-                cooperative_groups::this_cluster().barrier_wait();
-                if (i + 1 < ntiles) expand_b(i + 1);
-            }
             if constexpr (WG) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer
         }
         cp_async_wait<0>();
@@ -695,17 +662,10 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
     constexpr int bytes = XfSmem<T, FORM>::bytes;
     const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
-    const uint32_t gx = uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T));
-    if constexpr (xf_cluster(FORM) > 1) {   // (whole clusters of row blocks: those past N write nothing)
-        constexpr uint32_t cs = xf_cluster(FORM);
-        check(launch_clusters(kernel, dim3((gx + cs - 1) / cs * cs, cap), dim3(xf_threads(FORM)), bytes, s, dim3(cs, 1, 1), p),
-              "fast experts (clusters)");
-    } else {
-        kernel<<<dim3(gx, cap), xf_threads(FORM), bytes, s>>>(p);
-    }
+    kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
-// The same with a wgmma form (kXfWg, kXfWg2, kXfWgC, kXfWgC4; sm90a/experts_wgmma.cu: only sm_90a machine code,
+// The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 

@@ -1961,13 +1961,14 @@ bool xf_stage_used_on() {
     static const bool on = env_int("DSV4_XF_STAGE_USED", 1) != 0;
     return g_xf_stage_used_override >= 0 ? g_xf_stage_used_override != 0 : on;
 }
-// DSV4_XF_PAIRED_CODES (read once; 1: on, else off until measured): the fast Q2_K kernel stages
-// the code bytes two tiles share once (gemm_experts_f16_kernel's codes_stage: the same values,
-// so the same bits, ~28 % fewer bytes a tile from L2); gemm_experts_f16_paired_codes_override
+// DSV4_XF_PAIRED_CODES (read once; 0: off, else on): the fast Q2_K kernel stages the code bytes
+// two tiles share once (gemm_experts_f16_kernel's codes_stage: the same values, so the same bits,
+// ~28 % fewer bytes a tile from L2; run 198, an H100: a fast chunk's down 2.23 -> 2.06 us a
+// token, the 36-layer fast prefill 9,299 -> 9,431 tok/s); gemm_experts_f16_paired_codes_override
 // (tests) wins.
 int g_xf_paired_codes_override = -1;
 bool xf_paired_codes_on() {
-    static const bool on = env_int("DSV4_XF_PAIRED_CODES", 0) == 1;
+    static const bool on = env_int("DSV4_XF_PAIRED_CODES", 1) != 0;
     return g_xf_paired_codes_override >= 0 ? g_xf_paired_codes_override != 0 : on;
 }
 // DSV4_XF_WGMMA (read once): the kernel's form on a device that has wgmma (compute capability
@@ -1976,15 +1977,15 @@ bool xf_paired_codes_on() {
 // of an expert a block); unset: WG2 for a round of at least 96 pairs an expert on average (wide:
 // the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
 // took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
-// 13.28 to 15.50, its groups mostly 64 pairs or fewer); 3 WGC (WG in clusters of two blocks
-// sharing their group's staged activations; not yet measured); 4 WGC4 (the same in clusters of
-// four; not yet measured). gemm_experts_f16_wgmma_override
-// (tests) wins over the variable.
+// 13.28 to 15.50, its groups mostly 64 pairs or fewer). (3 and 4, WG in clusters of two and four
+// blocks sharing their staged activations, measured slower and removed: run 198, gate+up 3.46 ->
+// 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.)
+// gemm_experts_f16_wgmma_override (tests) wins over the variable.
 int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {
     static const int env = env_int("DSV4_XF_WGMMA", -1);
     int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
-    if (form < kXfMma || form > kXfWgC4) form = wide ? kXfWg2 : kXfWg;
+    if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {

@@ -351,9 +351,8 @@ void gemm_experts_f16_table_override(int on);
 // -1: DSV4_XF_IQ2's (on by default). Tests.
 void gemm_experts_f16_iq2_override(int on);
 // Whether that kernel takes its warpgroup-MMA form (1), that form over two groups of an expert a
-// block (2), that form in clusters of two blocks sharing their staged activations (3: WG's bits),
-// the same in clusters of four (4: WG's bits), or mma.sync (0); -1: DSV4_XF_WGMMA's (unset: 2 for a round of at least 96 pairs an expert on
-// average, else 1). Only where gemm_experts_wgmma_available(): a device of compute capability 9.0
+// block (2), or mma.sync (0); -1: DSV4_XF_WGMMA's (unset: 2 for a round of at least 96 pairs an
+// expert on average, else 1). Only where gemm_experts_wgmma_available(): a device of compute capability 9.0
 // (the form's machine code is sm_90a's alone). Other bits than mma.sync's, within the same
 // bounds. Tests.
 void gemm_experts_f16_wgmma_override(int on);
@@ -362,7 +361,7 @@ void gemm_experts_f16_wgmma_override(int on);
 // same bits. Tests.
 void gemm_experts_f16_stage_used_override(int on);
 // Whether that kernel's Q2_K form stages the code bytes a pair of tiles shares once (1) or for
-// each tile (0); -1: DSV4_XF_PAIRED_CODES's (off until measured). The same bits. Tests.
+// each tile (0); -1: DSV4_XF_PAIRED_CODES's (on by default). The same bits. Tests.
 void gemm_experts_f16_paired_codes_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the

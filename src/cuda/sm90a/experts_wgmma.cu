@@ -6,12 +6,6 @@
 namespace dsv4::cuda::xf {
 
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s) {
-    if (form == kXfWgC4)
-        return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWgC4>(p, N, cap, s)
-                                 : launch_experts_f16_form<T_Q2_K, false, kXfWgC4>(p, N, cap, s);
-    if (form == kXfWgC)
-        return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWgC>(p, N, cap, s)
-                                 : launch_experts_f16_form<T_Q2_K, false, kXfWgC>(p, N, cap, s);
     if (form == kXfWg2)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg2>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWg2>(p, N, cap, s);
