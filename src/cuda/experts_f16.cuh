@@ -148,7 +148,7 @@ constexpr float kXfWScale = 256.0f;
 constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : kXfRows; }
 // The kernel's forms: kXfMma (mma.sync), kXfWg (warpgroup MMA), kXfWg2 (warpgroup MMA over two
 // groups of an expert at once: 128 pairs, 512 threads; below). (WGC, WG in clusters of two or
-// four blocks sharing their group's staged activations, measured slower and removed: run 198,
+// four blocks sharing their group's staged activations, measured slower and removed: run 197,
 // bench/gpu/NOTES.md "Forty-third round"; the code is in 8d63629.)
 constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
@@ -412,8 +412,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // paired_codes tile 2m alone stages them, into stage m % 3's code bytes (three: pair m's are
     // read at tiles 2m, 2m + 1 and overwritten by pair m + 3's copies, issued at tile 2m + 3
     // after its barrier), so a tile pulls 8 KB of codes from L2 every other tile (run 196: the
-    // down's L2 72 % busy; ~14 KB a tile before; run 198: the down 2.23 -> 2.06 us a token of a
-    // fast chunk). The other parts of the stage keep tile i % 4's.
+    // down's L2 72 % busy; ~14 KB a tile before; runs 197, 198: the down 2.23 -> 2.06 us a
+    // token of a fast chunk). The other parts of the stage keep tile i % 4's.
     auto codes_stage = [&](int i) -> uint8_t* {
         return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
     };

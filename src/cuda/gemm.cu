@@ -1963,7 +1963,7 @@ bool xf_stage_used_on() {
 }
 // DSV4_XF_PAIRED_CODES (read once; 0: off, else on): the fast Q2_K kernel stages the code bytes
 // two tiles share once (gemm_experts_f16_kernel's codes_stage: the same values, so the same bits,
-// ~28 % fewer bytes a tile from L2; run 198, an H100: a fast chunk's down 2.23 -> 2.06 us a
+// ~28 % fewer bytes a tile from L2; runs 197, 198, an H100: a fast chunk's down 2.23 -> 2.06 us a
 // token, the 36-layer fast prefill 9,299 -> 9,431 tok/s); gemm_experts_f16_paired_codes_override
 // (tests) wins.
 int g_xf_paired_codes_override = -1;
@@ -1978,7 +1978,7 @@ bool xf_paired_codes_on() {
 // the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
 // took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
 // 13.28 to 15.50, its groups mostly 64 pairs or fewer). (3 and 4, WG in clusters of two and four
-// blocks sharing their staged activations, measured slower and removed: run 198, gate+up 3.46 ->
+// blocks sharing their staged activations, measured slower and removed: run 197, gate+up 3.46 ->
 // 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.)
 // gemm_experts_f16_wgmma_override (tests) wins over the variable.
 int g_xf_wgmma_override = -1;
