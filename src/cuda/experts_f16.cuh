@@ -392,13 +392,13 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // row t, up's row t - 128); threads from 256 on (WG2) the activations and the codes only
     // (32-bit offsets from the tensors' bases, not pointers: fewer registers live through the
     // tile loop, and a tile's address is a 32-bit step and one 64-bit add instead of 64-bit
-    // products; launch_experts_f16 checks that every offset fits: xf_offsets_fit)
+    // products; gemm_kq_experts takes this kernel only where every offset fits: xf_fits)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
     const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = xrow * uint32_t(p.AL / 256);
     // Q2_K: the first code byte of this thread's half of rows t / 2 and 128 + t / 2 in super-block 0
-    const uint32_t lo_off = IQ2 ? 0 : uint32_t(w_row(t >> 1)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16,
-                   hi_off = IQ2 || FORM == kXfWg2 ? 0 : uint32_t(w_row(128 + (t >> 1))) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16;
+    auto q2k_code_off = [&](uint32_t r) { return uint32_t(w_row(r)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16; };
+    const uint32_t lo_off = IQ2 ? 0 : q2k_code_off(t >> 1), hi_off = IQ2 || FORM == kXfWg2 ? 0 : q2k_code_off(128 + (t >> 1));
     const uint32_t sb_t = uint32_t(w_row(IQ2 ? t & 127 : t)) * uint32_t(nsb);   // stage row t's first super-block
     // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
     // sb's d is the high half of the staged word when that parity differs from sb's)
@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
         if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
         if constexpr (IQ2) {
-            // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): bytes 16 i of the row's
+            // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): the row's bytes 16 i ..
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
