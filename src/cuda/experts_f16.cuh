@@ -152,17 +152,6 @@ constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : 
 // bench/gpu/NOTES.md "Forty-third round"; the code is in 8d63629.)
 constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
-// The tile loop's variants (bits; the same values, so the same bits; DSV4_XF_LOOP, gemm.cu):
-// kXfLoopWords: the expansions' constant PRMT words read from shared memory once a tile, not
-// immediates: at the kernel's 128 registers ptxas otherwise rebuilds the word from a uniform
-// register before every PRMT (`IMAD.U32 R, RZ, RZ, UR`: 8.3 % of the IQ2_XXS gate+up's executed
-// instructions, run 199), and a loaded value it must keep (sm_90a SASS, the loop from the
-// barrier to the last wgmma: IQ2_XXS 423 -> 397 instructions, Q2_K 463 -> 422). kXfLoopEarly:
-// tile i + 1's activation chunk and dx read before tile i's barrier, from this thread's own
-// copies (visible to it once its cp.async group completes: so each thread stages its pair's dx
-// itself), so the expansion after the barrier no longer waits on them (run 199: the expansion's
-// first LOP3s waited on that 16-byte read).
-constexpr int kXfLoopWords = 1, kXfLoopEarly = 2, kXfLoopAll = kXfLoopWords | kXfLoopEarly;
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
 template <uint32_t T, int FORM = kXfMma>
 struct XfSmem {
@@ -174,19 +163,16 @@ struct XfSmem {
     // a raw stage: the weights' codes [256][32] (Q2_K: the half of the super-block's 64 code
     // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
     // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
-    // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx
-    // [threads] (a pair's at its slot, or (kXfLoopEarly) at each of its 4 threads' slots)
+    // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
                          st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
-                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + xf_threads(FORM) * 4;
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
     static constexpr int stage = b + 2 * b_bytes;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
     static constexpr int hgrid = stage + kXfStages * st_bytes;
     static constexpr int hsign = hgrid + (iq2 ? 256 * kXfGridCopies * 8 : 0);
-    // the expansions' constant words (kXfLoopWords): the A fragments' PRMT table word, h2_magic's
-    static constexpr int kwords = hsign + (iq2 ? 128 * kXfGridCopies * 8 : 0);
-    static constexpr int bytes = kwords + 16;
+    static constexpr int bytes = hsign + (iq2 ? 128 * kXfGridCopies * 8 : 0);
 };
 static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
@@ -329,9 +315,8 @@ __host__ __device__ constexpr uint32_t xf_wg_offset(uint32_t n, uint32_t tig, ui
 }
 
 // Bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of w as halves 1024 + byte: the byte under the
-// exponent of 1024, where the halves' spacing is 1. k64: the word 0x64646464 (the kernel's kword:
-// an immediate, or a register ptxas keeps).
-__device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t k64, uint32_t sel) { return prmt(w, k64, sel); }
+// exponent of 1024, where the halves' spacing is 1.
+__device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
 
 // T: T_Q2_K (the down projection, one weight) or T_IQ2_XXS (gate+up fused: the swiglu of the
 // two products, as gemm_iq2_smem_kernel<2> gives it).
@@ -365,10 +350,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t k64, uint32_t 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int LOOP = kXfLoopAll>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
-    constexpr bool WORDS = LOOP & kXfLoopWords, EARLY = LOOP & kXfLoopEarly;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -410,8 +394,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // tile loop, and a tile's address is a 32-bit step and one 64-bit add instead of 64-bit
     // products; gemm_kq_experts takes this kernel only where every offset fits: xf_fits)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
-    // (EARLY: this thread stages its own pair's dx into its slot t; else thread t pair t's)
-    const uint32_t xrow = EARLY ? arow : uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
+    const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
     const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = xrow * uint32_t(p.AL / 256);
     // Q2_K: the first code byte of this thread's half of rows t / 2 and 128 + t / 2 in super-block 0
     auto q2k_code_off = [&](uint32_t r) { return uint32_t(w_row(r)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16; };
@@ -438,7 +421,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-        if ((EARLY ? t >> 2 : t) < used) cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
+        if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): the row's bytes 16 i ..
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -464,31 +447,14 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             }
         }
     };
-    // The expansions' constant PRMT words: immediates, or (WORDS) read from shared memory, where
-    // kernel start stored them (before the first barrier), once a tile: a value ptxas keeps in a
-    // register rather than rebuilding it before each PRMT (kXfLoopWords).
-    auto kword = [&](int k) -> uint32_t {
-        const uint32_t imm = k == 0 ? (IQ2 ? kIq2HalfLo : 0x64646464u) : 0x64646464u;
-        if constexpr (WORDS) return *reinterpret_cast<const volatile uint32_t*>(sm + L::kwords + 4 * k);
-        return imm;
-    };
-    if (WORDS && t == 0) *reinterpret_cast<uint2*>(sm + L::kwords) = make_uint2(IQ2 ? kIq2HalfLo : 0x64646464u, 0x64646464u);
     // Tile i's activation chunk of this thread: 16 codes q (int8) as halves q · dx (q: 1024 +
-    // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot. load_b reads the
-    // chunk and its dx from the stage (EARLY: both from this thread's own copies, so before the
-    // barrier), store_b expands and stores them.
-    struct BChunk {
-        uint4 v;
-        float dx;
-    };
-    auto load_b = [&](int i) -> BChunk {
+    // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
+    auto expand_b = [&](int i) {
+        if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-        return {*reinterpret_cast<const uint4*>(st + L::st_act + t * 16),
-                *reinterpret_cast<const float*>(st + L::st_dx + (EARLY ? t : t >> 2) * 4)};
-    };
-    auto store_b = [&](int i, const BChunk& c) {
-        const uint4 v = c.v;
-        const uint32_t dx2 = h2_of(c.dx, c.dx), k1152 = 0x64806480u, k64 = kword(1);
+        const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
+        const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
+        const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
         auto at = [&](uint32_t j) -> uint32_t* {
@@ -498,8 +464,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         };
 #pragma unroll
         for (uint32_t k = 0; k < 4; ++k) {
-            *at(4 * k) = h2_mul(h2_sub(h2_magic(vw[k], k64, 0x4140), k1152), dx2);
-            *at(4 * k + 2) = h2_mul(h2_sub(h2_magic(vw[k], k64, 0x4342), k1152), dx2);
+            *at(4 * k) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
+            *at(4 * k + 2) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
         }
         if constexpr (WG) fence_proxy_async();   // (the barrier before tile i's wgmma follows)
     };
@@ -509,8 +475,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         cp_async_commit();
     }
     cp_async_wait<2>();
-    __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables and the words are filled)
-    if ((t >> 2) < used) store_b(0, load_b(0));
+    __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
+    expand_b(0);
     auto run = [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
         float acc[MT][NT][4];
@@ -519,17 +485,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            const bool bnext = i + 1 < ntiles && (t >> 2) < used;
-            [[maybe_unused]] BChunk nb;
-            if constexpr (EARLY)
-                if (bnext) nb = load_b(i + 1);   // (this thread's own copies: landed for it)
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (bnext) {
-                if constexpr (EARLY) store_b(i + 1, nb);
-                else store_b(i + 1, load_b(i + 1));
-            }
+            if (i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
@@ -584,7 +543,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             // ORed into the row's (disjoint bits), so the tables' base stays uniform: 14 fewer
             // adds a tile in the SASS)
             [[maybe_unused]] const uint32_t copy8 = (lane % kXfGridCopies) * 8;
-            const uint32_t kw0 = kword(0);   // (IQ2_XXS: kIq2HalfLo; Q2_K: h2_magic's word)
 #pragma unroll
             for (int ks = 0; ks < kXfK / 16; ++ks) {
                 if (ks % 2 == 0)
@@ -613,8 +571,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                         const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
                         if constexpr (IQ2) {
                             // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
-                            a[h] = h2_mul(prmt(kw0, kIq2HalfHi, w), s2[mt][h]);
-                            a[2 + h] = h2_mul(prmt(kw0, kIq2HalfHi, w >> 16), s2[mt][h]);
+                            a[h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
+                            a[2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
                         } else if constexpr (TABLE) {
                             const uint32_t m = (w >> sh) & 0x03030303u;
                             const uint32_t sel = m * 0x22u + 0x10101010u;
@@ -622,8 +580,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                             a[2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
                         } else {
                             const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
-                            a[h] = h2_fma(h2_sub(h2_magic(m, kw0, 0x4140), k1024), a2[mt][h], b2[mt][h]);
-                            a[2 + h] = h2_fma(h2_sub(h2_magic(m, kw0, 0x4342), k1024), a2[mt][h], b2[mt][h]);
+                            a[h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
+                            a[2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
                         }
                     }
                 };
@@ -700,18 +658,17 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int LOOP = kXfLoopAll>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem<T, FORM>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, LOOP>;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
-// so only for a device of compute capability 9.0); loop: WG's tile loop variant (kXfLoopWords
-// and kXfLoopEarly bits; WG2 takes kXfLoopAll).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int loop, uint64_t N, uint32_t cap, cudaStream_t s);
+// so only for a device of compute capability 9.0).
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

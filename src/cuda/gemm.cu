@@ -1988,20 +1988,11 @@ int xf_wgmma_form(bool wide) {
     if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
-// DSV4_XF_LOOP (read once): the WG form's tile loop variant, bits kXfLoopWords (1: the constant
-// PRMT words from shared memory once a tile) and kXfLoopEarly (2: tile i + 1's activations read
-// before tile i's barrier); default 3, both (experts_f16.cuh: the same bits either way);
-// gemm_experts_f16_loop_override (tests) wins.
-int g_xf_loop_override = -1;
-int xf_loop() {
-    static const int env = env_int("DSV4_XF_LOOP", kXfLoopAll) & kXfLoopAll;
-    return g_xf_loop_override >= 0 ? g_xf_loop_override & kXfLoopAll : env;
-}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_loop(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2087,7 +2078,6 @@ void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
-void gemm_experts_f16_loop_override(int loop) { g_xf_loop_override = loop; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no

@@ -5,25 +5,12 @@
 
 namespace dsv4::cuda::xf {
 
-namespace {
-template <int LOOP>
-bool launch_wg(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
-    return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg, LOOP>(p, N, cap, s)
-                             : launch_experts_f16_form<T_Q2_K, false, kXfWg, LOOP>(p, N, cap, s);
-}
-}  // namespace
-
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int loop, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s) {
     if (form == kXfWg2)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg2>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWg2>(p, N, cap, s);
-    // (the WG form's tile loop variants, for A/B: DSV4_XF_LOOP, gemm.cu)
-    switch (loop) {
-        case 0: return launch_wg<0>(p, type, N, cap, s);
-        case kXfLoopWords: return launch_wg<kXfLoopWords>(p, type, N, cap, s);
-        case kXfLoopEarly: return launch_wg<kXfLoopEarly>(p, type, N, cap, s);
-        default: return launch_wg<kXfLoopAll>(p, type, N, cap, s);
-    }
+    return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg>(p, N, cap, s)
+                             : launch_experts_f16_form<T_Q2_K, false, kXfWg>(p, N, cap, s);
 }
 
 }  // namespace dsv4::cuda::xf
