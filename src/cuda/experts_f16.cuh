@@ -141,7 +141,6 @@ constexpr int kXfK = 64;                     // k a tile
 constexpr int kXfStages = 4;                 // raw stages: tile i read, i + 1 expanded, i + 2 and i + 3 in flight
 constexpr int kXfRowH = kXfK * 2 + 16;       // bytes a B row of 64 halves takes (ldmatrix rows on distinct banks)
 constexpr uint32_t kXfGridCopies = 16;       // IQ2_XXS: copies of the half selector tables
-constexpr uint32_t kXfCodeCopies = 32;       // IQ2_XXS, SPREAD 2: copies of the grid's code rows (4 bytes)
 // The weights' FP16 values times 2^8 (divided out of the sums: a power of two, exact), so that
 // rows of small scales keep normal halves.
 constexpr float kXfWScale = 256.0f;
@@ -351,10 +350,10 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int SPREAD = 0>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, bool SPREAD = false>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
-    static_assert(SPREAD == 0 || (IQ2 && SPREAD <= 2), "SPREAD: the IQ2_XXS sign parts (1), and grid codes (2)");
+    static_assert(!SPREAD || IQ2, "SPREAD: the IQ2_XXS sign parts");
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -384,10 +383,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     };
     if constexpr (IQ2)
         if (t < 256) {   // (WG2: the first 256 threads)
-            if constexpr (SPREAD == 2)   // the grid rows as codes, 32 copies of 4 bytes in the grid's place
-                iq2_fill_codes<256, kXfCodeCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.grid, t);
-            else
-                iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
+            iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
             if constexpr (!SPREAD)   // (SPREAD makes the sign parts, reading no table)
                 iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
         }
@@ -548,8 +544,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             // (IQ2_XXS: this lane's copy of the selector tables as the lookups' low offset bits,
             // ORed into the row's (disjoint bits), so the tables' base stays uniform: the loop's
             // SASS from the barrier to the last wgmma 423 -> 408 instructions)
-            // (SPREAD 2: the codes' 4-byte rows, 32 copies: the same 128-byte row stride)
-            [[maybe_unused]] const uint32_t copy8 = SPREAD == 2 ? lane * 4 : (lane % kXfGridCopies) * 8;
+            [[maybe_unused]] const uint32_t copy8 = (lane % kXfGridCopies) * 8;
 #pragma unroll
             for (int ks = 0; ks < kXfK / 16; ++ks) {
                 if (ks % 2 == 0)
@@ -561,15 +556,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                                 // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
                                 // 128: the tables' row stride)
                                 const uint32_t go = (shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7)) | copy8;
-                                uint2 g;
-                                if constexpr (SPREAD == 2) {
-                                    // the row's 8 codes (a nibble each) → its 8 grid bytes, 4 a PRMT
-                                    const uint32_t c = *reinterpret_cast<const uint32_t*>(sm + L::hgrid + go);
-                                    g = make_uint2(prmt(kIq2HalfGridBytes, 0u, c), prmt(kIq2HalfGridBytes, 0u, c >> 16));
-                                } else {
-                                    g = *reinterpret_cast<const uint2*>(sm + L::hgrid + go);
-                                }
-                                if constexpr (SPREAD != 0) {
+                                const uint2 g = *reinterpret_cast<const uint2*>(sm + L::hgrid + go);
+                                if constexpr (SPREAD) {
                                     const uint2 sg = iq2_half_sign_spread(shift_right(b2[mt][h], 7 * (ks / 2)) & 127u);
                                     q[mt][h] = make_uint2(g.x | (sg.x & kIq2SignMask), g.y | (sg.y & kIq2SignMask));
                                 } else {
@@ -677,7 +665,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int SPREAD = 0>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, bool SPREAD = false>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem<T, FORM>::bytes;
@@ -688,9 +676,8 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
 }
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
-// spread: the IQ2_XXS WG form's sign parts by iq2_half_sign_spread (1), and its grid parts from
-// 4-byte code rows (2) (DSV4_XF_SPREAD).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int spread, uint64_t N, uint32_t cap,
+// spread: the IQ2_XXS WG form's sign parts by iq2_half_sign_spread (DSV4_XF_SPREAD).
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, bool spread, uint64_t N, uint32_t cap,
                           cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -1993,20 +1993,17 @@ int xf_wgmma_form(bool wide) {
 // so the same bits; ~3.5 more instructions and one 8-byte shared read fewer a grid row (for a
 // kernel whose shared-memory traffic may bound it: 3 more 4-byte dx copies a pair and tile
 // made it 4 % slower, 6-9 % fewer instructions did nothing, run 200);
-// 2: besides, the grid parts from 4-byte rows of the grid's codes (32 copies; two PRMTs of the
-// constant kIq2HalfGridBytes make a row's 8 bytes) instead of 8-byte rows: half the bytes read.
 // gemm_experts_f16_spread_override (tests) wins.
 int g_xf_spread_override = -1;
-int xf_spread() {
-    static const int env = env_int("DSV4_XF_SPREAD", 0);
-    const int v = g_xf_spread_override >= 0 ? g_xf_spread_override : env;
-    return v == 1 || v == 2 ? v : 0;
+bool xf_spread_on() {
+    static const bool on = env_int("DSV4_XF_SPREAD", 0) == 1;
+    return g_xf_spread_override >= 0 ? g_xf_spread_override != 0 : on;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_spread(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, xf_spread_on(), N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2092,7 +2089,7 @@ void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
-void gemm_experts_f16_spread_override(int mode) { g_xf_spread_override = mode; }
+void gemm_experts_f16_spread_override(int on) { g_xf_spread_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no

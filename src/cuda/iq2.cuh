@@ -142,12 +142,12 @@ constexpr uint32_t kIq2SelPositions = 0x32103210u;
 // Fills the codes (NIB_COPIES copies: row i, copy c at word NIB_COPIES i + c) and the sign
 // selectors (SEL_COPIES copies) with the block's NT threads, from grid and sel in global memory;
 // 16-byte stores to consecutive addresses per warp. No barrier (the caller's next one).
-// The codes alone (NIB_COPIES copies: row i, copy c at word NIB_COPIES i + c), by the block's NT
-// threads from grid in global memory.
-template <uint32_t NT, uint32_t NIB_COPIES>
-__device__ __forceinline__ void iq2_fill_codes(uint4* nib_s, const uint64_t* grid, uint32_t tid) {
+template <uint32_t NT, uint32_t SEL_COPIES, uint32_t NIB_COPIES>
+__device__ __forceinline__ void iq2_fill_nib(uint4* nib_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
+                                             uint32_t tid) {
     constexpr uint32_t NN = 256 * NIB_COPIES / 4 / NT;
     static_assert(NN * NT * 4 == 256 * NIB_COPIES, "fill shape");
+    iq2_fill_sel<NT, SEL_COPIES>(sel_s, sel, tid, kIq2SelPositions);
 #pragma unroll
     for (uint32_t j = 0; j < NN; ++j) {
         const uint64_t g = __ldg(&grid[(tid + NT * j) / (NIB_COPIES / 4)]);
@@ -159,12 +159,6 @@ __device__ __forceinline__ void iq2_fill_codes(uint4* nib_s, const uint64_t* gri
         }
         nib_s[tid + NT * j] = make_uint4(n, n, n, n);
     }
-}
-template <uint32_t NT, uint32_t SEL_COPIES, uint32_t NIB_COPIES>
-__device__ __forceinline__ void iq2_fill_nib(uint4* nib_s, uint4* sel_s, const uint64_t* grid, const uint32_t* sel,
-                                             uint32_t tid) {
-    iq2_fill_sel<NT, SEL_COPIES>(sel_s, sel, tid, kIq2SelPositions);
-    iq2_fill_codes<NT, NIB_COPIES>(nib_s, grid, tid);
 }
 
 // The 8 signed code words of one group from the codes: nb this lane's copy (table + 4 (lane %
@@ -216,10 +210,6 @@ __host__ __device__ constexpr uint32_t iq2_half_grid_byte(uint32_t magnitude) {
     const uint32_t c = uint32_t(magnitude > 8) + uint32_t(magnitude > 25);
     return (c == 0 ? 0xBu : c == 1 ? 0x3u : 0x7u) | c << 4;
 }
-// The grid parts of codes 0, 1, 2 as bytes 0, 1, 2 of a word: a grid row's 4 values' grid parts
-// are one PRMT of it by their codes (iq2_fill_codes' nibbles; the fast kernel's SPREAD 2).
-constexpr uint32_t kIq2HalfGridBytes =
-    iq2_half_grid_byte(8) | iq2_half_grid_byte(25) << 8 | iq2_half_grid_byte(43) << 16;
 // The sign parts of the 128 sign patterns: byte t 0x40 when value t is negative (ksigns).
 struct Iq2HalfSigns {
     uint64_t v[128];
