@@ -384,8 +384,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     if constexpr (IQ2)
         if (t < 256) {   // (WG2: the first 256 threads)
             iq2_fill_rows<256, 256, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hgrid), p.hgrid, t);
-            if constexpr (!SPREAD)   // (SPREAD makes the sign parts, reading no table)
-                iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
+            iq2_fill_rows<256, 128, kXfGridCopies>(reinterpret_cast<uint4*>(sm + L::hsign), p.hsign, t);
         }
 
     // this thread's copies of a tile: its pair's activation chunk (pair t / 4, part t % 4), a

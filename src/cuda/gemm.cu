@@ -1991,7 +1991,7 @@ int xf_wgmma_form(bool wide) {
 // DSV4_XF_SPREAD (read once; 1: on, else off): the IQ2_XXS WG form makes its selectors' sign parts
 // by arithmetic (iq2_half_sign_spread) instead of a shared-memory table lookup: the same values,
 // so the same bits; ~3.5 more instructions and one 8-byte shared read fewer a grid row (for a
-// kernel whose shared-memory traffic may bound it: 3 more 4-byte dx copies a pair and tile
+// kernel whose shared-memory traffic may bound it: 16 more 4-byte dx copies a pair and tile
 // made it 4 % slower, 6-9 % fewer instructions did nothing, run 200);
 // gemm_experts_f16_spread_override (tests) wins.
 int g_xf_spread_override = -1;
