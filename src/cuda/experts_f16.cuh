@@ -350,10 +350,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-template <uint32_t T, bool TABLE, int FORM = kXfMma, bool SPREAD = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
-    static_assert(!SPREAD || IQ2, "SPREAD: the IQ2_XXS sign parts");
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -555,15 +554,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                                 // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
                                 // 128: the tables' row stride)
                                 const uint32_t go = (shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7)) | copy8;
+                                const uint32_t so = (shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7)) | copy8;
                                 const uint2 g = *reinterpret_cast<const uint2*>(sm + L::hgrid + go);
-                                if constexpr (SPREAD) {
-                                    const uint2 sg = iq2_half_sign_spread(shift_right(b2[mt][h], 7 * (ks / 2)) & 127u);
-                                    q[mt][h] = make_uint2(g.x | (sg.x & kIq2SignMask), g.y | (sg.y & kIq2SignMask));
-                                } else {
-                                    const uint32_t so = (shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7)) | copy8;
-                                    const uint2 sg = *reinterpret_cast<const uint2*>(sm + L::hsign + so);
-                                    q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
-                                }
+                                const uint2 sg = *reinterpret_cast<const uint2*>(sm + L::hsign + so);
+                                q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
                             } else {
                                 q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
                             }
@@ -664,19 +658,17 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, bool SPREAD = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem<T, FORM>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, SPREAD>;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
-// spread: the IQ2_XXS WG form's sign parts by iq2_half_sign_spread (DSV4_XF_SPREAD).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, bool spread, uint64_t N, uint32_t cap,
-                          cudaStream_t s);
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -1988,22 +1988,11 @@ int xf_wgmma_form(bool wide) {
     if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
-// DSV4_XF_SPREAD (read once; 1: on, else off): the IQ2_XXS WG form makes its selectors' sign parts
-// by arithmetic (iq2_half_sign_spread) instead of a shared-memory table lookup: the same values,
-// so the same bits; ~3.5 more instructions and one 8-byte shared read fewer a grid row (for a
-// kernel whose shared-memory traffic may bound it: 16 more 4-byte dx copies a pair and tile
-// made it 4 % slower, 6-9 % fewer instructions did nothing, run 200);
-// gemm_experts_f16_spread_override (tests) wins.
-int g_xf_spread_override = -1;
-bool xf_spread_on() {
-    static const bool on = env_int("DSV4_XF_SPREAD", 0) == 1;
-    return g_xf_spread_override >= 0 ? g_xf_spread_override != 0 : on;
-}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_spread_on(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2089,7 +2078,6 @@ void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
-void gemm_experts_f16_spread_override(int on) { g_xf_spread_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no

@@ -220,15 +220,5 @@ constexpr Iq2HalfSigns iq2_half_signs() {
         for (int t = 0; t < 8; ++t) r.v[i] |= uint64_t((iq2_ksigns(i) >> t) & 1) << (8 * t + 6);
     return r;
 }
-// The same sign parts of pattern s (its 7 bits; bits above them zero) by arithmetic instead of a
-// table lookup: s · K (K = 2^6 + 2^13 + 2^20 + 2^27) holds four copies of s, 7 bits apart, so
-// bit t of s lands at 6 + 8t for t < 4, and the mask M keeps just those (no carries: the copies
-// do not overlap); the high word the same from s >> 4, plus the parity (value 7's sign: bit 0 of
-// popc(s)) times K << 3, which puts it at bit 30 (its copies fall beside the first product's).
-// Each word is returned before its mask, so that the caller's OR and the mask are one LOP3.
-constexpr uint32_t kIq2SignSpread = 0x08102040u, kIq2SignMask = 0x40404040u;
-__device__ __forceinline__ uint2 iq2_half_sign_spread(uint32_t s) {
-    return make_uint2(s * kIq2SignSpread, (s >> 4) * kIq2SignSpread + uint32_t(__popc(s)) * (kIq2SignSpread << 3));
-}
 
 }  // namespace dsv4::cuda

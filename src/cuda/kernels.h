@@ -363,9 +363,6 @@ void gemm_experts_f16_stage_used_override(int on);
 // Whether that kernel's Q2_K form stages the code bytes a pair of tiles shares once (1) or for
 // each tile (0); -1: DSV4_XF_PAIRED_CODES's (on by default). The same bits. Tests.
 void gemm_experts_f16_paired_codes_override(int on);
-// Whether that kernel's IQ2_XXS WG form makes its sign parts by arithmetic (1) or looks them up
-// (0); -1: DSV4_XF_SPREAD's (off by default). The same bits. Tests.
-void gemm_experts_f16_spread_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
