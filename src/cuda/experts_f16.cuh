@@ -153,10 +153,7 @@ constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : 
 constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
-// The B buffers of a form: 2 (a tile's wgmma drained before the barrier after it), or with PIPE
-// bit 1 in a wgmma form 3 (below).
-constexpr int xf_b_buffers(int form, int pipe) { return form != kXfMma && (pipe & 1) ? 3 : 2; }
-template <uint32_t T, int FORM = kXfMma, int NB = 2>
+template <uint32_t T, int FORM = kXfMma>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = xf_pairs(FORM);
@@ -170,7 +167,7 @@ struct XfSmem {
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
                          st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
                          st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
-    static constexpr int stage = b + NB * b_bytes;
+    static constexpr int stage = b + 2 * b_bytes;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
     static constexpr int hgrid = stage + kXfStages * st_bytes;
@@ -180,7 +177,6 @@ struct XfSmem {
 static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
-static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, 3>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (WG, 3 B buffers): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -354,21 +350,13 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-// PIPE (DSV4_XF_PIPE; the WG form): bit 1, three B buffers instead of two, so a tile's wgmma need
-// not be drained before the barrier that ends it: tile i expands tile i + 1's activations into the
-// buffer tile i - 2 read, whose groups each warp's waits in tile i - 1 (at most one group in
-// flight after its second commit) saw done. Bit 2: the next tile's activations expanded after the
-// tile's first k-step's wgmma are issued instead of before them, so the tensor cores start the
-// tile sooner. The same MMAs in the same order: the same bits.
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int PIPE = 0>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
-    static_assert(PIPE == 0 || FORM == kXfWg, "PIPE: the WG form");
-    constexpr int NB = xf_b_buffers(FORM, PIPE);
-    using L = XfSmem<T, FORM, NB>;
+    using L = XfSmem<T, FORM>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
     constexpr int MT = FORM == kXfWg2 ? 1 : 2;        // m-tiles (16 rows) a warp
     extern __shared__ __align__(16) uint8_t sm[];
@@ -470,7 +458,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
         auto at = [&](uint32_t j) -> uint32_t* {
-            const uint32_t o = WG ? (i % NB) * L::b_bytes + xf_wg_offset<PAIRS>(t >> 2, t & 3, j)
+            const uint32_t o = WG ? (i & 1) * L::b_bytes + xf_wg_offset<PAIRS>(t >> 2, t & 3, j)
                                   : ((i & 1) * L::pairs + (t >> 2)) * kXfRowH + xf_slot(t & 3, j);
             return reinterpret_cast<uint32_t*>(sm + L::b + o);
         };
@@ -497,12 +485,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done (PIPE 1: issued)
+            __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (!(PIPE & 2) && i + 1 < ntiles) expand_b(i + 1);
+            if (i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
-            const uint8_t* bsm = sm + L::b + (i % NB) * L::b_bytes;
+            const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
             // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
             // (grid indices shifted to grid row 2 (tig % 2), signs to its 7 bits) and scale
@@ -557,7 +545,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             [[maybe_unused]] const uint32_t copy8 = (lane % kXfGridCopies) * 8;
 #pragma unroll
             for (int ks = 0; ks < kXfK / 16; ++ks) {
-                if ((PIPE & 2) && ks == 1 && i + 1 < ntiles) expand_b(i + 1);   // (after k-step 0's wgmma)
                 if (ks % 2 == 0)
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt)
@@ -632,9 +619,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     }
                 }
             }
-            if constexpr (WG && NB == 2) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer
+            if constexpr (WG) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer
         }
-        if constexpr (WG && NB == 3) wg_wait<0>();   // the last tiles' wgmma done: their sums read below
         cp_async_wait<0>();
         if constexpr (WG) each(acc, wg_fence_operand);
 #pragma unroll
@@ -672,19 +658,17 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int PIPE = 0>
+template <uint32_t T, bool TABLE, int FORM = kXfMma>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem<T, FORM, xf_b_buffers(FORM, PIPE)>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, PIPE>;
+    constexpr int bytes = XfSmem<T, FORM>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
-// pipe: the WG form's PIPE (DSV4_XF_PIPE).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int pipe, uint64_t N, uint32_t cap,
-                          cudaStream_t s);
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -1988,22 +1988,11 @@ int xf_wgmma_form(bool wide) {
     if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
-// DSV4_XF_PIPE (read once; bits, 0 by default): the WG form's PIPE (gemm_experts_f16_kernel): 1
-// three B buffers, its wgmma not drained at each tile's end; 2 the next tile's activations
-// expanded after the tile's first k-step; the same bits; for a kernel that Nsight Compute found
-// latency-bound (run 203: 1.2 of 4 warps eligible a scheduler). gemm_experts_f16_pipe_override
-// (tests) wins.
-int g_xf_pipe_override = -1;
-int xf_pipe() {
-    static const int env = env_int("DSV4_XF_PIPE", 0);
-    const int v = g_xf_pipe_override >= 0 ? g_xf_pipe_override : env;
-    return v >= 0 && v <= 3 ? v : 0;
-}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_pipe(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2089,7 +2078,6 @@ void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
-void gemm_experts_f16_pipe_override(int bits) { g_xf_pipe_override = bits; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no

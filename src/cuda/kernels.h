@@ -363,10 +363,6 @@ void gemm_experts_f16_stage_used_override(int on);
 // Whether that kernel's Q2_K form stages the code bytes a pair of tiles shares once (1) or for
 // each tile (0); -1: DSV4_XF_PAIRED_CODES's (on by default). The same bits. Tests.
 void gemm_experts_f16_paired_codes_override(int on);
-// That kernel's WG form's PIPE bits: 1 three B buffers, a tile's wgmma left in flight across the
-// barrier that ends it; 2 the next tile's activations expanded after the tile's first k-step; -1:
-// DSV4_XF_PIPE's (0 by default). The same bits. Tests.
-void gemm_experts_f16_pipe_override(int bits);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
