@@ -350,9 +350,15 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // rows gid and up's same rows as gid + 8, so the swiglu stays in the thread), its sums 64
 // registers (m64n128). The stage keeps 256 weight rows, so the activations' bytes a weight row
 // and pair stay those of WG.
-template <uint32_t T, bool TABLE, int FORM = kXfMma>
+// DIAG (DSV4_XF_DIAG, the WG form; a measurement, **wrong outputs**): 1 expands every A fragment
+// but runs no MMA (the fragments XORed into one register that reaches the output, so the
+// expansion stays), 2 runs every wgmma on fragments made without the expansion (no selector or
+// code lookups): the expansion's time and the MMAs' apart, to see how well the kernel overlaps
+// them (bench/gpu/NOTES.md "Forty-fifth round").
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
+    static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -481,6 +487,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         constexpr int NV = decltype(ntv)::value;
         float acc[MT][NT][4];
         each(acc, [](float& x) { x = 0.0f; });
+        [[maybe_unused]] uint32_t sink = 0;   // DIAG 1: the fragments' XOR
         [[maybe_unused]] uint32_t d2[MT][2] = {};   // IQ2_XXS: the rows' d of the tile's super-block, both halves
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
@@ -593,7 +600,17 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll
                     for (int mt = 0; mt < MT; ++mt) {
                         uint32_t a[4];
-                        frag(mt, a);
+                        if constexpr (DIAG == 1) {
+                            frag(mt, a);
+                            sink ^= a[0] ^ a[1] ^ a[2] ^ a[3];
+                            continue;
+                        }
+                        if constexpr (DIAG == 2) {   // (values from the tile's row setup, not constants)
+                            if constexpr (IQ2) a[0] = a[2] = s2[mt][0], a[1] = a[3] = s2[mt][1];
+                            else a[0] = a2[mt][0], a[1] = a2[mt][1], a[2] = b2[mt][0], a[3] = b2[mt][1];
+                        } else {
+                            frag(mt, a);
+                        }
                         wg_fence();   // the fragment written
                         wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
                                   wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
@@ -623,6 +640,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         }
         cp_async_wait<0>();
         if constexpr (WG) each(acc, wg_fence_operand);
+        if constexpr (DIAG == 1) acc[0][0][0] = __uint_as_float(sink);
 #pragma unroll
         for (int nt = 0; nt < NV; ++nt)
 #pragma unroll
@@ -658,17 +676,19 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem<T, FORM>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM>;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s);
+// diag: the WG form's DIAG (DSV4_XF_DIAG: a measurement, wrong outputs).
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, uint64_t N, uint32_t cap,
+                          cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

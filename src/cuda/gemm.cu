@@ -1988,11 +1988,18 @@ int xf_wgmma_form(bool wide) {
     if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
+// DSV4_XF_DIAG (read once; a measurement for the benchmarks, **wrong outputs**): 1 the WG form
+// expands its weights but runs no MMA, 2 runs its MMAs without the expansion
+// (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
+int xf_diag() {
+    static const int env = env_int("DSV4_XF_DIAG", 0);
+    return env == 1 || env == 2 ? env : 0;
+}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, N, cap, s);
+        return launch_experts_wgmma(p, type, form, xf_diag(), N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);

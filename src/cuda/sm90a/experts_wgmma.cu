@@ -5,7 +5,15 @@
 
 namespace dsv4::cuda::xf {
 
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, uint64_t N, uint32_t cap,
+                          cudaStream_t s) {
+    if (diag != 0 && form == kXfWg) {
+        if (type == T_IQ2_XXS)
+            return diag == 1 ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg, 1>(p, N, cap, s)
+                             : launch_experts_f16_form<T_IQ2_XXS, false, kXfWg, 2>(p, N, cap, s);
+        return diag == 1 ? launch_experts_f16_form<T_Q2_K, false, kXfWg, 1>(p, N, cap, s)
+                         : launch_experts_f16_form<T_Q2_K, false, kXfWg, 2>(p, N, cap, s);
+    }
     if (form == kXfWg2)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg2>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWg2>(p, N, cap, s);
