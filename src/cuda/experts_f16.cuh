@@ -353,12 +353,16 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // DIAG (DSV4_XF_DIAG, the WG form; a measurement, **wrong outputs**): 1 expands every A fragment
 // but runs no MMA (the fragments XORed into one register that reaches the output, so the
 // expansion stays), 2 runs every wgmma on fragments made without the expansion (no selector or
-// code lookups): the expansion's time and the MMAs' apart, to see how well the kernel overlaps
-// them (bench/gpu/NOTES.md "Forty-fifth round").
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0>
+// code lookups), 3 as 2 without the wait after each group: the expansion's time and the MMAs'
+// apart, and what waiting for each group costs (run 206: bench/gpu/NOTES.md "Forty-fifth round").
+// KG (DSV4_XF_KGROUP, the WG form): 2 puts an m-tile's two k-steps that share their code words in
+// one commit group (4 fragments live instead of 2): half the groups, each waited for once; the
+// same wgmma in each accumulator's order, so the same bits.
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
+    static_assert(KG == 1 || (KG == 2 && FORM == kXfWg && DIAG == 0), "KG 2: the WG form");
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     pdl_begin();
@@ -572,10 +576,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                 // m-tile mt's A fragment: values 4 ks, + 1 (slots 2 tig, + 1) and 4 ks + 2, + 3
                 // (slots 2 tig + 8, + 9) of its rows (Q2_K: code word ks; IQ2_XXS: selector word
                 // ks % 2 of its grid row)
-                auto frag = [&](int mt, uint32_t (&a)[4]) {
+                // (k-step kk: ks, or with KG 2 also ks + 1, whose words q holds too)
+                auto frag = [&](int mt, uint32_t (&a)[4], int kk) {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const uint32_t w = ks % 2 ? q[mt][h].y : q[mt][h].x;
+                        const uint32_t w = kk % 2 ? q[mt][h].y : q[mt][h].x;
                         if constexpr (IQ2) {
                             // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
                             a[h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
@@ -597,31 +602,52 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     // one in flight and the one being written. N = 8 NV (NV even here; the pairs
                     // past cnt are staged copies of the last).
                     constexpr int N = 8 * NV;
+                    if constexpr (KG == 2) {
+                        // k-steps ks, ks + 1 of an m-tile in one group: 4 fragments (16 registers)
+                        // live, the same wgmma in each accumulator's order
+                        if (ks % 2 == 0)
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) {
-                        uint32_t a[4];
-                        if constexpr (DIAG == 1) {
-                            frag(mt, a);
-                            sink ^= a[0] ^ a[1] ^ a[2] ^ a[3];
-                            continue;
+                            for (int mt = 0; mt < MT; ++mt) {
+                                uint32_t a0[4], a1[4];
+                                frag(mt, a0, ks);
+                                frag(mt, a1, ks + 1);
+                                wg_fence();
+                                wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a0,
+                                          wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
+                                wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a1,
+                                          wg_desc<PAIRS>(bsm + (ks + 1) * (PAIRS * 32)));
+                                wg_commit();
+                                wg_wait<1>();
+                            }
+                    } else {
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            uint32_t a[4];
+                            if constexpr (DIAG == 1) {
+                                frag(mt, a, ks);
+                                sink ^= a[0] ^ a[1] ^ a[2] ^ a[3];
+                                continue;
+                            }
+                            if constexpr (DIAG >= 2) {   // (values from the tile's row setup, not constants)
+                                if constexpr (IQ2) a[0] = a[2] = s2[mt][0], a[1] = a[3] = s2[mt][1];
+                                else a[0] = a2[mt][0], a[1] = a2[mt][1], a[2] = b2[mt][0], a[3] = b2[mt][1];
+                            } else {
+                                frag(mt, a, ks);
+                            }
+                            wg_fence();   // the fragment written
+                            wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
+                                      wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
+                            wg_commit();
+                            // the group before done: its fragment's registers free (DIAG 3: the
+                            // fragments are the tile's, unchanged: no wait until the tile's end)
+                            if constexpr (DIAG != 3) wg_wait<1>();
                         }
-                        if constexpr (DIAG == 2) {   // (values from the tile's row setup, not constants)
-                            if constexpr (IQ2) a[0] = a[2] = s2[mt][0], a[1] = a[3] = s2[mt][1];
-                            else a[0] = a2[mt][0], a[1] = a2[mt][1], a[2] = b2[mt][0], a[3] = b2[mt][1];
-                        } else {
-                            frag(mt, a);
-                        }
-                        wg_fence();   // the fragment written
-                        wg_mma<N>(reinterpret_cast<float(&)[NT * 4]>(acc[mt]), a,
-                                  wg_desc<PAIRS>(bsm + ks * (PAIRS * 32)));
-                        wg_commit();
-                        wg_wait<1>();   // the group before done: its fragment's registers free
                     }
                 } else {
                     static_assert(MT == 2, "mma.sync: two m-tiles a warp");
                     uint32_t a[2][4];
-                    frag(0, a[0]);
-                    frag(1, a[1]);
+                    frag(0, a[0], ks);
+                    frag(1, a[1], ks);
 #pragma unroll
                     for (int np = 0; np < (NV + 1) / 2; ++np) {
                         uint32_t b[4];
@@ -676,19 +702,20 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem<T, FORM>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG>;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
 }
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
-// diag: the WG form's DIAG (DSV4_XF_DIAG: a measurement, wrong outputs).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, uint64_t N, uint32_t cap,
-                          cudaStream_t s);
+// diag: the WG form's DIAG (DSV4_XF_DIAG: a measurement, wrong outputs); kgroup: its KG
+// (DSV4_XF_KGROUP).
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, uint64_t N,
+                          uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

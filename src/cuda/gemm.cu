@@ -1989,17 +1989,24 @@ int xf_wgmma_form(bool wide) {
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
 // DSV4_XF_DIAG (read once; a measurement for the benchmarks, **wrong outputs**): 1 the WG form
-// expands its weights but runs no MMA, 2 runs its MMAs without the expansion
-// (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
+// expands its weights but runs no MMA, 2 runs its MMAs without the expansion, 3 as 2 without the
+// wait after each group (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
 int xf_diag() {
     static const int env = env_int("DSV4_XF_DIAG", 0);
-    return env == 1 || env == 2 ? env : 0;
+    return env >= 1 && env <= 3 ? env : 0;
+}
+// DSV4_XF_KGROUP (read once; 2, else 1): the WG form's commit groups of two k-steps an m-tile
+// (gemm_experts_f16_kernel's KG): the same bits; gemm_experts_f16_kgroup_override (tests) wins.
+int g_xf_kgroup_override = -1;
+int xf_kgroup() {
+    static const int env = env_int("DSV4_XF_KGROUP", 1);
+    return (g_xf_kgroup_override >= 0 ? g_xf_kgroup_override : env) == 2 ? 2 : 1;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_diag(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, xf_diag(), xf_kgroup(), N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2085,6 +2092,7 @@ void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
+void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no

@@ -3079,6 +3079,21 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     << where << "gate+up without its FP16 form, first difference at "
                                     << first_diff(r3, sw_ref[1], b.P);
                             }
+                            // the WG form's commit groups of two k-steps (DSV4_XF_KGROUP=2): the same
+                            // MMAs in each accumulator's order, so the same bits
+                            if (forms == 3) {
+                                cuda::gemm_experts_f16_wgmma_override(1);
+                                for (size_t bi = 0; bi < batches.size(); ++bi) {
+                                    cuda::gemm_experts_f16_kgroup_override(1);
+                                    const auto want = gate_up(*batches[bi], 1);
+                                    cuda::gemm_experts_f16_kgroup_override(2);
+                                    const auto got = gate_up(*batches[bi], 1);
+                                    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+                                        << what << " f16 (wgmma), k-step pairs a group, batch of " << batch_rows[bi]
+                                        << " rows: first difference at " << first_diff(got, want, batches[bi]->P);
+                                }
+                                cuda::gemm_experts_f16_kgroup_override(-1);
+                            }
                             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                             cuda::gemm_experts_f16_override(-1);
                             cuda::gemm_experts_f16_wgmma_override(-1);
@@ -3108,6 +3123,21 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                         << " vs CPU " << ref[i] << ", Σ|terms| " << mg[i];
                                 ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
                             }
+                        }
+                        // (DSV4_XF_KGROUP=2: the same bits, as for gate+up above)
+                        if (forms == 3) {
+                            cuda::gemm_experts_f16_table_override(0);
+                            cuda::gemm_experts_f16_wgmma_override(1);
+                            for (size_t bi = 0; bi < batches.size(); ++bi) {
+                                cuda::gemm_experts_f16_kgroup_override(1);
+                                const auto want = gate_alone(*batches[bi]);
+                                cuda::gemm_experts_f16_kgroup_override(2);
+                                const auto got = gate_alone(*batches[bi]);
+                                ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+                                    << what << " f16 (wgmma), k-step pairs a group, batch of " << batch_rows[bi]
+                                    << " rows: first difference at " << first_diff(got, want, batches[bi]->P);
+                            }
+                            cuda::gemm_experts_f16_kgroup_override(-1);
                         }
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                         cuda::gemm_experts_f16_override(-1);

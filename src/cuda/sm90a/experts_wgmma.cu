@@ -5,20 +5,27 @@
 
 namespace dsv4::cuda::xf {
 
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, uint64_t N, uint32_t cap,
-                          cudaStream_t s) {
-    if (diag != 0 && form == kXfWg) {
-        if (type == T_IQ2_XXS)
-            return diag == 1 ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg, 1>(p, N, cap, s)
-                             : launch_experts_f16_form<T_IQ2_XXS, false, kXfWg, 2>(p, N, cap, s);
-        return diag == 1 ? launch_experts_f16_form<T_Q2_K, false, kXfWg, 1>(p, N, cap, s)
-                         : launch_experts_f16_form<T_Q2_K, false, kXfWg, 2>(p, N, cap, s);
+namespace {
+template <uint32_t T>
+bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, uint64_t N, uint32_t cap, cudaStream_t s) {
+    switch (diag) {
+        case 1: return launch_experts_f16_form<T, false, kXfWg, 1>(p, N, cap, s);
+        case 2: return launch_experts_f16_form<T, false, kXfWg, 2>(p, N, cap, s);
+        case 3: return launch_experts_f16_form<T, false, kXfWg, 3>(p, N, cap, s);
+        default:
+            return kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2>(p, N, cap, s)
+                               : launch_experts_f16_form<T, false, kXfWg>(p, N, cap, s);
     }
+}
+}  // namespace
+
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, uint64_t N,
+                          uint32_t cap, cudaStream_t s) {
     if (form == kXfWg2)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg2>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWg2>(p, N, cap, s);
-    return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg>(p, N, cap, s)
-                             : launch_experts_f16_form<T_Q2_K, false, kXfWg>(p, N, cap, s);
+    return type == T_IQ2_XXS ? launch_wg_variant<T_IQ2_XXS>(p, diag, kgroup, N, cap, s)
+                             : launch_wg_variant<T_Q2_K>(p, diag, kgroup, N, cap, s);
 }
 
 }  // namespace dsv4::cuda::xf
