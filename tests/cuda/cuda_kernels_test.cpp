@@ -3038,6 +3038,25 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // staging every pair slot, then only the pairs its MMAs read
                         // (DSV4_XF_STAGE_USED)
                         const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
+                        // the WG form's commit groups of two k-steps (DSV4_XF_KGROUP=2): the same
+                        // MMAs in each accumulator's order, so the same bits as groups of one
+                        auto kgroups_same_bits = [&](const char* what_product, auto&& product) {
+                            if (forms < 3) return;
+                            cuda::gemm_experts_f16_wgmma_override(1);
+                            cuda::gemm_experts_f16_stage_used_override(1);
+                            cuda::gemm_experts_f16_paired_codes_override(1);
+                            for (size_t bi = 0; bi < batches.size(); ++bi) {
+                                cuda::gemm_experts_f16_kgroup_override(1);
+                                const auto want = product(*batches[bi]);
+                                cuda::gemm_experts_f16_kgroup_override(2);
+                                const auto got = product(*batches[bi]);
+                                ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+                                    << what << " f16 (wgmma) " << what_product << ", k-step pairs a group, batch of "
+                                    << batch_rows[bi] << " rows: first difference at "
+                                    << first_diff(got, want, batches[bi]->P);
+                            }
+                            cuda::gemm_experts_f16_kgroup_override(-1);
+                        };
                         auto form_name = [](int wg) {
                             return std::string(wg == 1 ? " (wgmma)" : wg == 2 ? " (wgmma, 2 groups)" : "");
                         };
@@ -3079,25 +3098,12 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     << where << "gate+up without its FP16 form, first difference at "
                                     << first_diff(r3, sw_ref[1], b.P);
                             }
-                            // the WG form's commit groups of two k-steps (DSV4_XF_KGROUP=2): the same
-                            // MMAs in each accumulator's order, so the same bits
-                            if (forms == 3) {
-                                cuda::gemm_experts_f16_wgmma_override(1);
-                                for (size_t bi = 0; bi < batches.size(); ++bi) {
-                                    cuda::gemm_experts_f16_kgroup_override(1);
-                                    const auto want = gate_up(*batches[bi], 1);
-                                    cuda::gemm_experts_f16_kgroup_override(2);
-                                    const auto got = gate_up(*batches[bi], 1);
-                                    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-                                        << what << " f16 (wgmma), k-step pairs a group, batch of " << batch_rows[bi]
-                                        << " rows: first difference at " << first_diff(got, want, batches[bi]->P);
-                                }
-                                cuda::gemm_experts_f16_kgroup_override(-1);
-                            }
+                            kgroups_same_bits("gate+up", [&](const Batch& b) { return gate_up(b, 1); });
                             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                             cuda::gemm_experts_f16_override(-1);
                             cuda::gemm_experts_f16_wgmma_override(-1);
                             cuda::gemm_experts_f16_stage_used_override(-1);
+                            cuda::gemm_experts_f16_paired_codes_override(-1);
                             continue;
                         }
                         // (either expansion: the halves' steps, and a row's four values by PRMT;
@@ -3124,21 +3130,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 ASSERT_NE(0, std::memcmp(r1.data(), ref.data(), r1.size() * 4)) << where << "the exact bits";
                             }
                         }
-                        // (DSV4_XF_KGROUP=2: the same bits, as for gate+up above)
-                        if (forms == 3) {
-                            cuda::gemm_experts_f16_table_override(0);
-                            cuda::gemm_experts_f16_wgmma_override(1);
-                            for (size_t bi = 0; bi < batches.size(); ++bi) {
-                                cuda::gemm_experts_f16_kgroup_override(1);
-                                const auto want = gate_alone(*batches[bi]);
-                                cuda::gemm_experts_f16_kgroup_override(2);
-                                const auto got = gate_alone(*batches[bi]);
-                                ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-                                    << what << " f16 (wgmma), k-step pairs a group, batch of " << batch_rows[bi]
-                                    << " rows: first difference at " << first_diff(got, want, batches[bi]->P);
-                            }
-                            cuda::gemm_experts_f16_kgroup_override(-1);
-                        }
+                        cuda::gemm_experts_f16_table_override(0);
+                        kgroups_same_bits("alone", gate_alone);
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                         cuda::gemm_experts_f16_override(-1);
                         cuda::gemm_experts_f16_table_override(-1);
