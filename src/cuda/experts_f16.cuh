@@ -354,10 +354,13 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // but runs no MMA (the fragments XORed into one register that reaches the output, so the
 // expansion stays), 2 runs every wgmma on fragments made without the expansion (no selector or
 // code lookups), 3 as 2 without the wait after each group: the expansion's time and the MMAs'
-// apart, and what waiting for each group costs (run 206: bench/gpu/NOTES.md "Forty-fifth round").
-// KG (DSV4_XF_KGROUP, the WG form): 2 puts an m-tile's two k-steps that share their code words in
-// one commit group (4 fragments live instead of 2): half the groups, each waited for once; the
-// same wgmma in each accumulator's order, so the same bits.
+// apart, and what waiting for each group costs (runs 206, 207: bench/gpu/NOTES.md "Forty-fifth
+// round", "Forty-sixth round"); 4 neither the expansion nor the MMAs (the tile loop's staging,
+// barrier, B expansion and row setup: its skeleton), 5 as 4 without the B expansion.
+// KG (DSV4_XF_KGROUP, the WG form): 2 (the default since run 207) puts an m-tile's two k-steps
+// that share their code words in one commit group (4 fragments live instead of 2): half the
+// groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
+// (run 207: gate+up 3.36 -> 3.29 us a token of a fast chunk).
 template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
@@ -486,7 +489,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     }
     cp_async_wait<2>();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
-    expand_b(0);
+    if constexpr (DIAG != 5) expand_b(0);
     auto run = [&](auto ntv) {
         constexpr int NV = decltype(ntv)::value;
         float acc[MT][NT][4];
@@ -499,7 +502,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (i + 1 < ntiles) expand_b(i + 1);
+            if (DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
@@ -628,6 +631,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                                 sink ^= a[0] ^ a[1] ^ a[2] ^ a[3];
                                 continue;
                             }
+                            if constexpr (DIAG >= 4) {   // the row setup kept live, nothing else
+                                if constexpr (IQ2) sink ^= s2[mt][0] ^ s2[mt][1];
+                                else sink ^= a2[mt][0] ^ a2[mt][1] ^ b2[mt][0] ^ b2[mt][1];
+                                continue;
+                            }
                             if constexpr (DIAG >= 2) {   // (values from the tile's row setup, not constants)
                                 if constexpr (IQ2) a[0] = a[2] = s2[mt][0], a[1] = a[3] = s2[mt][1];
                                 else a[0] = a2[mt][0], a[1] = a2[mt][1], a[2] = b2[mt][0], a[3] = b2[mt][1];
@@ -666,7 +674,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         }
         cp_async_wait<0>();
         if constexpr (WG) each(acc, wg_fence_operand);
-        if constexpr (DIAG == 1) acc[0][0][0] = __uint_as_float(sink);
+        if constexpr (DIAG == 1 || DIAG >= 4) acc[0][0][0] = __uint_as_float(sink);
 #pragma unroll
         for (int nt = 0; nt < NV; ++nt)
 #pragma unroll

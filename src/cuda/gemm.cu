@@ -1990,17 +1990,19 @@ int xf_wgmma_form(bool wide) {
 }
 // DSV4_XF_DIAG (read once; a measurement for the benchmarks, **wrong outputs**): 1 the WG form
 // expands its weights but runs no MMA, 2 runs its MMAs without the expansion, 3 as 2 without the
-// wait after each group (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
+// wait after each group, 4 neither (the tile loop's staging, B expansion and row setup alone), 5
+// as 4 without the B expansion (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
 int xf_diag() {
     static const int env = env_int("DSV4_XF_DIAG", 0);
-    return env >= 1 && env <= 3 ? env : 0;
+    return env >= 1 && env <= 5 ? env : 0;
 }
-// DSV4_XF_KGROUP (read once; 2, else 1): the WG form's commit groups of two k-steps an m-tile
-// (gemm_experts_f16_kernel's KG): the same bits; gemm_experts_f16_kgroup_override (tests) wins.
+// DSV4_XF_KGROUP (read once; 1, else 2): the WG form's commit groups of two k-steps an m-tile
+// (gemm_experts_f16_kernel's KG; the default since run 207) or of one: the same bits;
+// gemm_experts_f16_kgroup_override (tests) wins.
 int g_xf_kgroup_override = -1;
 int xf_kgroup() {
-    static const int env = env_int("DSV4_XF_KGROUP", 1);
-    return (g_xf_kgroup_override >= 0 ? g_xf_kgroup_override : env) == 2 ? 2 : 1;
+    static const int env = env_int("DSV4_XF_KGROUP", 2);
+    return (g_xf_kgroup_override >= 0 ? g_xf_kgroup_override : env) == 1 ? 1 : 2;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;

@@ -364,7 +364,7 @@ void gemm_experts_f16_stage_used_override(int on);
 // each tile (0); -1: DSV4_XF_PAIRED_CODES's (on by default). The same bits. Tests.
 void gemm_experts_f16_paired_codes_override(int on);
 // That kernel's WG form's commit groups: 2 k-steps of an m-tile (2) or one (1); -1:
-// DSV4_XF_KGROUP's (1 by default). The same bits. Tests.
+// DSV4_XF_KGROUP's (2 by default). The same bits. Tests.
 void gemm_experts_f16_kgroup_override(int kg);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the

@@ -12,6 +12,8 @@ bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, uint64_t N, uint32
         case 1: return launch_experts_f16_form<T, false, kXfWg, 1>(p, N, cap, s);
         case 2: return launch_experts_f16_form<T, false, kXfWg, 2>(p, N, cap, s);
         case 3: return launch_experts_f16_form<T, false, kXfWg, 3>(p, N, cap, s);
+        case 4: return launch_experts_f16_form<T, false, kXfWg, 4>(p, N, cap, s);
+        case 5: return launch_experts_f16_form<T, false, kXfWg, 5>(p, N, cap, s);
         default:
             return kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2>(p, N, cap, s)
                                : launch_experts_f16_form<T, false, kXfWg>(p, N, cap, s);
