@@ -153,7 +153,13 @@ constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : 
 constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
-template <uint32_t T, int FORM = kXfMma>
+// SB (the WG form, DSV4_XF_SECTORS): the staging in whole 32-byte sectors (run 208: the tile
+// loop without the expansion and the MMAs takes over half the kernel's time, its copies ~16 KB of
+// L2 sectors a gate+up block-tile for ~8.5 KB used, ~26 KB for ~10 KB in the down): IQ2_XXS
+// stages a tile pair's code bytes at once (32 bytes a row, 3 slots, as Q2_K's paired_codes), Q2_K
+// a super-block's 16 scale bytes and (d, dmin) once (not 4 and 4 bytes every tile), both a
+// super-block's dx once; the parts kept a super-block live in two buffers by its parity.
+template <uint32_t T, int FORM = kXfMma, bool SB = false>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = xf_pairs(FORM);
@@ -164,19 +170,28 @@ struct XfSmem {
     // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
     // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
     // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
-    static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
-                         st_dw = st_sc + (iq2 ? 0 : kXfRows * 4), st_act = st_dw + kXfRows * 4,
-                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4;
+    // (SB: IQ2_XXS's codes in codes2, Q2_K's scale bytes and (d, dmin) in sbq, dx in sbx)
+    static constexpr int st_codes = 0, st_sc = st_codes + (SB && iq2 ? 0 : kXfRows * (iq2 ? 16 : 32)),
+                         st_dw = st_sc + (iq2 || SB ? 0 : kXfRows * 4),
+                         st_act = st_dw + (iq2 || !SB ? kXfRows * 4 : 0), st_dx = st_act + pairs * kXfK,
+                         st_bytes = st_dx + (SB ? 0 : pairs * 4);
     static constexpr int stage = b + 2 * b_bytes;
+    // SB: [2] by super-block parity: Q2_K's scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
+    static constexpr int sbq = stage + kXfStages * st_bytes, sbq_bytes = SB && !iq2 ? kXfRows * 20 : 0;
+    static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = SB ? pairs * 4 : 0;
+    // SB, IQ2_XXS: [3] slots of a tile pair's code bytes, [2] tiles of [256][16]
+    static constexpr int codes2 = sbx + 2 * sbx_bytes, codes2_bytes = SB && iq2 ? 2 * kXfRows * 16 : 0;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
-    static constexpr int hgrid = stage + kXfStages * st_bytes;
+    static constexpr int hgrid = codes2 + 3 * codes2_bytes;
     static constexpr int hsign = hgrid + (iq2 ? 256 * kXfGridCopies * 8 : 0);
     static constexpr int bytes = hsign + (iq2 ? 128 * kXfGridCopies * 8 : 0);
 };
 static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts: 2 blocks an SM");
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
+static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (SB): 2 blocks an SM");
+static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (SB): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -361,15 +376,16 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // that share their code words in one commit group (4 fragments live instead of 2): half the
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
 // (run 207: gate+up 3.36 -> 3.29 us a token of a fast chunk).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
     static_assert(KG == 1 || (KG == 2 && FORM == kXfWg && DIAG == 0), "KG 2: the WG form");
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
+    static_assert(!SB || FORM == kXfWg, "SB: the WG form");
     pdl_begin();
-    using L = XfSmem<T, FORM>;
+    using L = XfSmem<T, FORM, SB>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
     constexpr int MT = FORM == kXfWg2 ? 1 : 2;        // m-tiles (16 rows) a warp
     extern __shared__ __align__(16) uint8_t sm[];
@@ -430,17 +446,31 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto codes_stage = [&](int i) -> uint8_t* {
         return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
     };
+    // SB: super-block sb's parts (sbq, sbx: issued with its first tile, read by its 4 tiles; the
+    // buffer is next written for sb + 2, at tile 4 sb + 5, after them) and tile i's code bytes
+    // (codes2 slot (i / 2) % 3, half i % 2: a pair is issued with its even tile)
+    [[maybe_unused]] auto sbq = [&](int sb) { return sm + L::sbq + (sb & 1) * L::sbq_bytes; };
+    [[maybe_unused]] auto sbx = [&](int sb) { return sm + L::sbx + (sb & 1) * L::sbx_bytes; };
+    [[maybe_unused]] auto codes2 = [&](int i) { return sm + L::codes2 + ((i >> 1) % 3) * L::codes2_bytes + (i & 1) * (kXfRows * 16); };
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-        if (t < used) cp_async4(st + L::st_dx + t * 4, p.ad + (dx_off + uint32_t(sb)));
+        if (t < used && (!SB || tq == 0))
+            cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): the row's bytes 16 i ..
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
-                cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
+                if constexpr (SB) {
+                    if (!(i & 1)) {   // (ntiles is a multiple of 4: tile i + 1 exists)
+                        cp_async16(codes2(i) + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
+                        cp_async16(codes2(i + 1) + t * 16, wq + (sb_t * 64 + uint32_t(i + 1) * 16));
+                    }
+                } else {
+                    cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
+                }
                 if (tq == 0)   // (d: one a super-block, read at its first tile: d2 below)
                     cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
             }
@@ -455,8 +485,15 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     cp_async16(cs + 4096 + t * 16, p.wq[0] + (hi_off + off));
             }
             if (t < uint32_t(kXfRows)) {
-                cp_async4(st + L::st_sc + t * 4, p.wq[0] + ((sb_t + uint32_t(sb)) * 80 + 4 * uint32_t(tq)));
-                cp_async4(st + L::st_dw + t * 4, p.wd[0] + (sb_t + uint32_t(sb)) * 2);
+                if constexpr (SB) {
+                    if (tq == 0) {   // the super-block's 16 scale bytes and (d, dmin)
+                        cp_async16(sbq(sb) + t * 16, p.wq[0] + (sb_t + uint32_t(sb)) * 80);
+                        cp_async4(sbq(sb) + kXfRows * 16 + t * 4, p.wd[0] + (sb_t + uint32_t(sb)) * 2);
+                    }
+                } else {
+                    cp_async4(st + L::st_sc + t * 4, p.wq[0] + ((sb_t + uint32_t(sb)) * 80 + 4 * uint32_t(tq)));
+                    cp_async4(st + L::st_dw + t * 4, p.wd[0] + (sb_t + uint32_t(sb)) * 2);
+                }
             }
         }
     };
@@ -466,7 +503,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
-        const float dx = *reinterpret_cast<const float*>(st + L::st_dx + (t >> 2) * 4);
+        const float dx = *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
@@ -519,7 +556,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                 for (int h = 0; h < 2; ++h) {
                     const uint32_t r = stage_row(mt, h);
                     if constexpr (IQ2) {
-                        const uint2 gw = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 16 + (tig >> 1) * 8);
+                        const uint2 gw = *reinterpret_cast<const uint2*>((SB ? codes2(i) : st + L::st_codes) + r * 16 +
+                                                                         (tig >> 1) * 8);
                         if ((i & 3) == 0) {   // the super-block's first tile: its d (staged then alone)
                             const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
                             const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
@@ -537,8 +575,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                         s2[mt][h] = h2_mul(d2[mt][h], h2_sub(c2, 0x64006400u));
                     } else {
                         qrow[mt][h] = codes_stage(i) + r * 32 + (tig & 1) * 16;
-                        const uint32_t sc = st[L::st_sc + r * 4 + tig];
-                        const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
+                        const uint32_t sc = SB ? sbq(i >> 2)[r * 16 + 4 * (i & 3) + tig] : st[L::st_sc + r * 4 + tig];
+                        const uint32_t dd =
+                            *reinterpret_cast<const uint32_t*>((SB ? sbq(i >> 2) + kXfRows * 16 : st + L::st_dw) + r * 4);
                         const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
                                     b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
                         if constexpr (TABLE) {
@@ -710,11 +749,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem<T, FORM>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG>;
+    constexpr int bytes = XfSmem<T, FORM, SB>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;
@@ -722,8 +761,8 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
 // diag: the WG form's DIAG (DSV4_XF_DIAG: a measurement, wrong outputs); kgroup: its KG
-// (DSV4_XF_KGROUP).
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, uint64_t N,
-                          uint32_t cap, cudaStream_t s);
+// (DSV4_XF_KGROUP); sectors: its SB (DSV4_XF_SECTORS).
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, bool sectors,
+                          uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -2004,11 +2004,19 @@ int xf_kgroup() {
     static const int env = env_int("DSV4_XF_KGROUP", 2);
     return (g_xf_kgroup_override >= 0 ? g_xf_kgroup_override : env) == 1 ? 1 : 2;
 }
+// DSV4_XF_SECTORS (read once; 1: on, else off): the WG form's staging in whole sectors
+// (gemm_experts_f16_kernel's SB): the same values, so the same bits;
+// gemm_experts_f16_sectors_override (tests) wins.
+int g_xf_sectors_override = -1;
+bool xf_sectors_on() {
+    static const bool on = env_int("DSV4_XF_SECTORS", 0) == 1;
+    return g_xf_sectors_override >= 0 ? g_xf_sectors_override != 0 : on;
+}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_diag(), xf_kgroup(), N, cap, s);
+        return launch_experts_wgmma(p, type, form, xf_diag(), xf_kgroup(), xf_sectors_on(), N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);
@@ -2095,6 +2103,7 @@ void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
 void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
+void gemm_experts_f16_sectors_override(int on) { g_xf_sectors_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no

@@ -3038,8 +3038,10 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // staging every pair slot, then only the pairs its MMAs read
                         // (DSV4_XF_STAGE_USED)
                         const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
-                        // the WG form's commit groups of two k-steps (DSV4_XF_KGROUP=2): the same
-                        // MMAs in each accumulator's order, so the same bits as groups of one
+                        // the WG form's variants that keep its bits: commit groups of two k-steps
+                        // (DSV4_XF_KGROUP=2: the same MMAs in each accumulator's order) and the
+                        // staging in whole sectors (DSV4_XF_SECTORS=1: the same values staged
+                        // otherwise), each against groups of one k-step staged tile by tile
                         auto kgroups_same_bits = [&](const char* what_product, auto&& product) {
                             if (forms < 3) return;
                             cuda::gemm_experts_f16_wgmma_override(1);
@@ -3047,15 +3049,21 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             cuda::gemm_experts_f16_paired_codes_override(1);
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 cuda::gemm_experts_f16_kgroup_override(1);
+                                cuda::gemm_experts_f16_sectors_override(0);
                                 const auto want = product(*batches[bi]);
-                                cuda::gemm_experts_f16_kgroup_override(2);
-                                const auto got = product(*batches[bi]);
-                                ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-                                    << what << " f16 (wgmma) " << what_product << ", k-step pairs a group, batch of "
-                                    << batch_rows[bi] << " rows: first difference at "
-                                    << first_diff(got, want, batches[bi]->P);
+                                for (int v = 1; v < 4; ++v) {
+                                    cuda::gemm_experts_f16_kgroup_override(v & 1 ? 2 : 1);
+                                    cuda::gemm_experts_f16_sectors_override(v >> 1);
+                                    const auto got = product(*batches[bi]);
+                                    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
+                                        << what << " f16 (wgmma) " << what_product << ", k-step groups of "
+                                        << (v & 1 ? 2 : 1) << (v >> 1 ? ", staged in whole sectors" : "")
+                                        << ", batch of " << batch_rows[bi] << " rows: first difference at "
+                                        << first_diff(got, want, batches[bi]->P);
+                                }
                             }
                             cuda::gemm_experts_f16_kgroup_override(-1);
+                            cuda::gemm_experts_f16_sectors_override(-1);
                         };
                         auto form_name = [](int wg) {
                             return std::string(wg == 1 ? " (wgmma)" : wg == 2 ? " (wgmma, 2 groups)" : "");

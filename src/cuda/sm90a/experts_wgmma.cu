@@ -7,7 +7,11 @@ namespace dsv4::cuda::xf {
 
 namespace {
 template <uint32_t T>
-bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, uint64_t N, uint32_t cap, cudaStream_t s) {
+bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
+    if (sectors)
+        return diag == 4   ? launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s)
+               : kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2, true>(p, N, cap, s)
+                             : launch_experts_f16_form<T, false, kXfWg, 0, 1, true>(p, N, cap, s);
     switch (diag) {
         case 1: return launch_experts_f16_form<T, false, kXfWg, 1>(p, N, cap, s);
         case 2: return launch_experts_f16_form<T, false, kXfWg, 2>(p, N, cap, s);
@@ -21,13 +25,13 @@ bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, uint64_t N, uint32
 }
 }  // namespace
 
-bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, uint64_t N,
-                          uint32_t cap, cudaStream_t s) {
+bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, bool sectors,
+                          uint64_t N, uint32_t cap, cudaStream_t s) {
     if (form == kXfWg2)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg2>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWg2>(p, N, cap, s);
-    return type == T_IQ2_XXS ? launch_wg_variant<T_IQ2_XXS>(p, diag, kgroup, N, cap, s)
-                             : launch_wg_variant<T_Q2_K>(p, diag, kgroup, N, cap, s);
+    return type == T_IQ2_XXS ? launch_wg_variant<T_IQ2_XXS>(p, diag, kgroup, sectors, N, cap, s)
+                             : launch_wg_variant<T_Q2_K>(p, diag, kgroup, sectors, N, cap, s);
 }
 
 }  // namespace dsv4::cuda::xf
