@@ -156,9 +156,11 @@ constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs)
 // SB (the WG form, DSV4_XF_SECTORS): the staging in whole 32-byte sectors (run 208: the tile
 // loop without the expansion and the MMAs takes over half the kernel's time, its copies ~16 KB of
 // L2 sectors a gate+up block-tile for ~8.5 KB used, ~26 KB for ~10 KB in the down): IQ2_XXS
-// stages a tile pair's code bytes at once (32 bytes a row, 3 slots, as Q2_K's paired_codes), Q2_K
-// a super-block's 16 scale bytes and (d, dmin) once (not 4 and 4 bytes every tile), both a
-// super-block's dx once; the parts kept a super-block live in two buffers by its parity.
+// stages a tile pair's code bytes (32 bytes a row, its halves by adjacent threads; 3 slots, as
+// Q2_K's paired_codes), Q2_K a super-block's 16 scale bytes and (d, dmin) once (not 4 and 4 bytes
+// every tile), both a super-block's dx once; the parts kept a super-block live in two buffers by
+// its parity. Run 209 (H100): the down 2.06 -> 1.80 us a token of a fast chunk (its tile loop
+// alone 1.75 -> 1.06), the 36-layer fast prefill 9,521 -> 9,827 / 9,851 tok/s.
 template <uint32_t T, int FORM = kXfMma, bool SB = false>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
@@ -429,6 +431,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto q2k_code_off = [&](uint32_t r) { return uint32_t(w_row(r)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16; };
     const uint32_t lo_off = IQ2 ? 0 : q2k_code_off(t >> 1), hi_off = IQ2 || FORM == kXfWg2 ? 0 : q2k_code_off(128 + (t >> 1));
     const uint32_t sb_t = uint32_t(w_row(IQ2 ? t & 127 : t)) * uint32_t(nsb);   // stage row t's first super-block
+    // (SB, IQ2_XXS: the first super-block of the row whose code-byte half this thread copies)
+    [[maybe_unused]] const uint32_t sb_h = SB && IQ2 ? uint32_t(w_row(t >> 1)) * uint32_t(nsb) : 0;
     // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
     // sb's d is the high half of the staged word when that parity differs from sb's)
     uint32_t dpar = 0;
@@ -464,9 +468,20 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
                 if constexpr (SB) {
-                    if (!(i & 1)) {   // (ntiles is a multiple of 4: tile i + 1 exists)
-                        cp_async16(codes2(i) + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
-                        cp_async16(codes2(i + 1) + t * 16, wq + (sb_t * 64 + uint32_t(i + 1) * 16));
+                    // tile pair m's code bytes (tiles 2m, 2m + 1: 32 bytes a row, its halves by
+                    // adjacent threads, so a warp's copies fill whole sectors): gate's rows with
+                    // tile 2m - 1, up's with tile 2m (pair 0's both with tile 0), so each tile
+                    // still copies 4 KB (run 209: a pair's 8 KB with its even tile, each thread a
+                    // row's two halves, made the gate+up 6 % slower)
+                    auto pair_part = [&](int m, int up) {
+                        const int ti = 2 * m + int(t & 1);
+                        cp_async16(codes2(ti) + (128 * up + (t >> 1)) * 16, p.wq[up] + (sb_h * 64 + uint32_t(ti) * 16));
+                    };
+                    if (i & 1) {
+                        if (i + 1 < ntiles) pair_part((i + 1) >> 1, 0);
+                    } else {
+                        if (i == 0) pair_part(0, 0);
+                        pair_part(i >> 1, 1);
                     }
                 } else {
                     cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
