@@ -153,14 +153,16 @@ constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : 
 constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
-// SB (the WG form, DSV4_XF_SECTORS): the staging in whole 32-byte sectors (run 208: the tile
-// loop without the expansion and the MMAs takes over half the kernel's time, its copies ~16 KB of
-// L2 sectors a gate+up block-tile for ~8.5 KB used, ~26 KB for ~10 KB in the down): IQ2_XXS
-// stages a tile pair's code bytes (32 bytes a row, its halves by adjacent threads; 3 slots, as
-// Q2_K's paired_codes), Q2_K a super-block's 16 scale bytes and (d, dmin) once (not 4 and 4 bytes
-// every tile), both a super-block's dx once; the parts kept a super-block live in two buffers by
-// its parity. Run 209 (H100): the down 2.06 -> 1.80 us a token of a fast chunk (its tile loop
-// alone 1.75 -> 1.06), the 36-layer fast prefill 9,521 -> 9,827 / 9,851 tok/s.
+// SB (the WG form's Q2_K down, DSV4_XF_SECTORS, on by default): the staging in whole 32-byte
+// sectors. Run 208 (H100) found the tile loop without the expansion and the MMAs (DIAG 4) taking
+// 1.75 of the down's 2.04 us a token of a fast chunk: its copies pulled ~26 KB of L2 sectors a
+// block-tile for ~10 KB used, the scale bytes and (d, dmin) 4 bytes a row every tile (one sector
+// each) and dx the same every tile of a super-block. SB copies a super-block's 16 scale bytes,
+// (d, dmin) and dx once (two buffers by the super-block's parity). Run 209: the down 2.06 ->
+// 1.80 (its tile loop alone 1.75 -> 1.06); run 210: the 36-layer fast prefill 10,023 tok/s.
+// (The IQ2_XXS gate+up the same way, its tile pair's code bytes a row by adjacent threads and dx
+// once a super-block, was 3-6 % slower in runs 209, 210, its loop alone unchanged: removed, the
+// code is in e5e8088.)
 template <uint32_t T, int FORM = kXfMma, bool SB = false>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
@@ -172,20 +174,18 @@ struct XfSmem {
     // bytes holding the tile; IQ2_XXS [256][16]: the tile's two 8-byte groups, gate's rows then
     // up's), Q2_K's scale bytes [256][4] (the tile's 4 sub-blocks), (d, dmin) [256] (IQ2_XXS: d
     // and its neighbour, the 4-byte word holding it), activation codes [64][64], their dx [64]
-    // (SB: IQ2_XXS's codes in codes2, Q2_K's scale bytes and (d, dmin) in sbq, dx in sbx)
-    static constexpr int st_codes = 0, st_sc = st_codes + (SB && iq2 ? 0 : kXfRows * (iq2 ? 16 : 32)),
-                         st_dw = st_sc + (iq2 || SB ? 0 : kXfRows * 4),
-                         st_act = st_dw + (iq2 || !SB ? kXfRows * 4 : 0), st_dx = st_act + pairs * kXfK,
-                         st_bytes = st_dx + (SB ? 0 : pairs * 4);
+    static_assert(!SB || !iq2, "SB: the Q2_K down");
+    // (SB: the scale bytes and (d, dmin) in sbq, dx in sbx)
+    static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
+                         st_dw = st_sc + (iq2 || SB ? 0 : kXfRows * 4), st_act = st_dw + (SB ? 0 : kXfRows * 4),
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB ? 0 : pairs * 4);
     static constexpr int stage = b + 2 * b_bytes;
-    // SB: [2] by super-block parity: Q2_K's scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
-    static constexpr int sbq = stage + kXfStages * st_bytes, sbq_bytes = SB && !iq2 ? kXfRows * 20 : 0;
+    // SB: [2] by super-block parity: the scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
+    static constexpr int sbq = stage + kXfStages * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
     static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = SB ? pairs * 4 : 0;
-    // SB, IQ2_XXS: [3] slots of a tile pair's code bytes, [2] tiles of [256][16]
-    static constexpr int codes2 = sbx + 2 * sbx_bytes, codes2_bytes = SB && iq2 ? 2 * kXfRows * 16 : 0;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
-    static constexpr int hgrid = codes2 + 3 * codes2_bytes;
+    static constexpr int hgrid = sbx + 2 * sbx_bytes;
     static constexpr int hsign = hgrid + (iq2 ? 256 * kXfGridCopies * 8 : 0);
     static constexpr int bytes = hsign + (iq2 ? 128 * kXfGridCopies * 8 : 0);
 };
@@ -193,7 +193,6 @@ static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K exper
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
 static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (SB): 2 blocks an SM");
-static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (SB): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -385,7 +384,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     static_assert(KG == 1 || (KG == 2 && FORM == kXfWg && DIAG == 0), "KG 2: the WG form");
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
-    static_assert(!SB || FORM == kXfWg, "SB: the WG form");
+    static_assert(!SB || (FORM == kXfWg && !IQ2), "SB: the WG form's Q2_K down");
     pdl_begin();
     using L = XfSmem<T, FORM, SB>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
@@ -431,8 +430,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto q2k_code_off = [&](uint32_t r) { return uint32_t(w_row(r)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16; };
     const uint32_t lo_off = IQ2 ? 0 : q2k_code_off(t >> 1), hi_off = IQ2 || FORM == kXfWg2 ? 0 : q2k_code_off(128 + (t >> 1));
     const uint32_t sb_t = uint32_t(w_row(IQ2 ? t & 127 : t)) * uint32_t(nsb);   // stage row t's first super-block
-    // (SB, IQ2_XXS: the first super-block of the row whose code-byte half this thread copies)
-    [[maybe_unused]] const uint32_t sb_h = SB && IQ2 ? uint32_t(w_row(t >> 1)) * uint32_t(nsb) : 0;
     // IQ2_XXS: bit 2 mt + h: the parity of this thread's fragment row's first d (its super-block
     // sb's d is the high half of the staged word when that parity differs from sb's)
     uint32_t dpar = 0;
@@ -450,12 +447,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto codes_stage = [&](int i) -> uint8_t* {
         return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
     };
-    // SB: super-block sb's parts (sbq, sbx: issued with its first tile, read by its 4 tiles; the
-    // buffer is next written for sb + 2, at tile 4 sb + 5, after them) and tile i's code bytes
-    // (codes2 slot (i / 2) % 3, half i % 2: a pair is issued with its even tile)
+    // SB: super-block sb's parts (issued with its first tile at the loop's step 4 sb - 3, read
+    // by its 4 tiles up to step 4 sb + 3; the buffer is next written for sb + 2, at step 4 sb + 5)
     [[maybe_unused]] auto sbq = [&](int sb) { return sm + L::sbq + (sb & 1) * L::sbq_bytes; };
     [[maybe_unused]] auto sbx = [&](int sb) { return sm + L::sbx + (sb & 1) * L::sbx_bytes; };
-    [[maybe_unused]] auto codes2 = [&](int i) { return sm + L::codes2 + ((i >> 1) % 3) * L::codes2_bytes + (i & 1) * (kXfRows * 16); };
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
@@ -467,25 +462,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
-                if constexpr (SB) {
-                    // tile pair m's code bytes (tiles 2m, 2m + 1: 32 bytes a row, its halves by
-                    // adjacent threads, so a warp's copies fill whole sectors): gate's rows with
-                    // tile 2m - 1, up's with tile 2m (pair 0's both with tile 0), so each tile
-                    // still copies 4 KB (run 209: a pair's 8 KB with its even tile, each thread a
-                    // row's two halves, made the gate+up 6 % slower)
-                    auto pair_part = [&](int m, int up) {
-                        const int ti = 2 * m + int(t & 1);
-                        cp_async16(codes2(ti) + (128 * up + (t >> 1)) * 16, p.wq[up] + (sb_h * 64 + uint32_t(ti) * 16));
-                    };
-                    if (i & 1) {
-                        if (i + 1 < ntiles) pair_part((i + 1) >> 1, 0);
-                    } else {
-                        if (i == 0) pair_part(0, 0);
-                        pair_part(i >> 1, 1);
-                    }
-                } else {
-                    cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
-                }
+                cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
                 if (tq == 0)   // (d: one a super-block, read at its first tile: d2 below)
                     cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
             }
@@ -571,8 +548,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                 for (int h = 0; h < 2; ++h) {
                     const uint32_t r = stage_row(mt, h);
                     if constexpr (IQ2) {
-                        const uint2 gw = *reinterpret_cast<const uint2*>((SB ? codes2(i) : st + L::st_codes) + r * 16 +
-                                                                         (tig >> 1) * 8);
+                        const uint2 gw = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 16 + (tig >> 1) * 8);
                         if ((i & 3) == 0) {   // the super-block's first tile: its d (staged then alone)
                             const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
                             const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
@@ -776,7 +752,7 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
 // The same with a wgmma form (kXfWg, kXfWg2; sm90a/experts_wgmma.cu: only sm_90a machine code,
 // so only for a device of compute capability 9.0).
 // diag: the WG form's DIAG (DSV4_XF_DIAG: a measurement, wrong outputs); kgroup: its KG
-// (DSV4_XF_KGROUP); sectors: its SB (DSV4_XF_SECTORS).
+// (DSV4_XF_KGROUP); sectors: its SB for the Q2_K down (DSV4_XF_SECTORS).
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, bool sectors,
                           uint64_t N, uint32_t cap, cudaStream_t s);
 

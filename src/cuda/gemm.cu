@@ -2004,21 +2004,20 @@ int xf_kgroup() {
     static const int env = env_int("DSV4_XF_KGROUP", 2);
     return (g_xf_kgroup_override >= 0 ? g_xf_kgroup_override : env) == 1 ? 1 : 2;
 }
-// DSV4_XF_SECTORS (read once; a mask, 1 by default): the WG form's staging in whole sectors
-// (gemm_experts_f16_kernel's SB) for the Q2_K down (1; run 209: 2.06 -> 1.80 us a token of a fast
-// chunk) and the IQ2_XXS gate+up (2; opt-in); the same values, so the same bits;
-// gemm_experts_f16_sectors_override (tests: both or neither) wins.
+// DSV4_XF_SECTORS (read once; 0: off, else on): the WG form's Q2_K down stages its scale bytes,
+// (d, dmin) and dx in whole sectors, once a super-block (gemm_experts_f16_kernel's SB; run 209: 2.06
+// -> 1.80 us a token of a fast chunk); the same values, so the same bits;
+// gemm_experts_f16_sectors_override (tests) wins.
 int g_xf_sectors_override = -1;
-bool xf_sectors_on(uint32_t type) {
-    static const int mask = env_int("DSV4_XF_SECTORS", 1);
-    if (g_xf_sectors_override >= 0) return g_xf_sectors_override != 0;
-    return (mask & (type == T_IQ2_XXS ? 2 : 1)) != 0;
+bool xf_sectors_on() {
+    static const bool on = env_int("DSV4_XF_SECTORS", 1) != 0;
+    return g_xf_sectors_override >= 0 ? g_xf_sectors_override != 0 : on;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
     if (const int form = xf_wgmma_form(wide); !table && form != kXfMma)
-        return launch_experts_wgmma(p, type, form, xf_diag(), xf_kgroup(), xf_sectors_on(type), N, cap, s);
+        return launch_experts_wgmma(p, type, form, xf_diag(), xf_kgroup(), xf_sectors_on(), N, cap, s);
     if (type == T_IQ2_XXS) return launch_experts_f16_form<T_IQ2_XXS, false>(p, N, cap, s);
     return table ? launch_experts_f16_form<T_Q2_K, true>(p, N, cap, s)
                  : launch_experts_f16_form<T_Q2_K, false>(p, N, cap, s);

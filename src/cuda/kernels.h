@@ -366,8 +366,8 @@ void gemm_experts_f16_paired_codes_override(int on);
 // That kernel's WG form's commit groups: 2 k-steps of an m-tile (2) or one (1); -1:
 // DSV4_XF_KGROUP's (2 by default). The same bits. Tests.
 void gemm_experts_f16_kgroup_override(int kg);
-// That kernel's WG form's staging in whole sectors (1: both products) or not (0); -1:
-// DSV4_XF_SECTORS's (the down's alone by default). The same bits. Tests.
+// That kernel's WG form's Q2_K down staged in whole sectors (1) or not (0); -1:
+// DSV4_XF_SECTORS's (on by default). The same bits. Tests.
 void gemm_experts_f16_sectors_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the

@@ -3040,8 +3040,9 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         const int forms = cuda::gemm_experts_wgmma_available() ? 3 : 1;
                         // the WG form's variants that keep its bits: commit groups of two k-steps
                         // (DSV4_XF_KGROUP=2: the same MMAs in each accumulator's order) and the
-                        // staging in whole sectors (DSV4_XF_SECTORS=1: the same values staged
-                        // otherwise), each against groups of one k-step staged tile by tile
+                        // Q2_K down's staging in whole sectors (DSV4_XF_SECTORS: the same values
+                        // staged otherwise; the gate+up has no such form and runs as without),
+                        // each against groups of one k-step staged tile by tile
                         auto kgroups_same_bits = [&](const char* what_product, auto&& product) {
                             if (forms < 3) return;
                             cuda::gemm_experts_f16_wgmma_override(1);

@@ -8,10 +8,11 @@ namespace dsv4::cuda::xf {
 namespace {
 template <uint32_t T>
 bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
-    if (sectors)
-        return diag == 4   ? launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s)
-               : kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2, true>(p, N, cap, s)
-                             : launch_experts_f16_form<T, false, kXfWg, 0, 1, true>(p, N, cap, s);
+    if constexpr (T == T_Q2_K)   // (SB: the down's staging in whole sectors)
+        if (sectors)
+            return diag == 4     ? launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s)
+                   : kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2, true>(p, N, cap, s)
+                                 : launch_experts_f16_form<T, false, kXfWg, 0, 1, true>(p, N, cap, s);
     switch (diag) {
         case 1: return launch_experts_f16_form<T, false, kXfWg, 1>(p, N, cap, s);
         case 2: return launch_experts_f16_form<T, false, kXfWg, 2>(p, N, cap, s);
