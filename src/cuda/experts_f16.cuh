@@ -58,6 +58,10 @@ struct KqGemm {
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
     bool paired_codes;     // the fast Q2_K kernel stages a tile pair's code bytes once (DSV4_XF_PAIRED_CODES)
+    // the fast experts kernel's weights into L2 ahead (DSV4_XF_L2PF; its WG form's PF variant, taken
+    // where either is set): l2_ahead super-blocks ahead by prefetch.global.L2 (0: none), l2_size
+    // bytes by the code copies' own L2 prefetch size qualifier (128, 256; 0: none)
+    int l2_ahead, l2_size;
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -103,6 +107,18 @@ __device__ __forceinline__ void with_tiles(int n, F&& f) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
+// The same with the copy's L2 prefetch size (run-time, uniform: 128 or 256 bytes; else none): the
+// L2 fetches the whole aligned 128 / 256 bytes around src from memory (the next tiles' bytes of a
+// weight row, which its later copies then find in L2).
+__device__ __forceinline__ void cp_async16_l2(void* dst, const void* src, int size) {
+    if (size == 256)
+        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+    else if (size == 128)
+        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+    else
+        cp_async16(dst, src);
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -377,7 +393,7 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // that share their code words in one commit group (4 fragments live instead of 2): half the
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
 // (run 207: gate+up 3.36 -> 3.29 us a token of a fast chunk).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
@@ -385,6 +401,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     static_assert(!SB || (FORM == kXfWg && !IQ2), "SB: the WG form's Q2_K down");
+    static_assert(!PF || FORM == kXfWg, "PF: the WG form");
     pdl_begin();
     using L = XfSmem<T, FORM, SB>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
@@ -451,9 +468,26 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // by its 4 tiles up to step 4 sb + 3; the buffer is next written for sb + 2, at step 4 sb + 5)
     [[maybe_unused]] auto sbq = [&](int sb) { return sm + L::sbq + (sb & 1) * L::sbq_bytes; };
     [[maybe_unused]] auto sbx = [&](int sb) { return sm + L::sbx + (sb & 1) * L::sbx_bytes; };
+    // (DSV4_XF_L2PF) super-block sb's weight bytes of stage row t into L2 ahead of their copies:
+    // IQ2_XXS its 64 code bytes (gate's rows, then up's), Q2_K its 80 (scales and codes: two lines
+    // at most)
+    auto prefetch_sb = [&](int sb) {
+        if (t >= uint32_t(kXfRows) || sb >= nsb) return;
+        if constexpr (IQ2) {
+            prefetch_l2((t < 128 ? p.wq[0] : p.wq[1]) + (sb_t + uint32_t(sb)) * 64);
+        } else {
+            const uint8_t* w = p.wq[0] + (sb_t + uint32_t(sb)) * 80;
+            prefetch_l2(w);
+            prefetch_l2(w + 79);
+        }
+    };
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
+        if constexpr (PF)
+            if (tq == 0)   // (the first tile: the first super-blocks after its own)
+                for (int a = i == 0 ? 1 : p.l2_ahead; a <= p.l2_ahead; ++a) prefetch_sb(sb + a);
+        [[maybe_unused]] const int l2_size = PF ? p.l2_size : 0;
         if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
         if (t < used && (!SB || tq == 0))
             cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
@@ -462,7 +496,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
-                cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
+                cp_async16_l2(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16), l2_size);
                 if (tq == 0)   // (d: one a super-block, read at its first tile: d2 below)
                     cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
             }
@@ -472,9 +506,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint32_t off = uint32_t(sb) * 80 + 32 * uint32_t(tq >> 1);
             if (!p.paired_codes || !(i & 1)) {
                 uint8_t* cs = codes_stage(i);
-                cp_async16(cs + t * 16, p.wq[0] + (lo_off + off));
+                cp_async16_l2(cs + t * 16, p.wq[0] + (lo_off + off), l2_size);
                 if constexpr (FORM != kXfWg2)
-                    cp_async16(cs + 4096 + t * 16, p.wq[0] + (hi_off + off));
+                    cp_async16_l2(cs + 4096 + t * 16, p.wq[0] + (hi_off + off), l2_size);
             }
             if (t < uint32_t(kXfRows)) {
                 if constexpr (SB) {
@@ -740,11 +774,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = XfSmem<T, FORM, SB>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB>;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB, PF>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;

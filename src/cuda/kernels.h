@@ -369,6 +369,10 @@ void gemm_experts_f16_kgroup_override(int kg);
 // That kernel's WG form's Q2_K down staged in whole sectors (1) or not (0); -1:
 // DSV4_XF_SECTORS's (on by default). The same bits. Tests.
 void gemm_experts_f16_sectors_override(int on);
+// That kernel's weights into L2 ahead: ahead super-blocks by prefetch (0..4) and size bytes by the
+// code copies' prefetch size (128, 256; 0: none); -1, -1: DSV4_XF_L2PF's (off by default). The
+// same bits. Tests.
+void gemm_experts_f16_l2_override(int ahead, int size);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):

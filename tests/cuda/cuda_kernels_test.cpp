@@ -3041,7 +3041,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // the WG form's variants that keep its bits: commit groups of two k-steps
                         // (DSV4_XF_KGROUP=2: the same MMAs in each accumulator's order) and the
                         // Q2_K down's staging in whole sectors (DSV4_XF_SECTORS: the same values
-                        // staged otherwise; the gate+up has no such form and runs as without),
+                        // staged otherwise; the gate+up has no such form and runs as without), and
+                        // the weights prefetched into L2 (DSV4_XF_L2PF=2,256: the same copies),
                         // each against groups of one k-step staged tile by tile
                         auto kgroups_same_bits = [&](const char* what_product, auto&& product) {
                             if (forms < 3) return;
@@ -3052,16 +3053,20 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 cuda::gemm_experts_f16_kgroup_override(1);
                                 cuda::gemm_experts_f16_sectors_override(0);
                                 const auto want = product(*batches[bi]);
-                                for (int v = 1; v < 4; ++v) {
-                                    cuda::gemm_experts_f16_kgroup_override(v & 1 ? 2 : 1);
-                                    cuda::gemm_experts_f16_sectors_override(v >> 1);
+                                for (int v = 1; v < 5; ++v) {
+                                    const bool l2 = v == 4;
+                                    cuda::gemm_experts_f16_kgroup_override(v & 1 || l2 ? 2 : 1);
+                                    cuda::gemm_experts_f16_sectors_override(v >> 1 & 1 || l2);
+                                    cuda::gemm_experts_f16_l2_override(l2 ? 2 : 0, l2 ? 256 : 0);
                                     const auto got = product(*batches[bi]);
                                     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
                                         << what << " f16 (wgmma) " << what_product << ", k-step groups of "
-                                        << (v & 1 ? 2 : 1) << (v >> 1 ? ", staged in whole sectors" : "")
-                                        << ", batch of " << batch_rows[bi] << " rows: first difference at "
+                                        << (v & 1 || l2 ? 2 : 1) << (v >> 1 & 1 || l2 ? ", staged in whole sectors" : "")
+                                        << (l2 ? ", weights prefetched into L2" : "") << ", batch of "
+                                        << batch_rows[bi] << " rows: first difference at "
                                         << first_diff(got, want, batches[bi]->P);
                                 }
+                                cuda::gemm_experts_f16_l2_override(-1, -1);
                             }
                             cuda::gemm_experts_f16_kgroup_override(-1);
                             cuda::gemm_experts_f16_sectors_override(-1);
