@@ -62,6 +62,7 @@ struct KqGemm {
     // where either is set): l2_ahead super-blocks ahead by prefetch.global.L2 (0: none), l2_size
     // bytes by the code copies' own L2 prefetch size qualifier (128, 256; 0: none)
     int l2_ahead, l2_size;
+    int stages;   // the WG form's raw stages (DSV4_XF_STAGES: 4, or 5 in its deeper variant)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -179,7 +180,10 @@ constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs)
 // (The IQ2_XXS gate+up the same way, its tile pair's code bytes a row by adjacent threads and dx
 // once a super-block, was 3-6 % slower in runs 209, 210, its loop alone unchanged: removed, the
 // code is in e5e8088.)
-template <uint32_t T, int FORM = kXfMma, bool SB = false>
+// NS: the raw stages (kXfStages; 5, the WG form's deeper variant DSV4_XF_STAGES=5: three tiles
+// in flight behind the one expanded; not more: Q2_K's three code-pair slots and SB's two
+// super-block buffers are rewritten NS - 1 tiles before their next use, which needs NS <= 5).
+template <uint32_t T, int FORM = kXfMma, bool SB = false, int NS = kXfStages>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = xf_pairs(FORM);
@@ -197,7 +201,8 @@ struct XfSmem {
                          st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB ? 0 : pairs * 4);
     static constexpr int stage = b + 2 * b_bytes;
     // SB: [2] by super-block parity: the scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
-    static constexpr int sbq = stage + kXfStages * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
+    static_assert(NS == 4 || NS == 5, "stages: 4 or 5");
+    static constexpr int sbq = stage + NS * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
     static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = SB ? pairs * 4 : 0;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
@@ -209,6 +214,8 @@ static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K exper
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
 static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (SB): 2 blocks an SM");
+static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true, 5>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (5 stages): 2 blocks an SM");
+static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, false, 5>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (5 stages): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -393,7 +400,8 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // that share their code words in one commit group (4 fragments live instead of 2): half the
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
 // (run 207: gate+up 3.36 -> 3.29 us a token of a fast chunk).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false,
+          int NS = kXfStages>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
@@ -402,8 +410,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     static_assert(!SB || (FORM == kXfWg && !IQ2), "SB: the WG form's Q2_K down");
     static_assert(!PF || FORM == kXfWg, "PF: the WG form");
+    static_assert(NS == kXfStages || FORM == kXfWg, "NS: the WG form");
     pdl_begin();
-    using L = XfSmem<T, FORM, SB>;
+    using L = XfSmem<T, FORM, SB, NS>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
     constexpr int MT = FORM == kXfWg2 ? 1 : 2;        // m-tiles (16 rows) a warp
     extern __shared__ __align__(16) uint8_t sm[];
@@ -462,7 +471,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // down's L2 72 % busy; ~14 KB a tile before; runs 197, 198: the down 2.23 -> 2.06 us a
     // token of a fast chunk). The other parts of the stage keep tile i % 4's.
     auto codes_stage = [&](int i) -> uint8_t* {
-        return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
+        return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % NS) * L::st_bytes + L::st_codes;
     };
     // SB: super-block sb's parts (issued with its first tile at the loop's step 4 sb - 3, read
     // by its 4 tiles up to step 4 sb + 3; the buffer is next written for sb + 2, at step 4 sb + 5)
@@ -482,7 +491,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         }
     };
     auto issue = [&](int i) {
-        uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
+        uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
         if constexpr (PF)
             if (tq == 0)   // (the first tile: the first super-blocks after its own)
@@ -527,7 +536,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
     auto expand_b = [&](int i) {
         if ((t >> 2) >= used) return;
-        const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
+        const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
@@ -546,11 +555,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if constexpr (WG) fence_proxy_async();   // (the barrier before tile i's wgmma follows)
     };
 
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < NS - 1; ++i) {
         if (i < ntiles) issue(i);
         cp_async_commit();
     }
-    cp_async_wait<2>();
+    cp_async_wait<NS - 2>();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
     if constexpr (DIAG != 5) expand_b(0);
     auto run = [&](auto ntv) {
@@ -561,12 +570,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         [[maybe_unused]] uint32_t d2[MT][2] = {};   // IQ2_XXS: the rows' d of the tile's super-block, both halves
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
-            cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
+            cp_async_wait<NS - 3>();   // tile i + 1's stage (tile i + 2's, NS 5: and i + 3's, may still fly)
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
-            if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
+            if (i + NS - 1 < ntiles) issue(i + NS - 1);   // into tile i - 1's stage
             cp_async_commit();
             if (DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
-            const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
+            const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
             // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
@@ -774,11 +783,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false,
+          int NS = kXfStages>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem<T, FORM, SB>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB, PF>;
+    constexpr int bytes = XfSmem<T, FORM, SB, NS>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB, PF, NS>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;

@@ -2022,6 +2022,15 @@ void xf_l2_prefetch(int& ahead, int& size) {
     ahead = g_xf_l2_ahead_override >= 0 ? std::clamp(g_xf_l2_ahead_override, 0, 4) : env.first;
     size = g_xf_l2_size_override >= 0 ? g_xf_l2_size_override : env.second;
 }
+// DSV4_XF_STAGES (read once; 5, else 4): the fast experts kernel's WG form with 5 raw stages
+// (three tiles' copies in flight behind the one expanded instead of two: more weight bytes in
+// flight, run 208's reading) in the default settings (KGROUP 2) and DIAG 4; the same bits;
+// gemm_experts_f16_stages_override (tests) wins.
+int g_xf_stages_override = -1;
+int xf_stages() {
+    static const int env = env_int("DSV4_XF_STAGES", 4);
+    return (g_xf_stages_override >= 0 ? g_xf_stages_override : env) == 5 ? 5 : 4;
+}
 // DSV4_XF_SECTORS (read once; 0: off, else on): the WG form's Q2_K down stages its scale bytes,
 // (d, dmin) and dx in whole sectors, once a super-block (gemm_experts_f16_kernel's SB; run 209: 2.06
 // -> 1.80 us a token of a fast chunk); the same values, so the same bits;
@@ -2123,6 +2132,7 @@ void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = o
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
 void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
 void gemm_experts_f16_sectors_override(int on) { g_xf_sectors_override = on; }
+void gemm_experts_f16_stages_override(int n) { g_xf_stages_override = n; }
 void gemm_experts_f16_l2_override(int ahead, int size) {
     g_xf_l2_ahead_override = ahead;
     g_xf_l2_size_override = size;
@@ -2255,6 +2265,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.stage_used = xf_stage_used_on();
     p.paired_codes = xf_paired_codes_on();
     xf_l2_prefetch(p.l2_ahead, p.l2_size);
+    p.stages = xf_stages();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

@@ -3041,10 +3041,11 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // the WG form's variants that keep its bits: commit groups of two k-steps
                         // (DSV4_XF_KGROUP=2: the same MMAs in each accumulator's order) and the
                         // Q2_K down's staging in whole sectors (DSV4_XF_SECTORS: the same values
-                        // staged otherwise; the gate+up has no such form and runs as without), and
-                        // the weights prefetched into L2 (DSV4_XF_L2PF=2,256: the same copies),
-                        // each against groups of one k-step staged tile by tile
-                        auto kgroups_same_bits = [&](const char* what_product, auto&& product) {
+                        // staged otherwise; the gate+up has no such form and runs as without), the
+                        // weights prefetched into L2 (DSV4_XF_L2PF=2,256: the same copies) and 5
+                        // raw stages (DSV4_XF_STAGES=5), each against groups of one k-step staged
+                        // tile by tile
+                        auto wg_variants_same_bits = [&](const char* what_product, auto&& product) {
                             if (forms < 3) return;
                             cuda::gemm_experts_f16_wgmma_override(1);
                             cuda::gemm_experts_f16_stage_used_override(1);
@@ -3052,21 +3053,27 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 cuda::gemm_experts_f16_kgroup_override(1);
                                 cuda::gemm_experts_f16_sectors_override(0);
+                                cuda::gemm_experts_f16_l2_override(0, 0);
+                                cuda::gemm_experts_f16_stages_override(4);
                                 const auto want = product(*batches[bi]);
-                                for (int v = 1; v < 5; ++v) {
-                                    const bool l2 = v == 4;
-                                    cuda::gemm_experts_f16_kgroup_override(v & 1 || l2 ? 2 : 1);
-                                    cuda::gemm_experts_f16_sectors_override(v >> 1 & 1 || l2);
-                                    cuda::gemm_experts_f16_l2_override(l2 ? 2 : 0, l2 ? 256 : 0);
+                                // {k-steps a group, whole sectors, L2 prefetch ahead, its size, stages}
+                                const int variants[][5] = {{2, 0, 0, 0, 4}, {1, 1, 0, 0, 4}, {2, 1, 0, 0, 4},
+                                                           {2, 1, 2, 256, 4}, {2, 1, 0, 0, 5}, {2, 0, 0, 0, 5}};
+                                for (const auto& v : variants) {
+                                    cuda::gemm_experts_f16_kgroup_override(v[0]);
+                                    cuda::gemm_experts_f16_sectors_override(v[1]);
+                                    cuda::gemm_experts_f16_l2_override(v[2], v[3]);
+                                    cuda::gemm_experts_f16_stages_override(v[4]);
                                     const auto got = product(*batches[bi]);
                                     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-                                        << what << " f16 (wgmma) " << what_product << ", k-step groups of "
-                                        << (v & 1 || l2 ? 2 : 1) << (v >> 1 & 1 || l2 ? ", staged in whole sectors" : "")
-                                        << (l2 ? ", weights prefetched into L2" : "") << ", batch of "
-                                        << batch_rows[bi] << " rows: first difference at "
+                                        << what << " f16 (wgmma) " << what_product << ", k-step groups of " << v[0]
+                                        << (v[1] ? ", staged in whole sectors" : "")
+                                        << (v[2] || v[3] ? ", weights prefetched into L2" : "") << ", " << v[4]
+                                        << " stages, batch of " << batch_rows[bi] << " rows: first difference at "
                                         << first_diff(got, want, batches[bi]->P);
                                 }
                                 cuda::gemm_experts_f16_l2_override(-1, -1);
+                                cuda::gemm_experts_f16_stages_override(-1);
                             }
                             cuda::gemm_experts_f16_kgroup_override(-1);
                             cuda::gemm_experts_f16_sectors_override(-1);
@@ -3112,7 +3119,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                     << where << "gate+up without its FP16 form, first difference at "
                                     << first_diff(r3, sw_ref[1], b.P);
                             }
-                            kgroups_same_bits("gate+up", [&](const Batch& b) { return gate_up(b, 1); });
+                            wg_variants_same_bits("gate+up", [&](const Batch& b) { return gate_up(b, 1); });
                             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                             cuda::gemm_experts_f16_override(-1);
                             cuda::gemm_experts_f16_wgmma_override(-1);
@@ -3145,7 +3152,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             }
                         }
                         cuda::gemm_experts_f16_table_override(0);
-                        kgroups_same_bits("alone", gate_alone);
+                        wg_variants_same_bits("alone", gate_alone);
                         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
                         cuda::gemm_experts_f16_override(-1);
                         cuda::gemm_experts_f16_table_override(-1);

@@ -13,11 +13,19 @@ bool launch_wg_prefetch(const KqGemm& p, int diag, uint64_t N, uint32_t cap, cud
     return diag == 4 ? launch_experts_f16_form<T, false, kXfWg, 4, 1, SB, true>(p, N, cap, s)
                      : launch_experts_f16_form<T, false, kXfWg, 0, 2, SB, true>(p, N, cap, s);
 }
+// The variants with 5 raw stages (NS: DSV4_XF_STAGES=5), as those.
+template <uint32_t T, bool SB>
+bool launch_wg_deeper(const KqGemm& p, int diag, uint64_t N, uint32_t cap, cudaStream_t s) {
+    return diag == 4 ? launch_experts_f16_form<T, false, kXfWg, 4, 1, SB, false, 5>(p, N, cap, s)
+                     : launch_experts_f16_form<T, false, kXfWg, 0, 2, SB, false, 5>(p, N, cap, s);
+}
 template <uint32_t T>
 bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
     const bool sb = T == T_Q2_K && sectors;   // (SB: the down's staging in whole sectors)
     if ((p.l2_ahead > 0 || p.l2_size > 0) && (diag == 0 || diag == 4) && kgroup == 2)
         return sb ? launch_wg_prefetch<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_prefetch<T, false>(p, diag, N, cap, s);
+    if (p.stages == 5 && (diag == 0 || diag == 4) && kgroup == 2)
+        return sb ? launch_wg_deeper<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_deeper<T, false>(p, diag, N, cap, s);
     if constexpr (T == T_Q2_K)
         if (sb)
             return diag == 4     ? launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s)
