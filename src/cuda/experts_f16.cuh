@@ -395,7 +395,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // code lookups), 3 as 2 without the wait after each group: the expansion's time and the MMAs'
 // apart, and what waiting for each group costs (runs 206, 207: bench/gpu/NOTES.md "Forty-fifth
 // round", "Forty-sixth round"); 4 neither the expansion nor the MMAs (the tile loop's staging,
-// barrier, B expansion and row setup: its skeleton), 5 as 4 without the B expansion.
+// barrier, B expansion and row setup: its skeleton), 5 as 4 without the B expansion, 6 as 4
+// without the weights' copies (their stage bytes left as they are), 7 as 4 without the
+// activations' copies: which of the loop's copies it waits for.
 // KG (DSV4_XF_KGROUP, the WG form): 2 (the default since run 207) puts an m-tile's two k-steps
 // that share their code words in one commit group (4 fragments live instead of 2): half the
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
@@ -497,9 +499,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             if (tq == 0)   // (the first tile: the first super-blocks after its own)
                 for (int a = i == 0 ? 1 : p.l2_ahead; a <= p.l2_ahead; ++a) prefetch_sb(sb + a);
         [[maybe_unused]] const int l2_size = PF ? p.l2_size : 0;
-        if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-        if (t < used && (!SB || tq == 0))
-            cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
+        if constexpr (DIAG != 7) {   // (DIAG 7: the loop without the activations' copies)
+            if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
+            if (t < used && (!SB || tq == 0))
+                cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
+        }
+        if constexpr (DIAG == 6) return;   // (the loop without the weights' copies)
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): the row's bytes 16 i ..
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -704,7 +709,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                                 sink ^= a[0] ^ a[1] ^ a[2] ^ a[3];
                                 continue;
                             }
-                            if constexpr (DIAG >= 4) {   // the row setup kept live, nothing else
+                            if constexpr (DIAG >= 4) {   // the row setup kept live, nothing else (4-7)
                                 if constexpr (IQ2) sink ^= s2[mt][0] ^ s2[mt][1];
                                 else sink ^= a2[mt][0] ^ a2[mt][1] ^ b2[mt][0] ^ b2[mt][1];
                                 continue;

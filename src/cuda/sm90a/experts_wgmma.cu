@@ -26,17 +26,25 @@ bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint
         return sb ? launch_wg_prefetch<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_prefetch<T, false>(p, diag, N, cap, s);
     if (p.stages == 5 && (diag == 0 || diag == 4) && kgroup == 2)
         return sb ? launch_wg_deeper<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_deeper<T, false>(p, diag, N, cap, s);
+    // (the down's SB with DIAG 0, 4, 6, 7; its other DIAG measurements run without SB)
     if constexpr (T == T_Q2_K)
-        if (sb)
-            return diag == 4     ? launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s)
-                   : kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2, true>(p, N, cap, s)
-                                 : launch_experts_f16_form<T, false, kXfWg, 0, 1, true>(p, N, cap, s);
+        if (sb) switch (diag) {
+                case 0:
+                    return kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2, true>(p, N, cap, s)
+                                       : launch_experts_f16_form<T, false, kXfWg, 0, 1, true>(p, N, cap, s);
+                case 4: return launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s);
+                case 6: return launch_experts_f16_form<T, false, kXfWg, 6, 1, true>(p, N, cap, s);
+                case 7: return launch_experts_f16_form<T, false, kXfWg, 7, 1, true>(p, N, cap, s);
+                default: break;
+            }
     switch (diag) {
         case 1: return launch_experts_f16_form<T, false, kXfWg, 1>(p, N, cap, s);
         case 2: return launch_experts_f16_form<T, false, kXfWg, 2>(p, N, cap, s);
         case 3: return launch_experts_f16_form<T, false, kXfWg, 3>(p, N, cap, s);
         case 4: return launch_experts_f16_form<T, false, kXfWg, 4>(p, N, cap, s);
         case 5: return launch_experts_f16_form<T, false, kXfWg, 5>(p, N, cap, s);
+        case 6: return launch_experts_f16_form<T, false, kXfWg, 6>(p, N, cap, s);
+        case 7: return launch_experts_f16_form<T, false, kXfWg, 7>(p, N, cap, s);
         default:
             return kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2>(p, N, cap, s)
                                : launch_experts_f16_form<T, false, kXfWg>(p, N, cap, s);
