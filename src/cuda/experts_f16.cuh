@@ -63,6 +63,7 @@ struct KqGemm {
     // bytes by the code copies' own L2 prefetch size qualifier (128, 256; 0: none)
     int l2_ahead, l2_size;
     int stages;   // the WG form's raw stages (DSV4_XF_STAGES: 4, or 5 in its deeper variant)
+    bool late_b;  // the WG form's next B expanded after a tile's MMAs (DSV4_XF_LATE_B: its LO variant)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -183,7 +184,10 @@ constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs)
 // NS: the raw stages (kXfStages; 5, the WG form's deeper variant DSV4_XF_STAGES=5: three tiles
 // in flight behind the one expanded; not more: Q2_K's three code-pair slots and SB's two
 // super-block buffers are rewritten NS - 1 tiles before their next use, which needs NS <= 5).
-template <uint32_t T, int FORM = kXfMma, bool SB = false, int NS = kXfStages>
+// LO (the WG form's late B, DSV4_XF_LATE_B): dx copied by each thread for its own pair once a
+// super-block (sbx, [256] a buffer), so a thread expands the next tile's B from its own copies
+// alone, without a barrier (gemm_experts_f16_kernel's LO).
+template <uint32_t T, int FORM = kXfMma, bool SB = false, int NS = kXfStages, bool LO = false>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = xf_pairs(FORM);
@@ -198,12 +202,12 @@ struct XfSmem {
     // (SB: the scale bytes and (d, dmin) in sbq, dx in sbx)
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
                          st_dw = st_sc + (iq2 || SB ? 0 : kXfRows * 4), st_act = st_dw + (SB ? 0 : kXfRows * 4),
-                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB ? 0 : pairs * 4);
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB || LO ? 0 : pairs * 4);
     static constexpr int stage = b + 2 * b_bytes;
     // SB: [2] by super-block parity: the scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
     static_assert(NS == 4 || NS == 5, "stages: 4 or 5");
     static constexpr int sbq = stage + NS * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
-    static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = SB ? pairs * 4 : 0;
+    static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = LO ? kXfRows * 4 : SB ? pairs * 4 : 0;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
     static constexpr int hgrid = sbx + 2 * sbx_bytes;
@@ -216,6 +220,7 @@ static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_X
 static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (SB): 2 blocks an SM");
 static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true, 5>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (5 stages): 2 blocks an SM");
 static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, false, 5>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (5 stages): 2 blocks an SM");
+static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, false, 4, true>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (late B): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -403,7 +408,7 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
 // (run 207: gate+up 3.36 -> 3.29 us a token of a fast chunk).
 template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false,
-          int NS = kXfStages>
+          int NS = kXfStages, bool LO = false>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
@@ -413,8 +418,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     static_assert(!SB || (FORM == kXfWg && !IQ2), "SB: the WG form's Q2_K down");
     static_assert(!PF || FORM == kXfWg, "PF: the WG form");
     static_assert(NS == kXfStages || FORM == kXfWg, "NS: the WG form");
+    static_assert(!LO || (FORM == kXfWg && DIAG == 0), "LO: the WG form");
     pdl_begin();
-    using L = XfSmem<T, FORM, SB, NS>;
+    using L = XfSmem<T, FORM, SB, NS, LO>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
     constexpr int MT = FORM == kXfWg2 ? 1 : 2;        // m-tiles (16 rows) a warp
     extern __shared__ __align__(16) uint8_t sm[];
@@ -501,8 +507,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         [[maybe_unused]] const int l2_size = PF ? p.l2_size : 0;
         if constexpr (DIAG != 7) {   // (DIAG 7: the loop without the activations' copies)
             if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-            if (t < used && (!SB || tq == 0))
+            if constexpr (LO) {   // (this thread's own pair's dx: what its expand_b reads)
+                if ((t >> 2) < used && tq == 0) cp_async4(sbx(sb) + t * 4, p.ad + (arow * uint32_t(p.AL / 256) + uint32_t(sb)));
+            } else if (t < used && (!SB || tq == 0)) {
                 cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
+            }
         }
         if constexpr (DIAG == 6) return;   // (the loop without the weights' copies)
         if constexpr (IQ2) {
@@ -543,7 +552,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
-        const float dx = *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
+        const float dx = LO ? *reinterpret_cast<const float*>(sbx(i >> 2) + t * 4)
+                            : *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
@@ -575,11 +585,13 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         [[maybe_unused]] uint32_t d2[MT][2] = {};   // IQ2_XXS: the rows' d of the tile's super-block, both halves
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
-            cp_async_wait<NS - 3>();   // tile i + 1's stage (tile i + 2's, NS 5: and i + 3's, may still fly)
+            // tile i + 1's stage (tile i + 2's, NS 5: and i + 3's, may still fly); LO: each thread
+            // waited for tile i's at the step before
+            if constexpr (!LO) cp_async_wait<NS - 3>();
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
             if (i + NS - 1 < ntiles) issue(i + NS - 1);   // into tile i - 1's stage
             cp_async_commit();
-            if (DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
+            if (!LO && DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
             const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
@@ -748,6 +760,15 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     }
                 }
             }
+            // LO: tile i + 1's B after tile i's MMAs were issued (into the other buffer: tile i - 1's,
+            // whose MMAs the barrier above saw done), from this thread's own copies, once they
+            // landed: tile i's work no longer waits for tile i + 1's copies, and its last wgmma
+            // runs during the expansion
+            if constexpr (LO)
+                if (i + 1 < ntiles) {
+                    cp_async_wait<NS - 2>();
+                    expand_b(i + 1);
+                }
             if constexpr (WG) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer
         }
         cp_async_wait<0>();
@@ -789,11 +810,11 @@ bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
 template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false,
-          int NS = kXfStages>
+          int NS = kXfStages, bool LO = false>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem<T, FORM, SB, NS>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB, PF, NS>;
+    constexpr int bytes = XfSmem<T, FORM, SB, NS, LO>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB, PF, NS, LO>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;

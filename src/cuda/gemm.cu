@@ -2032,6 +2032,16 @@ int xf_stages() {
     static const int env = env_int("DSV4_XF_STAGES", 4);
     return (g_xf_stages_override >= 0 ? g_xf_stages_override : env) == 5 ? 5 : 4;
 }
+// DSV4_XF_LATE_B (read once; 1: on, else off): the fast experts kernel's WG form (its LO
+// variant, the default settings) expands tile i + 1's activations after tile i's MMAs were
+// issued, from each thread's own copies, instead of before them (run 208: the loop, the
+// expansion and the MMAs add up: tile i's work waited for tile i + 1's copies); the same bits;
+// gemm_experts_f16_late_b_override (tests) wins.
+int g_xf_late_b_override = -1;
+bool xf_late_b() {
+    static const bool on = env_int("DSV4_XF_LATE_B", 0) == 1;
+    return g_xf_late_b_override >= 0 ? g_xf_late_b_override != 0 : on;
+}
 // DSV4_XF_SECTORS (read once; 0: off, else on): the WG form's Q2_K down stages its scale bytes,
 // (d, dmin) and dx in whole sectors, once a super-block (gemm_experts_f16_kernel's SB; run 209: 2.06
 // -> 1.80 us a token of a fast chunk); the same values, so the same bits;
@@ -2134,6 +2144,7 @@ void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override
 void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
 void gemm_experts_f16_sectors_override(int on) { g_xf_sectors_override = on; }
 void gemm_experts_f16_stages_override(int n) { g_xf_stages_override = n; }
+void gemm_experts_f16_late_b_override(int on) { g_xf_late_b_override = on; }
 void gemm_experts_f16_l2_override(int ahead, int size) {
     g_xf_l2_ahead_override = ahead;
     g_xf_l2_size_override = size;
@@ -2267,6 +2278,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.paired_codes = xf_paired_codes_on();
     xf_l2_prefetch(p.l2_ahead, p.l2_size);
     p.stages = xf_stages();
+    p.late_b = xf_late_b();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

@@ -376,6 +376,9 @@ void gemm_experts_f16_l2_override(int ahead, int size);
 // That kernel's WG form's raw stages (4 or 5); -1: DSV4_XF_STAGES's (4 by default). The same bits.
 // Tests.
 void gemm_experts_f16_stages_override(int n);
+// That kernel's WG form's next B expanded after a tile's MMAs (1) or before them (0); -1:
+// DSV4_XF_LATE_B's (off by default). The same bits. Tests.
+void gemm_experts_f16_late_b_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):

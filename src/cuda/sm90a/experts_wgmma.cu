@@ -22,6 +22,9 @@ bool launch_wg_deeper(const KqGemm& p, int diag, uint64_t N, uint32_t cap, cudaS
 template <uint32_t T>
 bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
     const bool sb = T == T_Q2_K && sectors;   // (SB: the down's staging in whole sectors)
+    if (p.late_b && diag == 0 && kgroup == 2)   // (LO: the default settings' late B)
+        return sb ? launch_experts_f16_form<T, false, kXfWg, 0, 2, T == T_Q2_K, false, 4, true>(p, N, cap, s)
+                  : launch_experts_f16_form<T, false, kXfWg, 0, 2, false, false, 4, true>(p, N, cap, s);
     if ((p.l2_ahead > 0 || p.l2_size > 0) && (diag == 0 || diag == 4) && kgroup == 2)
         return sb ? launch_wg_prefetch<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_prefetch<T, false>(p, diag, N, cap, s);
     if (p.stages == 5 && (diag == 0 || diag == 4) && kgroup == 2)
