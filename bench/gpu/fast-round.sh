@@ -11,7 +11,8 @@
 #      $PROFILES (';'-separated settings, each added to DSV4_FAST_PREFILL=1; "-" for the fast
 #      mode's defaults);
 #   3. with AB=1, ab/: the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB
-#      cannot hold all 43) under $AB_SETTINGS;
+#      cannot hold all 43) under $AB_SETTINGS; with AB_BEST=1 under the profiles' setting whose
+#      experts came out fastest (not a DSV4_XF_DIAG measurement) and the fast defaults;
 #   4. with NCU=1, ncu.log: Nsight Compute, the fast chunk's kernels by device time (~90 s); with
 #      NCU_SRC=REGEX too, ncu_src.log: the first matching kernel's SASS by stall samples (~60 s).
 #   run(command="NCU=1 bench/gpu/fast-round.sh", carry=[".deps"], timeout_s=600)
@@ -33,6 +34,17 @@ for S in "${LIST[@]}"; do [[ "$S" == "-" ]] && ARGS+=("$FAST") || ARGS+=("$FAST 
 bench/gpu/group-profile.sh "${ARGS[@]}" > "$OUT/profiles.log" 2>&1
 echo "== profiles ($(( $(date +%s) - T0 )) s): the experts' groups, the attention and the chunk's total (µs a token)"
 grep -E "^== group profile|^experts gate|^experts down|^attention|^total|^ctx 1M" "$OUT/profiles.log"
+# AB_BEST=1: the whole model under the setting whose experts (gate+up and down, averaged over its
+# profiles) came out fastest, DSV4_XF_DIAG measurements left out, then the fast defaults
+if [[ "${AB_BEST:-0}" == 1 ]]; then
+  BEST=$(awk '/^== group profile/ { s = $0; sub(/^[^:]*: /, "", s); next }
+              /^experts gate\+up/ { t[s] += $3; n[s]++ } /^experts down/ { t[s] += $3 }
+              END { for (k in t) if (k !~ /DSV4_XF_DIAG/) printf "%.4f %s\n", t[k] / n[k], k }' "$OUT/profiles.log" |
+         sort -n | head -1 | cut -d' ' -f2-)
+  echo "== fastest experts: ${BEST:-?}"
+  AB=1
+  AB_SETTINGS=$([[ -z "$BEST" || "$BEST" == "$FAST" ]] && echo "$FAST;-" || echo "$BEST;$FAST")
+fi
 if [[ "${AB:-0}" == 1 ]]; then
   OUT=$OUT/ab GTEST_FILTER=None.None AB_TIMEOUT=170 bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST}"
   grep -E "^== CUDA benchmark|^ctx|kept FP16" "$OUT/ab/ab.log"
