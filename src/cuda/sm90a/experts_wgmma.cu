@@ -22,6 +22,7 @@ bool launch_wg_deeper(const KqGemm& p, int diag, uint64_t N, uint32_t cap, cudaS
 template <uint32_t T>
 bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
     const bool sb = T == T_Q2_K && sectors;   // (SB: the down's staging in whole sectors)
+    // (the opt-in variants one at a time, the first set of LATE_B, L2PF, STAGES)
     if (p.late_b && diag == 0 && kgroup == 2)   // (LO: the default settings' late B)
         return sb ? launch_experts_f16_form<T, false, kXfWg, 0, 2, T == T_Q2_K, false, 4, true>(p, N, cap, s)
                   : launch_experts_f16_form<T, false, kXfWg, 0, 2, false, false, 4, true>(p, N, cap, s);
