@@ -390,6 +390,40 @@ TEST(CudaVsCpuFlash, ExactShortRoundsPairByPairKeepPromptBits) {
         << "rounds of 48 (pairs in k order) and one of 96 (grouped) gave other bits";
 }
 
+// DSV4_DOWN_L2 (a decode round's pairs move their experts' down weights into L2 while the gate+up
+// runs) is a hint: the logits of a prompt and of decode steps (captured graphs among them) stay
+// bit for bit, and on sm_90 and later (the streamed IQ2_XXS gate+up) the prefetch was launched.
+TEST(CudaVsCpuFlash, DownWeightsIntoL2KeepDecodeBits) {
+    DSV4_REQUIRE_CUDA();
+    if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
+    const auto m = model::Model::load(flash4("flash"));
+    const size_t V = m->config.n_vocab;
+    const auto toks = random_tokens(40, 0, int32_t(V), 11);
+    auto run = [&](int on) {
+        cuda::down_l2_override(on);
+        std::string why;
+        auto gpu = open_cuda(*m, false, 1024, &why);
+        EXPECT_TRUE(gpu) << why;
+        kv::Budget budget;
+        auto kv = session(*gpu, 1024, &budget);
+        std::vector<float> out = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin(), toks.begin() + 24));
+        const auto steps = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin() + 24, toks.end()), 1);
+        out.insert(out.end(), steps.begin(), steps.end());
+        return out;
+    };
+    const auto plain = run(0);
+    const uint64_t launched = cuda::l2_next_launches();
+    const auto fetched = run(1);
+    cuda::down_l2_override(-1);
+    int dev = 0, major = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
+    if (major >= 9) {
+        EXPECT_GT(cuda::l2_next_launches(), launched) << "no gate+up carried the down's prefetch";
+    }
+    expect_same(plain, fetched, V, "the down's weights into L2");
+}
+
 // DSV4_DUP (a measurement of the decode graph's critical path) launches the named products twice:
 // the logits of a prompt and of decode steps (captured graphs among them) stay bit for bit the same.
 TEST(CudaDup, ProductsTwiceSameLogits) {
