@@ -390,6 +390,21 @@ TEST(CudaVsCpuFlash, ExactShortRoundsPairByPairKeepPromptBits) {
         << "rounds of 48 (pairs in k order) and one of 96 (grouped) gave other bits";
 }
 
+// The logits of toks' first `prompt` tokens as one prompt, then of the rest one decode step each
+// (captured graphs among them), on a fresh backend (exact mode) and session.
+std::vector<float> prompt_then_steps(const model::Model& m, const std::vector<int32_t>& toks, size_t prompt) {
+    std::string why;
+    auto gpu = open_cuda(m, false, 1024, &why);
+    EXPECT_TRUE(gpu) << why;
+    if (!gpu) return {};
+    kv::Budget budget;
+    auto kv = session(*gpu, 1024, &budget);
+    std::vector<float> out = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin(), toks.begin() + std::ptrdiff_t(prompt)));
+    const auto steps = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin() + std::ptrdiff_t(prompt), toks.end()), 1);
+    out.insert(out.end(), steps.begin(), steps.end());
+    return out;
+}
+
 // DSV4_DOWN_L2 (a decode round's pairs move their experts' down weights into L2 while the gate+up
 // runs) is a hint: the logits of a prompt and of decode steps (captured graphs among them) stay
 // bit for bit, and on sm_90 and later (the streamed IQ2_XXS gate+up) the prefetch was launched.
@@ -399,21 +414,11 @@ TEST(CudaVsCpuFlash, DownWeightsIntoL2KeepDecodeBits) {
     const auto m = model::Model::load(flash4("flash"));
     const size_t V = m->config.n_vocab;
     const auto toks = random_tokens(40, 0, int32_t(V), 11);
-    auto run = [&](int on) {
-        cuda::down_l2_override(on);
-        std::string why;
-        auto gpu = open_cuda(*m, false, 1024, &why);
-        EXPECT_TRUE(gpu) << why;
-        kv::Budget budget;
-        auto kv = session(*gpu, 1024, &budget);
-        std::vector<float> out = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin(), toks.begin() + 24));
-        const auto steps = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin() + 24, toks.end()), 1);
-        out.insert(out.end(), steps.begin(), steps.end());
-        return out;
-    };
-    const auto plain = run(0);
+    cuda::down_l2_override(0);
+    const auto plain = prompt_then_steps(*m, toks, 24);
     const uint64_t launched = cuda::l2_next_launches();
-    const auto fetched = run(1);
+    cuda::down_l2_override(1);
+    const auto fetched = prompt_then_steps(*m, toks, 24);
     cuda::down_l2_override(-1);
     int dev = 0, major = 0;
     ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
@@ -433,15 +438,7 @@ TEST(CudaDup, ProductsTwiceSameLogits) {
     const auto toks = random_tokens(40, 0, int32_t(V), 8);
     auto run = [&](const char* names) {
         cuda::dup_products_override(names);
-        std::string why;
-        auto gpu = open_cuda(*m, false, 1024, &why);
-        EXPECT_TRUE(gpu) << why;
-        kv::Budget budget;
-        auto kv = session(*gpu, 1024, &budget);
-        std::vector<float> out = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin(), toks.begin() + 24));
-        const auto steps = all_logits(*gpu, *kv, std::vector<int32_t>(toks.begin() + 24, toks.end()), 1);
-        out.insert(out.end(), steps.begin(), steps.end());
-        return out;
+        return prompt_then_steps(*m, toks, 24);
     };
     const auto plain = run("");
     const auto twice = run("q_a,kv,q_b,compressor_proj,indexer_proj,out_a,out_b,router,shared_expert,"
