@@ -12,7 +12,8 @@
 #      mode's defaults);
 #   3. with AB=1, ab/: the whole 43-layer model (ab43.sh; 36 layers on an H100, whose ~79 GiB
 #      cannot hold all 43) under $AB_SETTINGS; with AB_BEST=1 under the profiles' setting whose
-#      experts came out fastest (not a DSV4_XF_DIAG measurement) and the fast defaults;
+#      experts came out fastest (not a DSV4_XF_DIAG measurement) and the fast defaults; AB_EXTRA:
+#      more settings after those;
 #   4. with NCU=1, ncu.log: Nsight Compute, the fast chunk's kernels by device time (~90 s); with
 #      NCU_SRC=REGEX too, ncu_src.log: the first matching kernel's SASS by stall samples (~60 s).
 #   run(command="NCU=1 bench/gpu/fast-round.sh", carry=[".deps"], timeout_s=600)
@@ -45,6 +46,8 @@ if [[ "${AB_BEST:-0}" == 1 ]]; then
   AB=1
   AB_SETTINGS=$([[ -z "$BEST" || "$BEST" == "$FAST" ]] && echo "$FAST;-" || echo "$BEST;$FAST")
 fi
+# AB_EXTRA: more ';'-separated settings for the whole model after those (e.g. decode's switches)
+[[ -n "${AB_EXTRA:-}" ]] && AB_SETTINGS="${AB_SETTINGS:--;$FAST};$AB_EXTRA"
 if [[ "${AB:-0}" == 1 ]]; then
   OUT=$OUT/ab GTEST_FILTER=None.None AB_TIMEOUT=170 bench/gpu/ab43.sh "${AB_SETTINGS:--;$FAST}"
   grep -E "^== CUDA benchmark|^ctx|kept FP16" "$OUT/ab/ab.log"
