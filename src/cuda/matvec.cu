@@ -1899,7 +1899,8 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     if (RepackShape sh; l2_next && !groups && expert && repack_shape(l2_next->type, &sh) && l2_next->qs && l2_next->d) {
         const uint64_t blocks = l2_next_rows * (l2_next->K / sh.block_values);
         const uint64_t qb = blocks * sh.body_bytes, db = blocks * sh.aux_bytes;
-        if (qb % 16 == 0 && db % 16 == 0 && R * (qb + db) <= kL2NextMost) {
+        const bool aligned = reinterpret_cast<uintptr_t>(l2_next->qs) % 16 == 0 && reinterpret_cast<uintptr_t>(l2_next->d) % 16 == 0;
+        if (aligned && qb % 16 == 0 && db % 16 == 0 && R * (qb + db) <= kL2NextMost) {
             p.l2_next[0] = reinterpret_cast<const uint8_t*>(l2_next->qs);
             p.l2_next[1] = reinterpret_cast<const uint8_t*>(l2_next->d);
             p.l2_next_bytes[0] = qb;
