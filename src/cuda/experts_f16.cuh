@@ -204,8 +204,9 @@ struct XfSmem {
                          st_dw = st_sc + (iq2 || SB ? 0 : kXfRows * 4), st_act = st_dw + (SB ? 0 : kXfRows * 4),
                          st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB || LO ? 0 : pairs * 4);
     static constexpr int stage = b + 2 * b_bytes;
-    // SB: [2] by super-block parity: the scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
     static_assert(NS == 4 || NS == 5, "stages: 4 or 5");
+    // SB: [2] by super-block parity: the scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
+    // (LO: [256], a thread's own)
     static constexpr int sbq = stage + NS * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
     static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = LO ? kXfRows * 4 : SB ? pairs * 4 : 0;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
@@ -459,7 +460,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // products; gemm_kq_experts takes this kernel only where every offset fits: xf_fits)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
-    const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = xrow * uint32_t(p.AL / 256);
+    // (LO: each thread copies the dx of its own chunk's pair, arow, for its expand_b alone)
+    const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = (LO ? arow : xrow) * uint32_t(p.AL / 256);
     // Q2_K: the first code byte of this thread's half of rows t / 2 and 128 + t / 2 in super-block 0
     auto q2k_code_off = [&](uint32_t r) { return uint32_t(w_row(r)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16; };
     const uint32_t lo_off = IQ2 ? 0 : q2k_code_off(t >> 1), hi_off = IQ2 || FORM == kXfWg2 ? 0 : q2k_code_off(128 + (t >> 1));
@@ -507,11 +509,10 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         [[maybe_unused]] const int l2_size = PF ? p.l2_size : 0;
         if constexpr (DIAG != 7) {   // (DIAG 7: the loop without the activations' copies)
             if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-            if constexpr (LO) {   // (this thread's own pair's dx: what its expand_b reads)
-                if ((t >> 2) < used && tq == 0) cp_async4(sbx(sb) + t * 4, p.ad + (arow * uint32_t(p.AL / 256) + uint32_t(sb)));
-            } else if (t < used && (!SB || tq == 0)) {
-                cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
-            }
+            // dx: a pair's by thread t < used (LO: each thread its own chunk's pair's), once a
+            // super-block into sbx (SB, LO) or every tile into the stage
+            if ((LO ? t >> 2 : t) < used && (!(SB || LO) || tq == 0))
+                cp_async4((SB || LO ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
         }
         if constexpr (DIAG == 6) return;   // (the loop without the weights' copies)
         if constexpr (IQ2) {
@@ -552,8 +553,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if ((t >> 2) >= used) return;
         const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
-        const float dx = LO ? *reinterpret_cast<const float*>(sbx(i >> 2) + t * 4)
-                            : *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
+        const float dx = *reinterpret_cast<const float*>((SB || LO ? sbx(i >> 2) : st + L::st_dx) + (LO ? t : t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2

@@ -418,12 +418,12 @@ void q8_rows_select(int v);
 // mode 0 one wave of 8 KB a warp, 1 / 2 a resident grid with 4 / 8 loads a thread in flight.
 void read_floor(const void* p, uint64_t bytes, int mode, uint32_t* sink, cudaStream_t s);
 
-// (l2_next, l2_next_rows: a decode round's pairs also move the next product's weights of their
-// experts, l2_next_rows rows each, into L2 while this one runs: DSV4_DOWN_L2; the IQ2_XXS stream
-// kernel only, and only where R experts' worth fits kL2NextMost.)
 // Gate and up products of one SwiGLU in one pass (same type and shape, quantised types):
 // mid[r*mid_stride + n] = silu(clamp(Wg[n]·act)) * clamp(Wu[n]·act) (* ew[r]), every
 // operation as matvec + swiglu in that order, so the result is theirs bit for bit.
+// (l2_next, l2_next_rows: a decode round's pairs also move the next product's weights of their
+// experts, l2_next_rows rows each, into L2 while this one runs: DSV4_DOWN_L2; the IQ2_XXS stream
+// kernel only, and only where R experts' worth fits kL2NextMost.)
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu);
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
