@@ -58,12 +58,6 @@ struct KqGemm {
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
     bool paired_codes;     // the fast Q2_K kernel stages a tile pair's code bytes once (DSV4_XF_PAIRED_CODES)
-    // the fast experts kernel's weights into L2 ahead (DSV4_XF_L2PF; its WG form's PF variant, taken
-    // where either is set): l2_ahead super-blocks ahead by prefetch.global.L2 (0: none), l2_size
-    // bytes by the code copies' own L2 prefetch size qualifier (128, 256; 0: none)
-    int l2_ahead, l2_size;
-    int stages;   // the WG form's raw stages (DSV4_XF_STAGES: 4, or 5 in its deeper variant)
-    bool late_b;  // the WG form's next B expanded after a tile's MMAs (DSV4_XF_LATE_B: its LO variant)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -109,18 +103,6 @@ __device__ __forceinline__ void with_tiles(int n, F&& f) {
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
-// The same with the copy's L2 prefetch size (run-time, uniform: 128 or 256 bytes; else none): the
-// L2 fetches the whole aligned 128 / 256 bytes around src from memory (the next tiles' bytes of a
-// weight row, which its later copies then find in L2).
-__device__ __forceinline__ void cp_async16_l2(void* dst, const void* src, int size) {
-    if (size == 256)
-        asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-    else if (size == 128)
-        asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-    else
-        cp_async16(dst, src);
-}
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -181,13 +163,7 @@ constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs)
 // (The IQ2_XXS gate+up the same way, its tile pair's code bytes a row by adjacent threads and dx
 // once a super-block, was 3-6 % slower in runs 209, 210, its loop alone unchanged: removed, the
 // code is in e5e8088.)
-// NS: the raw stages (kXfStages; 5, the WG form's deeper variant DSV4_XF_STAGES=5: three tiles
-// in flight behind the one expanded; not more: Q2_K's three code-pair slots and SB's two
-// super-block buffers are rewritten NS - 1 tiles before their next use, which needs NS <= 5).
-// LO (the WG form's late B, DSV4_XF_LATE_B): dx copied by each thread for its own pair once a
-// super-block (sbx, [256] a buffer), so a thread expands the next tile's B from its own copies
-// alone, without a barrier (gemm_experts_f16_kernel's LO).
-template <uint32_t T, int FORM = kXfMma, bool SB = false, int NS = kXfStages, bool LO = false>
+template <uint32_t T, int FORM = kXfMma, bool SB = false>
 struct XfSmem {
     static constexpr bool iq2 = T == T_IQ2_XXS;
     static constexpr int pairs = xf_pairs(FORM);
@@ -202,13 +178,11 @@ struct XfSmem {
     // (SB: the scale bytes and (d, dmin) in sbq, dx in sbx)
     static constexpr int st_codes = 0, st_sc = st_codes + kXfRows * (iq2 ? 16 : 32),
                          st_dw = st_sc + (iq2 || SB ? 0 : kXfRows * 4), st_act = st_dw + (SB ? 0 : kXfRows * 4),
-                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB || LO ? 0 : pairs * 4);
+                         st_dx = st_act + pairs * kXfK, st_bytes = st_dx + (SB ? 0 : pairs * 4);
     static constexpr int stage = b + 2 * b_bytes;
-    static_assert(NS == 4 || NS == 5, "stages: 4 or 5");
     // SB: [2] by super-block parity: the scale bytes [256][16] and (d, dmin) [256]; dx [pairs]
-    // (LO: [256], a thread's own)
-    static constexpr int sbq = stage + NS * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
-    static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = LO ? kXfRows * 4 : SB ? pairs * 4 : 0;
+    static constexpr int sbq = stage + kXfStages * st_bytes, sbq_bytes = SB ? kXfRows * 20 : 0;
+    static constexpr int sbx = sbq + 2 * sbq_bytes, sbx_bytes = SB ? pairs * 4 : 0;
     // IQ2_XXS: the half selectors' grid parts [256] and sign parts [128] (iq2.cuh), row i's copy
     // c at 8-byte slot 16 i + c: a half-warp's lookups fall on 16 different bank pairs
     static constexpr int hgrid = sbx + 2 * sbx_bytes;
@@ -219,9 +193,6 @@ static_assert(2 * (XfSmem<T_Q2_K>::bytes + 1024) <= 228 * 1024, "fast Q2_K exper
 static_assert(2 * (XfSmem<T_IQ2_XXS>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts: 2 blocks an SM");
 static_assert(XfSmem<T_IQ2_XXS, kXfWg2>::bytes + 1024 <= 228 * 1024, "fast IQ2_XXS experts (WG2): 1 block an SM");
 static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (SB): 2 blocks an SM");
-static_assert(2 * (XfSmem<T_Q2_K, kXfWg, true, 5>::bytes + 1024) <= 228 * 1024, "fast Q2_K experts (5 stages): 2 blocks an SM");
-static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, false, 5>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (5 stages): 2 blocks an SM");
-static_assert(2 * (XfSmem<T_IQ2_XXS, kXfWg, false, 4, true>::bytes + 1024) <= 228 * 1024, "fast IQ2_XXS experts (late B): 2 blocks an SM");
 // The byte offset in a B row of the half pair carrying a tile's logical values 16 tig + j, j
 // = 4 ks + 2 hi (+ 0, 1): physical slot 16 ks + 8 hi + 2 tig.
 __host__ __device__ constexpr uint32_t xf_slot(uint32_t tig, uint32_t j) {
@@ -403,13 +374,12 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // round", "Forty-sixth round"); 4 neither the expansion nor the MMAs (the tile loop's staging,
 // barrier, B expansion and row setup: its skeleton), 5 as 4 without the B expansion, 6 as 4
 // without the weights' copies (their stage bytes left as they are), 7 as 4 without the
-// activations' copies: which of the loop's copies it waits for.
+// activations' copies: which of the loop's copies it waits for (run 211).
 // KG (DSV4_XF_KGROUP, the WG form): 2 (the default since run 207) puts an m-tile's two k-steps
 // that share their code words in one commit group (4 fragments live instead of 2): half the
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
 // (run 207: gate+up 3.36 -> 3.29 us a token of a fast chunk).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false,
-          int NS = kXfStages, bool LO = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false>
 __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm_experts_f16_kernel(KqGemm p) {
     constexpr bool IQ2 = T == T_IQ2_XXS, WG = FORM != kXfMma;
     static_assert(DIAG == 0 || FORM == kXfWg, "DIAG: the WG form");
@@ -417,11 +387,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     static_assert(T == T_Q2_K || (IQ2 && !TABLE), "fast experts: Q2_K (either expansion) or IQ2_XXS");
     static_assert(!TABLE || !WG, "TABLE: the mma.sync form only");
     static_assert(!SB || (FORM == kXfWg && !IQ2), "SB: the WG form's Q2_K down");
-    static_assert(!PF || FORM == kXfWg, "PF: the WG form");
-    static_assert(NS == kXfStages || FORM == kXfWg, "NS: the WG form");
-    static_assert(!LO || (FORM == kXfWg && DIAG == 0), "LO: the WG form");
     pdl_begin();
-    using L = XfSmem<T, FORM, SB, NS, LO>;
+    using L = XfSmem<T, FORM, SB>;
     constexpr int PAIRS = L::pairs, NT = PAIRS / 8;   // the block's pairs at most, its tiles of 8 pairs
     constexpr int MT = FORM == kXfWg2 ? 1 : 2;        // m-tiles (16 rows) a warp
     extern __shared__ __align__(16) uint8_t sm[];
@@ -460,8 +427,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // products; gemm_kq_experts takes this kernel only where every offset fits: xf_fits)
     const uint32_t arow = uint32_t(gp[min(int(t >> 2), cnt - 1)]) / p.act_div;
     const uint32_t xrow = uint32_t(gp[min(int(t), cnt - 1)]) / p.act_div;
-    // (LO: each thread copies the dx of its own chunk's pair, arow, for its expand_b alone)
-    const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = (LO ? arow : xrow) * uint32_t(p.AL / 256);
+    const uint32_t act_off = arow * uint32_t(p.AL) + (t & 3) * 16, dx_off = xrow * uint32_t(p.AL / 256);
     // Q2_K: the first code byte of this thread's half of rows t / 2 and 128 + t / 2 in super-block 0
     auto q2k_code_off = [&](uint32_t r) { return uint32_t(w_row(r)) * uint32_t(nsb) * 80 + 16 + (t & 1) * 16; };
     const uint32_t lo_off = IQ2 ? 0 : q2k_code_off(t >> 1), hi_off = IQ2 || FORM == kXfWg2 ? 0 : q2k_code_off(128 + (t >> 1));
@@ -481,38 +447,19 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // down's L2 72 % busy; ~14 KB a tile before; runs 197, 198: the down 2.23 -> 2.06 us a
     // token of a fast chunk). The other parts of the stage keep tile i % 4's.
     auto codes_stage = [&](int i) -> uint8_t* {
-        return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % NS) * L::st_bytes + L::st_codes;
+        return sm + L::stage + (p.paired_codes ? (i >> 1) % 3 : i % kXfStages) * L::st_bytes + L::st_codes;
     };
     // SB: super-block sb's parts (issued with its first tile at the loop's step 4 sb - 3, read
     // by its 4 tiles up to step 4 sb + 3; the buffer is next written for sb + 2, at step 4 sb + 5)
     [[maybe_unused]] auto sbq = [&](int sb) { return sm + L::sbq + (sb & 1) * L::sbq_bytes; };
     [[maybe_unused]] auto sbx = [&](int sb) { return sm + L::sbx + (sb & 1) * L::sbx_bytes; };
-    // (DSV4_XF_L2PF) super-block sb's weight bytes of stage row t into L2 ahead of their copies:
-    // IQ2_XXS its 64 code bytes (gate's rows, then up's), Q2_K its 80 (scales and codes: two lines
-    // at most)
-    auto prefetch_sb = [&](int sb) {
-        if (t >= uint32_t(kXfRows) || sb >= nsb) return;
-        if constexpr (IQ2) {
-            prefetch_l2((t < 128 ? p.wq[0] : p.wq[1]) + (sb_t + uint32_t(sb)) * 64);
-        } else {
-            const uint8_t* w = p.wq[0] + (sb_t + uint32_t(sb)) * 80;
-            prefetch_l2(w);
-            prefetch_l2(w + 79);
-        }
-    };
     auto issue = [&](int i) {
-        uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
+        uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        if constexpr (PF)
-            if (tq == 0)   // (the first tile: the first super-blocks after its own)
-                for (int a = i == 0 ? 1 : p.l2_ahead; a <= p.l2_ahead; ++a) prefetch_sb(sb + a);
-        [[maybe_unused]] const int l2_size = PF ? p.l2_size : 0;
         if constexpr (DIAG != 7) {   // (DIAG 7: the loop without the activations' copies)
             if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
-            // dx: a pair's by thread t < used (LO: each thread its own chunk's pair's), once a
-            // super-block into sbx (SB, LO) or every tile into the stage
-            if ((LO ? t >> 2 : t) < used && (!(SB || LO) || tq == 0))
-                cp_async4((SB || LO ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
+            if (t < used && (!SB || tq == 0))
+                cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
         }
         if constexpr (DIAG == 6) return;   // (the loop without the weights' copies)
         if constexpr (IQ2) {
@@ -520,7 +467,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
             const uint16_t* wd = t < 128 ? p.wd[0] : p.wd[1];
             if (t < uint32_t(kXfRows)) {
-                cp_async16_l2(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16), l2_size);
+                cp_async16(st + L::st_codes + t * 16, wq + (sb_t * 64 + uint32_t(i) * 16));
                 if (tq == 0)   // (d: one a super-block, read at its first tile: d2 below)
                     cp_async4(st + L::st_dw + t * 4, wd + ((sb_t + uint32_t(sb)) & ~1u));
             }
@@ -530,9 +477,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
             const uint32_t off = uint32_t(sb) * 80 + 32 * uint32_t(tq >> 1);
             if (!p.paired_codes || !(i & 1)) {
                 uint8_t* cs = codes_stage(i);
-                cp_async16_l2(cs + t * 16, p.wq[0] + (lo_off + off), l2_size);
+                cp_async16(cs + t * 16, p.wq[0] + (lo_off + off));
                 if constexpr (FORM != kXfWg2)
-                    cp_async16_l2(cs + 4096 + t * 16, p.wq[0] + (hi_off + off), l2_size);
+                    cp_async16(cs + 4096 + t * 16, p.wq[0] + (hi_off + off));
             }
             if (t < uint32_t(kXfRows)) {
                 if constexpr (SB) {
@@ -551,9 +498,9 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     // (q ^ 0x80) - 1152) into B buffer i % 2, each pair of values at its xf_slot.
     auto expand_b = [&](int i) {
         if ((t >> 2) >= used) return;
-        const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
+        const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
-        const float dx = *reinterpret_cast<const float*>((SB || LO ? sbx(i >> 2) : st + L::st_dx) + (LO ? t : t >> 2) * 4);
+        const float dx = *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
         const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
         const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
@@ -570,11 +517,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         if constexpr (WG) fence_proxy_async();   // (the barrier before tile i's wgmma follows)
     };
 
-    for (int i = 0; i < NS - 1; ++i) {
+    for (int i = 0; i < 3; ++i) {
         if (i < ntiles) issue(i);
         cp_async_commit();
     }
-    cp_async_wait<NS - 2>();
+    cp_async_wait<2>();
     __syncthreads();   // tile 0 landed for all (and the IQ2_XXS tables are filled)
     if constexpr (DIAG != 5) expand_b(0);
     auto run = [&](auto ntv) {
@@ -585,14 +532,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         [[maybe_unused]] uint32_t d2[MT][2] = {};   // IQ2_XXS: the rows' d of the tile's super-block, both halves
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
-            // tile i + 1's stage (tile i + 2's, NS 5: and i + 3's, may still fly); LO: each thread
-            // waited for tile i's at the step before
-            if constexpr (!LO) cp_async_wait<NS - 3>();
+            cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
             __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
-            if (i + NS - 1 < ntiles) issue(i + NS - 1);   // into tile i - 1's stage
+            if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
-            if (!LO && DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
-            const uint8_t* st = sm + L::stage + (i % NS) * L::st_bytes;
+            if (DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
+            const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
             const uint8_t* bsm = sm + L::b + (i & 1) * L::b_bytes;
             // this thread's rows: Q2_K its sub-block tig of the tile (16 code bytes at shift sh)
             // and its FP16 step a · q + b (TABLE: its 4 values); IQ2_XXS its group tig / 2's words
@@ -760,15 +705,6 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     }
                 }
             }
-            // LO: tile i + 1's B after tile i's MMAs were issued (into the other buffer: tile i - 1's,
-            // whose MMAs the barrier above saw done), from this thread's own copies, once they
-            // landed: tile i's work no longer waits for tile i + 1's copies, and its last wgmma
-            // runs during the expansion
-            if constexpr (LO)
-                if (i + 1 < ntiles) {
-                    cp_async_wait<NS - 2>();
-                    expand_b(i + 1);
-                }
             if constexpr (WG) wg_wait<0>();   // tile i's wgmma done before the barrier frees its B buffer
         }
         cp_async_wait<0>();
@@ -809,12 +745,11 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 bool smem_ready(const void* kernel, int bytes, bool& ready, cudaStream_t s);
 // The fast mode's expert kernel (gemm_experts_f16_kernel) for T; false when its shared memory
 // cannot be raised yet (a capture first: the exact kernels run).
-template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false, bool PF = false,
-          int NS = kXfStages, bool LO = false>
+template <uint32_t T, bool TABLE, int FORM = kXfMma, int DIAG = 0, int KG = 1, bool SB = false>
 bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
-    constexpr int bytes = XfSmem<T, FORM, SB, NS, LO>::bytes;
-    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB, PF, NS, LO>;
+    constexpr int bytes = XfSmem<T, FORM, SB>::bytes;
+    const auto kernel = gemm_experts_f16_kernel<T, TABLE, FORM, DIAG, KG, SB>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     kernel<<<dim3(uint32_t((N + xf_block_rows(T) - 1) / xf_block_rows(T)), cap), xf_threads(FORM), bytes, s>>>(p);
     return true;

@@ -136,15 +136,6 @@ std::vector<std::string> dup_names(const char* list) {
     return v;
 }
 std::vector<std::string> g_dup = dup_names(std::getenv("DSV4_DUP"));   // dup_products_override (tests) replaces it
-// DSV4_DOWN_L2 (read once; 1: on, else off; not yet measured): a decode round's routed pairs move
-// their experts' down weights into L2 while their gate+up runs (matvec_swiglu's l2_next: the down
-// waits for the gate+up anyway, and then reads its weights from L2). The same bits;
-// down_l2_override (tests) wins.
-int g_down_l2_override = -1;
-bool down_l2_on() {
-    static const bool env = env_switch("DSV4_DOWN_L2", false);
-    return g_down_l2_override >= 0 ? g_down_l2_override != 0 : env;
-}
 int dup_times(const char* what) {
     // (names with spaces may be written with '_' instead: settings split on spaces)
     for (std::string n : g_dup) {
@@ -1137,11 +1128,9 @@ void CudaBackend::ffn_layer(uint32_t il, uint32_t R) {
     const DevAct ag = xn_act(L.gate_exps.type, R);
     if (matvec_swiglu_ok(L.gate_exps, L.up_exps)) {
         // one pass: both rows of a (pair, n) in one warp, SwiGLU in the epilogue
-        // (down_l2_on: a decode round's pairs also move their experts' down weights into L2 while
-        // the gate+up runs)
         dup("experts gate+up", [&] {
             matvec_swiglu(L.gate_exps, L.up_exps, ag, P, mid_.get(), F, F, c_.swiglu_clamp_exp[il], ew_.get(), stream_,
-                          experts_.get(), F, K, gp, down_l2_on() && !gp ? &L.down_exps : nullptr, E);
+                          experts_.get(), F, K, gp);
         });
         mark("experts gate+up", double(P) * F * (L.gate_exps.row_bytes + L.up_exps.row_bytes));
     } else {
@@ -1496,7 +1485,6 @@ void profile_enable(bool on) { g_profile_on = on; }
 void prefill_flat_override(int on) { g_prefill_flat_override = on; }
 void fast_pair_rows_override(int rows) { g_fast_pair_rows_override = rows; }
 void exact_pair_rows_override(int rows) { g_exact_pair_rows_override = rows; }
-void down_l2_override(int on) { g_down_l2_override = on; }
 void dup_products_override(const char* names) { g_dup = dup_names(names ? names : std::getenv("DSV4_DUP")); }
 
 std::unique_ptr<Backend> make_cuda_backend_impl(const model::Model& m, const BackendOptions& opt) {

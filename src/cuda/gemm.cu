@@ -12,7 +12,6 @@
 #include <utility>
 #include <cstdint>
 #include <type_traits>
-#include <cstdio>
 #include <cstdlib>
 
 #include <cooperative_groups.h>
@@ -2006,42 +2005,6 @@ int xf_kgroup() {
     static const int env = env_int("DSV4_XF_KGROUP", 2);
     return (g_xf_kgroup_override >= 0 ? g_xf_kgroup_override : env) == 1 ? 1 : 2;
 }
-// DSV4_XF_L2PF (read once; "A" or "A,S", 0 by default): the fast experts kernel's weights into
-// L2 ahead: A super-blocks ahead of their copies by prefetch.global.L2 (0..4), and the code
-// copies' L2 prefetch size S (128 or 256 bytes; else none). Run 208 found the kernels' tile
-// loops alone (DIAG 4) pulling their weights from memory at ~1.2-1.3 TB/s, a third of an H100's:
-// too few bytes in flight. The same values, so the same bits; gemm_experts_f16_l2_override
-// (tests) wins.
-int g_xf_l2_ahead_override = -1, g_xf_l2_size_override = -1;
-void xf_l2_prefetch(int& ahead, int& size) {
-    static const std::pair<int, int> env = [] {
-        const char* v = std::getenv("DSV4_XF_L2PF");
-        int a = 0, b = 0;
-        if (v && std::sscanf(v, "%d,%d", &a, &b) < 1) a = 0;
-        return std::pair<int, int>(std::clamp(a, 0, 4), b == 128 || b == 256 ? b : 0);
-    }();
-    ahead = g_xf_l2_ahead_override >= 0 ? std::clamp(g_xf_l2_ahead_override, 0, 4) : env.first;
-    size = g_xf_l2_size_override >= 0 ? g_xf_l2_size_override : env.second;
-}
-// DSV4_XF_STAGES (read once; 5, else 4): the fast experts kernel's WG form with 5 raw stages
-// (three tiles' copies in flight behind the one expanded instead of two: more weight bytes in
-// flight, run 208's reading) in the default settings (KGROUP 2) and DIAG 4; the same bits;
-// gemm_experts_f16_stages_override (tests) wins.
-int g_xf_stages_override = -1;
-int xf_stages() {
-    static const int env = env_int("DSV4_XF_STAGES", 4);
-    return (g_xf_stages_override >= 0 ? g_xf_stages_override : env) == 5 ? 5 : 4;
-}
-// DSV4_XF_LATE_B (read once; 1: on, else off): the fast experts kernel's WG form (its LO
-// variant, the default settings) expands tile i + 1's activations after tile i's MMAs were
-// issued, from each thread's own copies, instead of before them (run 208: the loop, the
-// expansion and the MMAs add up: tile i's work waited for tile i + 1's copies); the same bits;
-// gemm_experts_f16_late_b_override (tests) wins.
-int g_xf_late_b_override = -1;
-bool xf_late_b() {
-    static const bool on = env_int("DSV4_XF_LATE_B", 0) == 1;
-    return g_xf_late_b_override >= 0 ? g_xf_late_b_override != 0 : on;
-}
 // DSV4_XF_SECTORS (read once; 0: off, else on): the WG form's Q2_K down stages its scale bytes,
 // (d, dmin) and dx in whole sectors, once a super-block (gemm_experts_f16_kernel's SB; run 209: 2.06
 // -> 1.80 us a token of a fast chunk); the same values, so the same bits;
@@ -2143,12 +2106,6 @@ void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = o
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
 void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
 void gemm_experts_f16_sectors_override(int on) { g_xf_sectors_override = on; }
-void gemm_experts_f16_stages_override(int n) { g_xf_stages_override = n; }
-void gemm_experts_f16_late_b_override(int on) { g_xf_late_b_override = on; }
-void gemm_experts_f16_l2_override(int ahead, int size) {
-    g_xf_l2_ahead_override = ahead;
-    g_xf_l2_size_override = size;
-}
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no
@@ -2276,9 +2233,6 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.skip_tiles = kq_skip_on();
     p.stage_used = xf_stage_used_on();
     p.paired_codes = xf_paired_codes_on();
-    xf_l2_prefetch(p.l2_ahead, p.l2_size);
-    p.stages = xf_stages();
-    p.late_b = xf_late_b();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

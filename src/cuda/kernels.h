@@ -272,11 +272,6 @@ void exact_pair_rows_override(int rows);
 // same results); names ','-separated, nullptr: the environment's again (tests). Graphs a backend
 // captured before keep what they were captured with.
 void dup_products_override(const char* names);
-// Whether decode rounds move their experts' down weights into L2 during the gate+up (1) or not
-// (0); -1: DSV4_DOWN_L2's (off by default). The same bits. Tests.
-void down_l2_override(int on);
-// How many gate+up launches have carried such a prefetch (matvec_swiglu's l2_next). Tests.
-uint64_t l2_next_launches();
 
 // Float-weight (F16, BF16, F32) products of R >= 16 float activation rows as a tiled SIMT
 // GEMM, bit for bit what matvec's decode path gives each row (see gemm.cu): non-expert,
@@ -374,16 +369,6 @@ void gemm_experts_f16_kgroup_override(int kg);
 // That kernel's WG form's Q2_K down staged in whole sectors (1) or not (0); -1:
 // DSV4_XF_SECTORS's (on by default). The same bits. Tests.
 void gemm_experts_f16_sectors_override(int on);
-// That kernel's weights into L2 ahead: ahead super-blocks by prefetch (0..4) and size bytes by the
-// code copies' prefetch size (128, 256; 0: none); -1, -1: DSV4_XF_L2PF's (off by default). The
-// same bits. Tests.
-void gemm_experts_f16_l2_override(int ahead, int size);
-// That kernel's WG form's raw stages (4 or 5); -1: DSV4_XF_STAGES's (4 by default). The same bits.
-// Tests.
-void gemm_experts_f16_stages_override(int n);
-// That kernel's WG form's next B expanded after a tile's MMAs (1) or before them (0); -1:
-// DSV4_XF_LATE_B's (off by default). The same bits. Tests.
-void gemm_experts_f16_late_b_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):
@@ -421,15 +406,11 @@ void read_floor(const void* p, uint64_t bytes, int mode, uint32_t* sink, cudaStr
 // Gate and up products of one SwiGLU in one pass (same type and shape, quantised types):
 // mid[r*mid_stride + n] = silu(clamp(Wg[n]·act)) * clamp(Wu[n]·act) (* ew[r]), every
 // operation as matvec + swiglu in that order, so the result is theirs bit for bit.
-// (l2_next, l2_next_rows: a decode round's pairs also move the next product's weights of their
-// experts, l2_next_rows rows each, into L2 while this one runs: DSV4_DOWN_L2; the IQ2_XXS stream
-// kernel only, and only where R experts' worth fits kL2NextMost.)
 bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu);
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
                    const int32_t* expert = nullptr, uint64_t rows_per_expert = 0, uint32_t act_div = 1,
-                   const MoeGroups* groups = nullptr, const DevWeight* l2_next = nullptr,
-                   uint64_t l2_next_rows = 0);
+                   const MoeGroups* groups = nullptr);
 
 // Dequantises `n` consecutive rows starting at row r0 of W into dst (row-major floats).
 void dequantize_rows(const DevWeight& W, uint64_t r0, uint64_t n, float* dst, cudaStream_t s);

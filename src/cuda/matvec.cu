@@ -137,11 +137,6 @@ struct MV {
     // k order, the CPU's vec_dot, as the grouped FLAT GEMMs add them (iq2_stream_kernel and
     // kq_q2k_pipe_kernel with FLAT; kq_pair_flat_ok says where those run).
     bool flat;
-    // The next product's weights of each slot's expert into L2 while this one runs (iq2_stream_kernel;
-    // DSV4_DOWN_L2): l2_next[j] + expert * l2_next_bytes[j], l2_next_bytes[j] bytes (j: the codes,
-    // the scales; multiples of 16), split over the slot's warps. nullptr: none.
-    const uint8_t* l2_next[2];
-    uint64_t l2_next_bytes[2];
 };
 
 // The activation rows a block works on ("slots"): RB consecutive rows, or one MoE pair
@@ -1127,11 +1122,6 @@ __global__ void __launch_bounds__(32 * kKqWarps, MINB) kq_q2k_pipe_kernel(MV p) 
         n0 = nn;
     }
 }
-std::atomic<uint64_t> g_l2_next_launches{0};   // l2_next_launches
-// The most bytes a decode round's gate+up moves into L2 for the down product (matvec_swiglu's
-// l2_next): about half the H100's and H200's 50 MB (one session's 6 Q2_K downs: 16.5 MB).
-constexpr uint64_t kL2NextMost = 24ull << 20;
-
 // ---- IQ2_XXS decode streamed through shared memory (DSV4_KQ_STREAM) ----------------------
 //
 // kq_kernel_smem holds a warp's weights in registers: a warp loads its rows, waits, computes,
@@ -1206,19 +1196,6 @@ __global__ void __launch_bounds__(32 * WARPS, 1) iq2_stream_kernel(MV p) {
     if (lane == 0)
         for (int st = 0; st < NST; ++st)
             if (n + st * stride < p.N) issue(st, n + st * stride);
-    // (DSV4_DOWN_L2) the down product's weights of this slot's expert into L2, after this
-    // warp's own first rows are on their way: each warp of the slot's blocks a 16-byte-aligned
-    // share of each part
-    if (lane == 0 && p.l2_next[0]) {
-        const uint64_t e = sl.wbase / p.rows_per_expert, wid = uint64_t(blockIdx.x) * WARPS + warp,
-                       warps = uint64_t(gridDim.x) * WARPS;
-        for (int j = 0; j < 2; ++j) {
-            const uint64_t bytes = p.l2_next_bytes[j], share = (bytes / warps + 15) & ~uint64_t(15);
-            const uint64_t b0 = wid * share;
-            if (share && b0 < bytes)
-                bulk_prefetch_l2(p.l2_next[j] + e * bytes + b0, uint32_t(share < bytes - b0 ? share : bytes - b0));
-        }
-    }
     __syncthreads();   // the tables (and every warp's barriers initialised)
 
     // this lane's activation: super-blocks lane / 4 + 8 k, groups 2q and 2q + 1, and negated
@@ -1377,7 +1354,6 @@ bool launch_iq2_stream_k(const MV& p, uint32_t gy, cudaStream_t s) {
     }();
     if (!fits) return false;
     launch_kq_grid(kernel, dim3(uint32_t((p.N + WARPS - 1) / WARPS), gy), dim3(32 * WARPS), smem, s, p);
-    if (p.l2_next[0]) ++g_l2_next_launches;
     return true;
 }
 
@@ -1846,7 +1822,6 @@ bool kq_pair_flat_ok(const DevWeight& W, const DevWeight* up) {
     return W.type == T_Q2_K && !up && q2k_pipe_takes(W.K) && W.K % 256 == 0;
 }
 uint64_t kq_flat_pair_launches() { return g_kq_flat_launches.load(); }
-uint64_t l2_next_launches() { return g_l2_next_launches.load(); }
 
 void kq_smem_select(int mode) { g_kq_smem_select = mode; }
 void kq_stream_select(int v) { g_kq_stream_select = v; }
@@ -1879,8 +1854,7 @@ bool matvec_swiglu_ok(const DevWeight& Wg, const DevWeight& Wu) {
 
 void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, uint32_t R, float* mid,
                    uint64_t mid_stride, uint64_t N, float clamp, const float* ew, cudaStream_t s,
-                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups,
-                   const DevWeight* l2_next, uint64_t l2_next_rows) {
+                   const int32_t* expert, uint64_t rows_per_expert, uint32_t act_div, const MoeGroups* groups) {
     if (!matvec_swiglu_ok(Wg, Wu)) throw_mismatch("matvec_swiglu: gate and up differ or are float", Wu.type, Wu.K, a.K);
     if (R == 0 || N == 0) return;
     if (act_kind(Wg.type) != a.kind || a.K != Wg.K) throw_mismatch("matvec_swiglu", Wg.type, Wg.K, a.K);
@@ -1894,19 +1868,6 @@ void matvec_swiglu(const DevWeight& Wg, const DevWeight& Wu, const DevAct& a, ui
     p.wd2 = Wu.d;
     p.clamp = clamp;
     p.ew = ew;
-    // the next product's expert rows into L2 (repacked weights: codes and scales), where they
-    // fit beside this product's (R pairs' worth, at most kL2NextMost)
-    if (RepackShape sh; l2_next && !groups && expert && repack_shape(l2_next->type, &sh) && l2_next->qs && l2_next->d) {
-        const uint64_t blocks = l2_next_rows * (l2_next->K / sh.block_values);
-        const uint64_t qb = blocks * sh.body_bytes, db = blocks * sh.aux_bytes;
-        const bool aligned = reinterpret_cast<uintptr_t>(l2_next->qs) % 16 == 0 && reinterpret_cast<uintptr_t>(l2_next->d) % 16 == 0;
-        if (aligned && qb % 16 == 0 && db % 16 == 0 && R * (qb + db) <= kL2NextMost) {
-            p.l2_next[0] = reinterpret_cast<const uint8_t*>(l2_next->qs);
-            p.l2_next[1] = reinterpret_cast<const uint8_t*>(l2_next->d);
-            p.l2_next_bytes[0] = qb;
-            p.l2_next_bytes[1] = db;
-        }
-    }
     switch (Wg.type) {
         case T_Q8_0:
             if (!launch_q8_rows(p, 2, s)) launch_rb2<T_Q8_0, false, false, 256, 2>(p, s);

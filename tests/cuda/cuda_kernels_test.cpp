@@ -3041,10 +3041,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         // the WG form's variants that keep its bits: commit groups of two k-steps
                         // (DSV4_XF_KGROUP=2: the same MMAs in each accumulator's order) and the
                         // Q2_K down's staging in whole sectors (DSV4_XF_SECTORS: the same values
-                        // staged otherwise; the gate+up has no such form and runs as without), the
-                        // weights prefetched into L2 (DSV4_XF_L2PF=2,256: the same copies), 5 raw
-                        // stages (DSV4_XF_STAGES=5) and the next B expanded after a tile's MMAs
-                        // (DSV4_XF_LATE_B=1), each against groups of one k-step staged tile by tile
+                        // staged otherwise; the gate+up has no such form and runs as without),
+                        // each against groups of one k-step staged tile by tile
                         auto wg_variants_same_bits = [&](const char* what_product, auto&& product) {
                             if (forms < 3) return;
                             cuda::gemm_experts_f16_wgmma_override(1);
@@ -3053,31 +3051,19 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                             for (size_t bi = 0; bi < batches.size(); ++bi) {
                                 cuda::gemm_experts_f16_kgroup_override(1);
                                 cuda::gemm_experts_f16_sectors_override(0);
-                                cuda::gemm_experts_f16_l2_override(0, 0);
-                                cuda::gemm_experts_f16_stages_override(4);
-                                cuda::gemm_experts_f16_late_b_override(0);
                                 const auto want = product(*batches[bi]);
-                                // {k-steps a group, whole sectors, L2 prefetch ahead, its size, stages, late B}
-                                const int variants[][6] = {{2, 0, 0, 0, 4, 0}, {1, 1, 0, 0, 4, 0}, {2, 1, 0, 0, 4, 0},
-                                                           {2, 1, 2, 256, 4, 0}, {2, 1, 0, 0, 5, 0}, {2, 0, 0, 0, 5, 0},
-                                                           {2, 1, 0, 0, 4, 1}, {2, 0, 0, 0, 4, 1}};
+                                // {k-steps a group, whole sectors}
+                                const int variants[][2] = {{2, 0}, {1, 1}, {2, 1}};
                                 for (const auto& v : variants) {
                                     cuda::gemm_experts_f16_kgroup_override(v[0]);
                                     cuda::gemm_experts_f16_sectors_override(v[1]);
-                                    cuda::gemm_experts_f16_l2_override(v[2], v[3]);
-                                    cuda::gemm_experts_f16_stages_override(v[4]);
-                                    cuda::gemm_experts_f16_late_b_override(v[5]);
                                     const auto got = product(*batches[bi]);
                                     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
                                         << what << " f16 (wgmma) " << what_product << ", k-step groups of " << v[0]
-                                        << (v[1] ? ", staged in whole sectors" : "")
-                                        << (v[2] || v[3] ? ", weights prefetched into L2" : "") << ", " << v[4]
-                                        << " stages" << (v[5] ? ", late B" : "") << ", batch of " << batch_rows[bi] << " rows: first difference at "
+                                        << (v[1] ? ", staged in whole sectors" : "") << ", batch of "
+                                        << batch_rows[bi] << " rows: first difference at "
                                         << first_diff(got, want, batches[bi]->P);
                                 }
-                                cuda::gemm_experts_f16_l2_override(-1, -1);
-                                cuda::gemm_experts_f16_stages_override(-1);
-                                cuda::gemm_experts_f16_late_b_override(-1);
                             }
                             cuda::gemm_experts_f16_kgroup_override(-1);
                             cuda::gemm_experts_f16_sectors_override(-1);

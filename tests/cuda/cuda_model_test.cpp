@@ -411,29 +411,6 @@ std::vector<float> prompt_then_steps(const model::Model& m, const std::vector<in
     return out;
 }
 
-// DSV4_DOWN_L2 (a decode round's pairs move their experts' down weights into L2 while the gate+up
-// runs) is a hint: the logits of a prompt and of decode steps (captured graphs among them) stay
-// bit for bit, and on sm_90 and later (the streamed IQ2_XXS gate+up) the prefetch was launched.
-TEST(CudaVsCpuFlash, DownWeightsIntoL2KeepDecodeBits) {
-    DSV4_REQUIRE_CUDA();
-    if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
-    const auto m = model::Model::load(flash4("flash"));
-    const size_t V = m->config.n_vocab;
-    const auto toks = random_tokens(40, 0, int32_t(V), 11);
-    cuda::down_l2_override(0);
-    const auto plain = prompt_then_steps(*m, toks, 24);
-    const uint64_t launched = cuda::l2_next_launches();
-    cuda::down_l2_override(1);
-    const auto fetched = prompt_then_steps(*m, toks, 24);
-    cuda::down_l2_override(-1);
-    int major = 0;
-    ASSERT_NO_FATAL_FAILURE(device_major(&major));
-    if (major >= 9) {
-        EXPECT_GT(cuda::l2_next_launches(), launched) << "no gate+up carried the down's prefetch";
-    }
-    expect_same(plain, fetched, V, "the down's weights into L2");
-}
-
 // DSV4_DUP (a measurement of the decode graph's critical path) launches the named products twice:
 // the logits of a prompt and of decode steps (captured graphs among them) stay bit for bit the same.
 TEST(CudaDup, ProductsTwiceSameLogits) {

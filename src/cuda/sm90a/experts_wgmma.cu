@@ -6,33 +6,12 @@
 namespace dsv4::cuda::xf {
 
 namespace {
-// The variants with the weights prefetched into L2 (PF: DSV4_XF_L2PF): the default's (KG 2) and
-// the tile loop alone (DIAG 4), each with the down's SB as set.
-template <uint32_t T, bool SB>
-bool launch_wg_prefetch(const KqGemm& p, int diag, uint64_t N, uint32_t cap, cudaStream_t s) {
-    return diag == 4 ? launch_experts_f16_form<T, false, kXfWg, 4, 1, SB, true>(p, N, cap, s)
-                     : launch_experts_f16_form<T, false, kXfWg, 0, 2, SB, true>(p, N, cap, s);
-}
-// The variants with 5 raw stages (NS: DSV4_XF_STAGES=5), as those.
-template <uint32_t T, bool SB>
-bool launch_wg_deeper(const KqGemm& p, int diag, uint64_t N, uint32_t cap, cudaStream_t s) {
-    return diag == 4 ? launch_experts_f16_form<T, false, kXfWg, 4, 1, SB, false, 5>(p, N, cap, s)
-                     : launch_experts_f16_form<T, false, kXfWg, 0, 2, SB, false, 5>(p, N, cap, s);
-}
 template <uint32_t T>
 bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
-    const bool sb = T == T_Q2_K && sectors;   // (SB: the down's staging in whole sectors)
-    // (the opt-in variants one at a time, the first set of LATE_B, L2PF, STAGES)
-    if (p.late_b && diag == 0 && kgroup == 2)   // (LO: the default settings' late B)
-        return sb ? launch_experts_f16_form<T, false, kXfWg, 0, 2, T == T_Q2_K, false, 4, true>(p, N, cap, s)
-                  : launch_experts_f16_form<T, false, kXfWg, 0, 2, false, false, 4, true>(p, N, cap, s);
-    if ((p.l2_ahead > 0 || p.l2_size > 0) && (diag == 0 || diag == 4) && kgroup == 2)
-        return sb ? launch_wg_prefetch<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_prefetch<T, false>(p, diag, N, cap, s);
-    if (p.stages == 5 && (diag == 0 || diag == 4) && kgroup == 2)
-        return sb ? launch_wg_deeper<T, T == T_Q2_K>(p, diag, N, cap, s) : launch_wg_deeper<T, false>(p, diag, N, cap, s);
-    // (the down's SB with DIAG 0, 4, 6, 7; its other DIAG measurements run without SB)
+    // (SB: the down's staging in whole sectors, with DIAG 0, 4, 6, 7; its other DIAG measurements
+    // run without SB)
     if constexpr (T == T_Q2_K)
-        if (sb) switch (diag) {
+        if (sectors) switch (diag) {
                 case 0:
                     return kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2, true>(p, N, cap, s)
                                        : launch_experts_f16_form<T, false, kXfWg, 0, 1, true>(p, N, cap, s);
