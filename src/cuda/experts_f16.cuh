@@ -374,7 +374,9 @@ __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return 
 // round", "Forty-sixth round"); 4 neither the expansion nor the MMAs (the tile loop's staging,
 // barrier, B expansion and row setup: its skeleton), 5 as 4 without the B expansion, 6 as 4
 // without the weights' copies (their stage bytes left as they are), 7 as 4 without the
-// activations' copies: which of the loop's copies it waits for (run 211).
+// activations' copies: which of the loop's copies it waits for (run 211); 8 as 4 without any
+// copy, 9 as 8 without the loop's barrier: what the barrier itself costs, the question a
+// warp-specialised form (no block-wide barrier a tile) would answer.
 // KG (DSV4_XF_KGROUP, the WG form): 2 (the default since run 207) puts an m-tile's two k-steps
 // that share their code words in one commit group (4 fragments live instead of 2): half the
 // groups, each waited for once; the same wgmma in each accumulator's order, so the same bits
@@ -456,12 +458,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     auto issue = [&](int i) {
         uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const int sb = i >> 2, tq = i & 3;
-        if constexpr (DIAG != 7) {   // (DIAG 7: the loop without the activations' copies)
+        if constexpr (DIAG != 7 && DIAG < 8) {   // (DIAG 7, 8, 9: the loop without the activations' copies)
             if ((t >> 2) < used) cp_async16(st + L::st_act + t * 16, p.aq + (act_off + uint32_t(i) * kXfK));
             if (t < used && (!SB || tq == 0))
                 cp_async4((SB ? sbx(sb) : st + L::st_dx) + t * 4, p.ad + (dx_off + uint32_t(sb)));
         }
-        if constexpr (DIAG == 6) return;   // (the loop without the weights' copies)
+        if constexpr (DIAG == 6 || DIAG >= 8) return;   // (DIAG 6, 8, 9: the loop without the weights' copies)
         if constexpr (IQ2) {
             // groups 2 tq, 2 tq + 1 of the super-block's 8 (8 bytes each): the row's bytes 16 i ..
             const uint8_t* wq = t < 128 ? p.wq[0] : p.wq[1];
@@ -533,7 +535,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll 1
         for (int i = 0; i < ntiles; ++i) {
             cp_async_wait<1>();   // tile i + 1's stage (tile i + 2's may still fly)
-            __syncthreads();      // it landed for all; tile i's B expanded; tile i - 1's MMAs done
+            // it landed for all; tile i's B expanded; tile i - 1's MMAs done (DIAG 9: no barrier)
+            if constexpr (DIAG != 9) __syncthreads();
             if (i + 3 < ntiles) issue(i + 3);   // into tile i - 1's stage
             cp_async_commit();
             if (DIAG != 5 && i + 1 < ntiles) expand_b(i + 1);
@@ -666,7 +669,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                                 sink ^= a[0] ^ a[1] ^ a[2] ^ a[3];
                                 continue;
                             }
-                            if constexpr (DIAG >= 4) {   // the row setup kept live, nothing else (4-7)
+                            if constexpr (DIAG >= 4) {   // the row setup kept live, nothing else (4-9)
                                 if constexpr (IQ2) sink ^= s2[mt][0] ^ s2[mt][1];
                                 else sink ^= a2[mt][0] ^ a2[mt][1] ^ b2[mt][0] ^ b2[mt][1];
                                 continue;

@@ -1992,10 +1992,11 @@ int xf_wgmma_form(bool wide) {
 // expands its weights but runs no MMA, 2 runs its MMAs without the expansion, 3 as 2 without the
 // wait after each group, 4 neither (the tile loop's staging, B expansion and row setup alone), 5
 // as 4 without the B expansion, 6 as 4 without the weights' copies, 7 as 4 without the
-// activations' copies (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
+// activations' copies, 8 as 4 without any copy, 9 as 8 without the loop's barrier
+// (gemm_experts_f16_kernel's DIAG); anything else: the kernel itself.
 int xf_diag() {
     static const int env = env_int("DSV4_XF_DIAG", 0);
-    return env >= 1 && env <= 7 ? env : 0;
+    return env >= 1 && env <= 9 ? env : 0;
 }
 // DSV4_XF_KGROUP (read once; 1, else 2): the WG form's commit groups of two k-steps an m-tile
 // (gemm_experts_f16_kernel's KG; the default since run 207) or of one: the same bits;

@@ -8,7 +8,7 @@ namespace dsv4::cuda::xf {
 namespace {
 template <uint32_t T>
 bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint64_t N, uint32_t cap, cudaStream_t s) {
-    // (SB: the down's staging in whole sectors, with DIAG 0, 4, 6, 7; its other DIAG measurements
+    // (SB: the down's staging in whole sectors, with DIAG 0, 4, 6-9; its other DIAG measurements
     // run without SB)
     if constexpr (T == T_Q2_K)
         if (sectors) switch (diag) {
@@ -18,6 +18,8 @@ bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint
                 case 4: return launch_experts_f16_form<T, false, kXfWg, 4, 1, true>(p, N, cap, s);
                 case 6: return launch_experts_f16_form<T, false, kXfWg, 6, 1, true>(p, N, cap, s);
                 case 7: return launch_experts_f16_form<T, false, kXfWg, 7, 1, true>(p, N, cap, s);
+                case 8: return launch_experts_f16_form<T, false, kXfWg, 8, 1, true>(p, N, cap, s);
+                case 9: return launch_experts_f16_form<T, false, kXfWg, 9, 1, true>(p, N, cap, s);
                 default: break;
             }
     switch (diag) {
@@ -28,6 +30,8 @@ bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint
         case 5: return launch_experts_f16_form<T, false, kXfWg, 5>(p, N, cap, s);
         case 6: return launch_experts_f16_form<T, false, kXfWg, 6>(p, N, cap, s);
         case 7: return launch_experts_f16_form<T, false, kXfWg, 7>(p, N, cap, s);
+        case 8: return launch_experts_f16_form<T, false, kXfWg, 8>(p, N, cap, s);
+        case 9: return launch_experts_f16_form<T, false, kXfWg, 9>(p, N, cap, s);
         default:
             return kgroup == 2 ? launch_experts_f16_form<T, false, kXfWg, 0, 2>(p, N, cap, s)
                                : launch_experts_f16_form<T, false, kXfWg>(p, N, cap, s);
