@@ -10,6 +10,10 @@
 #   scripts/gpu.sh --quick         tests only (no flash-width check, no benchmark)
 #   GTEST_FILTER=... scripts/gpu.sh  a subset of the tests
 #   GPU_AB="X=0;X=1" scripts/gpu.sh  + the Flash benchmark under each setting (A/B)
+#   scripts/gpu.sh --build         configure and build the test binary only (no GPU needed:
+#                                  bench/gpu/prebuilt.sh make runs it here)
+# Tests-only and --ncu runs take the test binary carried in .prebuilt/ (bench/gpu/prebuilt.sh)
+# instead of building it, when it was built from these very sources.
 # Environment: DSV4_BENCH_LAYERS (4; 43 = the whole Flash model, ~81 GB, synthesised into
 # /dev/shm in ~60 s, once for the benchmark and its A/B runs), DSV4_BENCH_RATIO (every layer
 # of one compression ratio), DSV4_BENCH_CONTEXT (4096), DSV4_BENCH_DECODE (64),
@@ -19,8 +23,10 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 QUICK=0
 NCU=0
+BUILD_ONLY=0
 [[ "${1:-}" == "--quick" ]] && QUICK=1
 [[ "${1:-}" == "--ncu" ]] && NCU=1
+[[ "${1:-}" == "--build" ]] && BUILD_ONLY=1
 LOG=${OUT:-$ROOT/build-gpu/logs}
 mkdir -p "$LOG"
 BUILD=$ROOT/build-gpu
@@ -38,11 +44,16 @@ source "$ROOT/bench/gpu/deps-env.sh"
 
 LAYERS=${DSV4_GPU_LAYERS:-"common;quant;gguf;model;kv;cpu"}
 echo "== configure + build ($LAYERS)"
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDSV4_CUDA=ON \
-      "-DDSV4_LAYERS=$LAYERS" > "$LOG/configure.log" 2>&1 || { tail -30 "$LOG/configure.log"; exit 1; }
-TB=$(date +%s)
-ninja -C "$BUILD" dsv4_cuda_tests > "$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; tail -20 "$LOG/build.log"; exit 1; }
-echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build.log")"
+if [[ $QUICK == 1 || $NCU == 1 ]] && "$ROOT/bench/gpu/prebuilt.sh" use "$BUILD" "$LAYERS"; then
+  echo "build: the carried .prebuilt/dsv4_cuda_tests (built from these sources: bench/gpu/prebuilt.sh)"
+else
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DDSV4_CUDA=ON \
+        "-DDSV4_LAYERS=$LAYERS" > "$LOG/configure.log" 2>&1 || { tail -30 "$LOG/configure.log"; exit 1; }
+  TB=$(date +%s)
+  ninja -C "$BUILD" dsv4_cuda_tests > "$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; tail -20 "$LOG/build.log"; exit 1; }
+  echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build.log")"
+fi
+[[ $BUILD_ONLY == 1 ]] && exit 0
 
 # --ncu: Nsight Compute times every kernel of 2 decode steps (4,096-token context, no graphs,
 # so no launch gaps in the numbers), then a table of device time per token by kernel.
