@@ -10,8 +10,9 @@
 #   scripts/gpu.sh --quick         tests only (no flash-width check, no benchmark)
 #   GTEST_FILTER=... scripts/gpu.sh  a subset of the tests
 #   GPU_AB="X=0;X=1" scripts/gpu.sh  + the Flash benchmark under each setting (A/B)
-#   scripts/gpu.sh --build         configure and build the test binary only (no GPU needed:
-#                                  bench/gpu/prebuilt.sh make runs it here)
+#   scripts/gpu.sh --build         configure and build the test binary only, and keep it in
+#                                  .prebuilt/ for the device (no GPU needed: bench/gpu/prebuilt.sh
+#                                  make runs it here)
 # Tests-only and --ncu runs take the test binary carried in .prebuilt/ (bench/gpu/prebuilt.sh)
 # instead of building it, when it was built from these very sources.
 # Environment: DSV4_BENCH_LAYERS (4; 43 = the whole Flash model, ~81 GB, synthesised into
@@ -53,7 +54,7 @@ else
   ninja -C "$BUILD" dsv4_cuda_tests > "$LOG/build.log" 2>&1 || { grep -E "error|FAILED" "$LOG/build.log" | head -40; tail -20 "$LOG/build.log"; exit 1; }
   echo "build $(( $(date +%s) - TB )) s; warnings: $(grep -c 'warning' "$LOG/build.log")"
 fi
-[[ $BUILD_ONLY == 1 ]] && exit 0
+[[ $BUILD_ONLY == 1 ]] && exec "$ROOT/bench/gpu/prebuilt.sh" keep "$BUILD" "$LAYERS"
 
 # --ncu: Nsight Compute times every kernel of 2 decode steps (4,096-token context, no graphs,
 # so no launch gaps in the numbers), then a table of device time per token by kernel.

@@ -4,9 +4,10 @@
 # 61-69 s of ninja), a fifth of a typical call; this machine has nvcc too (no GPU), and its
 # binary runs there (x86-64, CUDA 13 on both, glibc 2.34 and GLIBCXX 3.4.30 at most).
 #
-#   bench/gpu/prebuilt.sh make          here: configures and builds build-gpu's dsv4_cuda_tests as
-#                                       scripts/gpu.sh does, then keeps it in .prebuilt/ with the
-#                                       stamp of the sources it was built from (~35 MB)
+#   bench/gpu/prebuilt.sh make          here: scripts/gpu.sh --build configures and builds
+#                                       build-gpu's dsv4_cuda_tests, then keeps it (`keep BUILD
+#                                       LAYERS`) in .prebuilt/ with the stamp of the sources it was
+#                                       built from (~35 MB)
 #   run(command="... scripts/gpu.sh --quick ...", carry=[".deps", ".prebuilt"])
 #   bench/gpu/prebuilt.sh use BUILD LAYERS
 #                                       there (scripts/gpu.sh, tests-only and --ncu runs): puts the
@@ -14,9 +15,10 @@
 #                                       sources there and it starts; else exits 1, and scripts/gpu.sh
 #                                       builds as before
 #
-# The stamp: the build's settings and every file the binary is built from (CMakeLists.txt,
-# include/, src/, tests/cuda/, the tests' shared headers), by content. Any difference, a file
-# more or less included, and the device builds.
+# The stamp: the library layers and every file the binary is built from (CMakeLists.txt,
+# include/, src/, tests/cuda/, the tests' shared headers) or whose build settings it takes
+# (scripts/gpu.sh), by content. Any difference, a file more or less included, and the device
+# builds.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -24,19 +26,22 @@ KEEP=$ROOT/.prebuilt
 
 stamp() {   # $1: the library layers built
   {
-    echo "Release;sm_90;${1}"
-    find CMakeLists.txt include src tests/cuda tests/*.h -type f -not -path '*/node_modules/*' | LC_ALL=C sort |
+    echo "${1}"
+    find CMakeLists.txt scripts/gpu.sh include src tests/cuda tests/*.h -type f -not -path '*/node_modules/*' | LC_ALL=C sort |
       xargs sha256sum
   } | sha256sum | cut -c1-32
 }
 
 case "${1:-}" in
   make)
-    LAYERS=${DSV4_GPU_LAYERS:-"common;quant;gguf;model;kv;cpu"}
     command -v nvcc > /dev/null || export PATH=/usr/local/cuda/bin:$PATH
-    scripts/gpu.sh --build || exit 1
+    exec scripts/gpu.sh --build
+    ;;
+  keep)
+    BUILD=${2:?"keep BUILD LAYERS"}
+    LAYERS=${3:?"keep BUILD LAYERS"}
     mkdir -p "$KEEP"
-    cp build-gpu/dsv4_cuda_tests "$KEEP/dsv4_cuda_tests"
+    cp "$BUILD/dsv4_cuda_tests" "$KEEP/dsv4_cuda_tests"
     stamp "$LAYERS" > "$KEEP/stamp"
     grep -qxF '/.prebuilt/' .git/info/exclude 2>/dev/null || echo '/.prebuilt/' >> .git/info/exclude
     echo "kept: $KEEP/dsv4_cuda_tests ($(du -h "$KEEP/dsv4_cuda_tests" | cut -f1)), stamp $(cat "$KEEP/stamp")"
@@ -55,7 +60,7 @@ case "${1:-}" in
     cp "$KEEP/dsv4_cuda_tests" "$BUILD/dsv4_cuda_tests"
     ;;
   *)
-    echo "usage: bench/gpu/prebuilt.sh make | use BUILD LAYERS" >&2
+    echo "usage: bench/gpu/prebuilt.sh make | keep BUILD LAYERS | use BUILD LAYERS" >&2
     exit 2
     ;;
 esac

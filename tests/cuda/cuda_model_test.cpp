@@ -356,13 +356,6 @@ TEST(CudaVsCpuFlash, FastAttentionKeyHalvesKeepWarpgroupBits) {
     EXPECT_EQ(0, std::memcmp(f1.data(), f3.data(), f1.size() * sizeof(float))) << "form 3 against form 1";
 }
 
-// The current device's compute capability major (sm_90 and later run the streamed IQ2_XXS kernels).
-static void device_major(int* major) {
-    int dev = 0;
-    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
-    ASSERT_EQ(cudaDeviceGetAttribute(major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
-}
-
 // Short exact prompt rounds with their routed experts pair by pair (DSV4_EXACT_PAIR_ROWS: the FLAT
 // forms of decode's kernels, kq_flat_pairs) keep the prompt order's bits: a 96-token prompt in
 // rounds of 48 (pairs) and in one round of 96 (grouped by expert) bit for bit, and the pairs'
@@ -386,8 +379,9 @@ TEST(CudaVsCpuFlash, ExactShortRoundsPairByPairKeepPromptBits) {
     const uint64_t launched = cuda::kq_flat_pair_launches() - before;
     const auto grouped = run(1024);
     cuda::exact_pair_rows_override(-1);
-    int major = 0;
-    ASSERT_NO_FATAL_FAILURE(device_major(&major));
+    int dev = 0, major = 0;
+    ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), cudaSuccess);
     if (major >= 9) {
         EXPECT_GT(launched, 0u) << "no expert pairs ran in k order";
     }
