@@ -58,6 +58,7 @@ struct KqGemm {
     bool skip_tiles;       // the staged kernels skip a warp's tiles past the group (PairTiles)
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
     bool paired_codes;     // the fast Q2_K kernel stages a tile pair's code bytes once (DSV4_XF_PAIRED_CODES)
+    bool ws_persist;       // the WS form: one block an SM over the round's items (DSV4_XF_WS_PERSIST)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and
@@ -150,7 +151,9 @@ constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : 
 // groups of an expert at once: 128 pairs, 512 threads; below). (WGC, WG in clusters of two or
 // four blocks sharing their group's staged activations, measured slower and removed: run 197,
 // bench/gpu/NOTES.md "Forty-third round"; the code is in 8d63629.)
-constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2;
+// kXfWs (sm90a/experts_ws.cu; the IQ2_XXS gate+up, the Q2_K down runs as WG): warp-specialised,
+// a producer warpgroup and four consumers (launch_experts_ws).
+constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWs = 3;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
 // SB (the WG form's Q2_K down, DSV4_XF_SECTORS, on by default): the staging in whole 32-byte
@@ -333,6 +336,48 @@ __host__ __device__ constexpr uint32_t xf_wg_offset(uint32_t n, uint32_t tig, ui
 // Bytes 0, 1 (sel 0x4140) or 2, 3 (0x4342) of w as halves 1024 + byte: the byte under the
 // exponent of 1024, where the halves' spacing is 1.
 __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
+
+// IQ2_XXS, a thread's stage row at tile i (the WG and WS kernels): its group tig / 2's words as
+// the grid indices a2 (shifted to grid row 2 (tig % 2)) and signs b2 (to its 7 bits), and its
+// scale s2 as a half pair; at a super-block's first tile its d (staged then alone; the high half
+// of the staged word when the row's parity dpar differs from the super-block's) into d2, which
+// the row keeps for the super-block's other tiles.
+__device__ __forceinline__ void xf_iq2_row(const uint8_t* codes, const uint8_t* dw, int i, uint32_t dpar, uint32_t tig,
+                                           uint32_t& d2, uint32_t& a2, uint32_t& b2, uint32_t& s2) {
+    const uint2 gw = *reinterpret_cast<const uint2*>(codes + (tig >> 1) * 8);
+    if ((i & 3) == 0) {
+        const uint32_t dd = *reinterpret_cast<const uint32_t*>(dw);
+        const uint32_t hi = (dpar ^ uint32_t(i >> 2)) & 1;
+        const __half2 dh = __half2half2(__ushort_as_half(uint16_t(dd >> (16 * hi))));
+        d2 = *reinterpret_cast<const uint32_t*>(&dh);
+    }
+    // d · (0.5 + s) / 4 · 2^8 = d · (32 + 64 s) by one HMUL2 of d (both halves) and the half 32 +
+    // 64 s (exact: 1056 + 64 s is the half 0x6420 + 64 s, less 1024): the exact product rounded
+    // once, as the float product's rounding to a half was, in ~5 instructions instead of ~9
+    static_assert(0.25f * kXfWScale == 64.0f, "the scale step below assumes 2^8");
+    const uint32_t c2 = ((gw.y >> 22) & 0x3C0u) * 0x10001u + 0x64206420u;
+    a2 = gw.x >> (16 * (tig & 1));
+    b2 = gw.y >> (14 * (tig & 1));
+    s2 = h2_mul(d2, h2_sub(c2, 0x64006400u));
+}
+// IQ2_XXS: the selectors of grid row 2 (tig % 2) + ks / 2 (words: values 0-3, 4-7) from the half
+// selector tables (ks: a constant once the caller's loop is unrolled), by its index byte and 7 sign bits (x 128: the tables' row stride); copy8: this
+// lane's copy of the tables as the lookups' low offset bits, ORed into the row's (disjoint bits),
+// so the tables' base stays uniform.
+__device__ __forceinline__ uint2 xf_iq2_selectors(const uint8_t* hgrid, const uint8_t* hsign, uint32_t a2, uint32_t b2,
+                                                  int ks, uint32_t copy8) {
+    const uint32_t go = (shift_right(a2, 4 * ks - 7) & (0xFFu << 7)) | copy8;
+    const uint32_t so = (shift_right(b2, 7 * (ks / 2) - 7) & (127u << 7)) | copy8;
+    const uint2 g = *reinterpret_cast<const uint2*>(hgrid + go);
+    const uint2 sg = *reinterpret_cast<const uint2*>(hsign + so);
+    return make_uint2(g.x | sg.x, g.y | sg.y);
+}
+// IQ2_XXS: a selector word's four values as two half pairs of an A fragment, times the scale
+// (selector nibbles with bit 3 set: PRMT's sign replication, meant).
+__device__ __forceinline__ void xf_iq2_frag(uint32_t w, uint32_t s2, uint32_t& lo, uint32_t& hi) {
+    lo = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2);
+    hi = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2);
+}
 
 // T: T_Q2_K (the down projection, one weight) or T_IQ2_XXS (gate+up fused: the swiglu of the
 // two products, as gemm_iq2_smem_kernel<2> gives it).
@@ -556,22 +601,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                 for (int h = 0; h < 2; ++h) {
                     const uint32_t r = stage_row(mt, h);
                     if constexpr (IQ2) {
-                        const uint2 gw = *reinterpret_cast<const uint2*>(st + L::st_codes + r * 16 + (tig >> 1) * 8);
-                        if ((i & 3) == 0) {   // the super-block's first tile: its d (staged then alone)
-                            const uint32_t dd = *reinterpret_cast<const uint32_t*>(st + L::st_dw + r * 4);
-                            const uint32_t hi = ((dpar >> (2 * mt + h)) ^ uint32_t(i >> 2)) & 1;
-                            const __half2 dh = __half2half2(__ushort_as_half(uint16_t(dd >> (16 * hi))));
-                            d2[mt][h] = *reinterpret_cast<const uint32_t*>(&dh);
-                        }
-                        // d · (0.5 + s) / 4 · 2^8 = d · (32 + 64 s) by one HMUL2 of d (both halves)
-                        // and the half 32 + 64 s (exact: 1056 + 64 s is the half 0x6420 + 64 s,
-                        // less 1024): the exact product rounded once, as the float product's
-                        // rounding to a half was, in ~5 instructions instead of ~9
-                        static_assert(0.25f * kXfWScale == 64.0f, "the scale step below assumes 2^8");
-                        const uint32_t c2 = ((gw.y >> 22) & 0x3C0u) * 0x10001u + 0x64206420u;
-                        a2[mt][h] = gw.x >> (16 * (tig & 1));
-                        b2[mt][h] = gw.y >> (14 * (tig & 1));
-                        s2[mt][h] = h2_mul(d2[mt][h], h2_sub(c2, 0x64006400u));
+                        xf_iq2_row(st + L::st_codes + r * 16, st + L::st_dw + r * 4, i,
+                                   (dpar >> (2 * mt + h)) & 1, tig, d2[mt][h], a2[mt][h], b2[mt][h], s2[mt][h]);
                     } else {
                         qrow[mt][h] = codes_stage(i) + r * 32 + (tig & 1) * 16;
                         const uint32_t sc = SB ? sbq(i >> 2)[r * 16 + 4 * (i & 3) + tig] : st[L::st_sc + r * 4 + tig];
@@ -603,13 +634,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
 #pragma unroll
                         for (int h = 0; h < 2; ++h) {
                             if constexpr (IQ2) {
-                                // grid row 2 (tig % 2) + ks / 2: its index byte, its 7 sign bits (x
-                                // 128: the tables' row stride)
-                                const uint32_t go = (shift_right(a2[mt][h], 4 * ks - 7) & (0xFFu << 7)) | copy8;
-                                const uint32_t so = (shift_right(b2[mt][h], 7 * (ks / 2) - 7) & (127u << 7)) | copy8;
-                                const uint2 g = *reinterpret_cast<const uint2*>(sm + L::hgrid + go);
-                                const uint2 sg = *reinterpret_cast<const uint2*>(sm + L::hsign + so);
-                                q[mt][h] = make_uint2(g.x | sg.x, g.y | sg.y);
+                                q[mt][h] = xf_iq2_selectors(sm + L::hgrid, sm + L::hsign, a2[mt][h], b2[mt][h], ks, copy8);
                             } else {
                                 q[mt][h] = *reinterpret_cast<const uint2*>(qrow[mt][h] + 4 * ks);
                             }
@@ -623,9 +648,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                     for (int h = 0; h < 2; ++h) {
                         const uint32_t w = kk % 2 ? q[mt][h].y : q[mt][h].x;
                         if constexpr (IQ2) {
-                            // (selector nibbles with bit 3 set: PRMT's sign replication, meant)
-                            a[h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w), s2[mt][h]);
-                            a[2 + h] = h2_mul(prmt(kIq2HalfLo, kIq2HalfHi, w >> 16), s2[mt][h]);
+                            xf_iq2_frag(w, s2[mt][h], a[h], a[2 + h]);
                         } else if constexpr (TABLE) {
                             const uint32_t m = (w >> sh) & 0x03030303u;
                             const uint32_t sel = m * 0x22u + 0x10101010u;
@@ -763,5 +786,8 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
 // (DSV4_XF_KGROUP); sectors: its SB for the Q2_K down (DSV4_XF_SECTORS).
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, bool sectors,
                           uint64_t N, uint32_t cap, cudaStream_t s);
+// The IQ2_XXS gate+up's warp-specialised form (kXfWs; sm90a/experts_ws.cu); false as
+// launch_experts_f16_form.
+bool launch_experts_ws(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -1979,13 +1979,14 @@ bool xf_paired_codes_on() {
 // took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
 // 13.28 to 15.50, its groups mostly 64 pairs or fewer). (3 and 4, WG in clusters of two and four
 // blocks sharing their staged activations, measured slower and removed: run 197, gate+up 3.46 ->
-// 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.)
+// 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.) 3: WS, the IQ2_XXS
+// gate+up warp-specialised (sm90a/experts_ws.cu; its Q2_K down as WG; opt-in, not yet measured).
 // gemm_experts_f16_wgmma_override (tests) wins over the variable.
 int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {
     static const int env = env_int("DSV4_XF_WGMMA", -1);
     int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
-    if (form < kXfMma || form > kXfWg2) form = wide ? kXfWg2 : kXfWg;
+    if (form < kXfMma || form > kXfWs) form = wide ? kXfWg2 : kXfWg;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
 // DSV4_XF_DIAG (read once; a measurement for the benchmarks, **wrong outputs**): 1 the WG form
@@ -2014,6 +2015,15 @@ int g_xf_sectors_override = -1;
 bool xf_sectors_on() {
     static const bool on = env_int("DSV4_XF_SECTORS", 1) != 0;
     return g_xf_sectors_override >= 0 ? g_xf_sectors_override != 0 : on;
+}
+// DSV4_XF_WS_PERSIST (read once; 0: off, else on): the WS form (DSV4_XF_WGMMA=3) as one block an
+// SM over the round's items, its tables filled once and an item's first copies issued during the
+// item before (sm90a/experts_ws.cu), or one item a block; the same bits;
+// gemm_experts_f16_ws_persist_override (tests) wins.
+int g_xf_ws_persist_override = -1;
+bool xf_ws_persist_on() {
+    static const bool on = env_int("DSV4_XF_WS_PERSIST", 1) != 0;
+    return g_xf_ws_persist_override >= 0 ? g_xf_ws_persist_override != 0 : on;
 }
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
@@ -2107,6 +2117,7 @@ void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = o
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
 void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
 void gemm_experts_f16_sectors_override(int on) { g_xf_sectors_override = on; }
+void gemm_experts_f16_ws_persist_override(int on) { g_xf_ws_persist_override = on; }
 bool gemm_experts_wgmma_available() {
     // (sm90a/experts_wgmma.cu holds sm_90a machine code alone: compute capability 9.0 exactly)
     static int cc[64] = {};   // by device: 0 unknown, 1 yes, 2 no
@@ -2234,6 +2245,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.skip_tiles = kq_skip_on();
     p.stage_used = xf_stage_used_on();
     p.paired_codes = xf_paired_codes_on();
+    p.ws_persist = xf_ws_persist_on();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

@@ -351,7 +351,8 @@ void gemm_experts_f16_table_override(int on);
 // -1: DSV4_XF_IQ2's (on by default). Tests.
 void gemm_experts_f16_iq2_override(int on);
 // Whether that kernel takes its warpgroup-MMA form (1), that form over two groups of an expert a
-// block (2), or mma.sync (0); -1: DSV4_XF_WGMMA's (unset: 2 for a round of at least 96 pairs an
+// block (2), the IQ2_XXS gate+up warp-specialised (3: sm90a/experts_ws.cu, the Q2_K down as 1),
+// or mma.sync (0); -1: DSV4_XF_WGMMA's (unset: 2 for a round of at least 96 pairs an
 // expert on average, else 1). Only where gemm_experts_wgmma_available(): a device of compute
 // capability 9.0 (the form's machine code is sm_90a's alone). Other bits than mma.sync's, within
 // the same bounds. Tests.
@@ -369,6 +370,9 @@ void gemm_experts_f16_kgroup_override(int kg);
 // That kernel's WG form's Q2_K down staged in whole sectors (1) or not (0); -1:
 // DSV4_XF_SECTORS's (on by default). The same bits. Tests.
 void gemm_experts_f16_sectors_override(int on);
+// That kernel's WS form (3) as one block an SM over the round's items (1) or one item a block
+// (0); -1: DSV4_XF_WS_PERSIST's (on by default). The same bits. Tests.
+void gemm_experts_f16_ws_persist_override(int on);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):

@@ -3052,31 +3052,45 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 cuda::gemm_experts_f16_kgroup_override(1);
                                 cuda::gemm_experts_f16_sectors_override(0);
                                 const auto want = product(*batches[bi]);
-                                // {k-steps a group, whole sectors}
-                                const int variants[][2] = {{2, 0}, {1, 1}, {2, 1}};
+                                // {form, k-steps a group, whole sectors, persistent}: form 3, the
+                                // warp-specialised gate+up (the Q2_K down runs as form 1 there), the
+                                // same wgmma in each accumulator's order, one item a block and one
+                                // block an SM over all
+                                const int variants[][4] = {{1, 2, 0, 0}, {1, 1, 1, 0}, {1, 2, 1, 0}, {3, 2, 1, 0}, {3, 2, 1, 1}};
                                 for (const auto& v : variants) {
-                                    cuda::gemm_experts_f16_kgroup_override(v[0]);
-                                    cuda::gemm_experts_f16_sectors_override(v[1]);
+                                    cuda::gemm_experts_f16_wgmma_override(v[0]);
+                                    cuda::gemm_experts_f16_kgroup_override(v[1]);
+                                    cuda::gemm_experts_f16_sectors_override(v[2]);
+                                    cuda::gemm_experts_f16_ws_persist_override(v[3]);
                                     const auto got = product(*batches[bi]);
                                     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
-                                        << what << " f16 (wgmma) " << what_product << ", k-step groups of " << v[0]
-                                        << (v[1] ? ", staged in whole sectors" : "") << ", batch of "
+                                        << what << " f16 (wgmma"
+                                        << (v[0] == 3 ? v[3] ? ", warp-specialised, persistent" : ", warp-specialised" : "")
+                                        << ") " << what_product << ", k-step groups of " << v[1]
+                                        << (v[2] ? ", staged in whole sectors" : "") << ", batch of "
                                         << batch_rows[bi] << " rows: first difference at "
                                         << first_diff(got, want, batches[bi]->P);
                                 }
+                                cuda::gemm_experts_f16_wgmma_override(1);
+                                cuda::gemm_experts_f16_ws_persist_override(-1);
                             }
                             cuda::gemm_experts_f16_kgroup_override(-1);
                             cuda::gemm_experts_f16_sectors_override(-1);
                         };
                         auto form_name = [](int wg) {
-                            return std::string(wg == 1 ? " (wgmma)" : wg == 2 ? " (wgmma, 2 groups)" : "");
+                            return std::string(wg == 1   ? " (wgmma)"
+                                               : wg == 2 ? " (wgmma, 2 groups)"
+                                               : wg == 3 ? " (wgmma, warp-specialised)"
+                                                         : "");
                         };
                         const auto staged = [](int su) { return su ? ", read pairs staged" : ""; };
                         if (fused) {
-                            for (size_t fb = 0; fb < 2 * forms * batches.size(); ++fb) {
+                            // (and the warp-specialised form, the gate+up's alone)
+                            const int fforms = forms == 3 ? 4 : forms;
+                            for (size_t fb = 0; fb < 2 * fforms * batches.size(); ++fb) {
                                 const size_t bi = fb % batches.size();
-                                const int wg = int(fb / batches.size()) % forms;
-                                const int su = int(fb / (forms * batches.size()));
+                                const int wg = int(fb / batches.size()) % fforms;
+                                const int su = int(fb / (fforms * batches.size()));
                                 cuda::gemm_experts_f16_wgmma_override(wg);
                                 cuda::gemm_experts_f16_stage_used_override(su);
                                 const Batch& b = *batches[bi];

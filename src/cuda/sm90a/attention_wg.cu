@@ -97,16 +97,6 @@ __device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t n) {
 __device__ __forceinline__ uint32_t wg_cm_offset(uint32_t row, uint32_t k, uint32_t rows) {
     return (k / 16) * rows * 32 + ((k / 8) % 2) * rows * 16 + (row / 8) * 128 + (row % 8) * 16 + (k % 8) * 2;
 }
-// Registers a warpgroup may hold from here on (setmaxnreg: the producer gives back what the
-// consumers take: 256 x 208 + 128 x 88 = 384 x 168, the launch's).
-template <uint32_t N>
-__device__ __forceinline__ void reg_alloc() {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <uint32_t N>
-__device__ __forceinline__ void reg_dealloc() {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
 // Two rows' values reduced over the lane quad that holds each row (op: max or a sum; the same
 // butterfly on every lane, so all four hold the same bits).
 template <typename Op>
@@ -145,7 +135,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     RowTiles<KT, D, kWgThreads> tiles{rows, lkv, sel, n_swa, ratio, top_k, n_layer, il, R};
 
     if (wg == 2) {   // ---- the producer
-        reg_dealloc<88>();
+        wgss::reg_dealloc<88>();   // (the consumers take 208: 256 x 208 + 128 x 88 = 384 x 168, the launch's)
         // padding heads: zero in the query buffers once (a row's copy writes the real heads)
         for (uint32_t i = tw; i < S::q_buffers * (kWgH - n_head) * (D / 8); i += 128) {
             const uint32_t b = i / ((kWgH - n_head) * (D / 8)), j = i % ((kWgH - n_head) * (D / 8));
@@ -252,7 +242,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
 
     // ---- the consumers: warpgroup wg, its warp w: head rows 16 w + gid and + 8
-    reg_alloc<208>();
+    wgss::reg_alloc<208>();
     const uint32_t w = tw / 32, lane = tw % 32, gid = lane / 4, tig = lane % 4;
     const uint32_t h0 = 16 * w + gid, h1 = h0 + 8;
     const float scale = float(1.0 / sqrt(double(D))) / kWgQScale;

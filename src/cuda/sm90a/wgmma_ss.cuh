@@ -81,4 +81,15 @@ __device__ __forceinline__ void wg_mma_rs(float (&d)[DN], const uint32_t (&a)[4]
 #endif
 }
 
+// Registers a warpgroup may hold from here on (setmaxnreg, warp-specialised kernels: the producer
+// gives back what the consumers take, within the launch's registers a thread times its threads).
+template <uint32_t N>
+__device__ __forceinline__ void reg_alloc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <uint32_t N>
+__device__ __forceinline__ void reg_dealloc() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 }  // namespace dsv4::cuda::wgss
