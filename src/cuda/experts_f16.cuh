@@ -151,8 +151,8 @@ constexpr int xf_block_rows(uint32_t T) { return T == T_IQ2_XXS ? kXfRows / 2 : 
 // groups of an expert at once: 128 pairs, 512 threads; below). (WGC, WG in clusters of two or
 // four blocks sharing their group's staged activations, measured slower and removed: run 197,
 // bench/gpu/NOTES.md "Forty-third round"; the code is in 8d63629.)
-// kXfWs (sm90a/experts_ws.cu; the IQ2_XXS gate+up, the Q2_K down runs as WG): warp-specialised,
-// a producer warpgroup and four consumers (launch_experts_ws).
+// kXfWs (sm90a/experts_ws.cu): warp-specialised, a producer warpgroup and four consumers
+// (launch_experts_ws).
 constexpr int kXfMma = 0, kXfWg = 1, kXfWg2 = 2, kXfWs = 3;
 constexpr int xf_threads(int form) { return form == kXfWg2 ? 512 : 256; }
 constexpr int xf_pairs(int form) { return form == kXfWg2 ? 2 * int(kKqFlatPairs) : int(kKqFlatPairs); }
@@ -337,6 +337,34 @@ __host__ __device__ constexpr uint32_t xf_wg_offset(uint32_t n, uint32_t tig, ui
 // exponent of 1024, where the halves' spacing is 1.
 __device__ __forceinline__ uint32_t h2_magic(uint32_t w, uint32_t sel) { return prmt(w, 0x64646464u, sel); }
 
+// A 16-byte chunk of a pair's activation codes q (int8) as halves q · dx (q: 1024 + (q ^ 0x80) -
+// 1152), values 2 m, 2 m + 1 of the chunk (m = 0 .. 7: logical values j = 2 m of xf_slot) stored
+// as one word at at(j), wherever the B layout at hand puts them (the WG and WS kernels).
+template <typename At>
+__device__ __forceinline__ void xf_expand_chunk(const uint4 v, float dx, At&& at) {
+    const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
+    const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
+#pragma unroll
+    for (uint32_t k = 0; k < 4; ++k) {
+        *at(4 * k) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
+        *at(4 * k + 2) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
+    }
+}
+// Q2_K, a row's sub-block (the WG and WS kernels): its FP16 step a · q + b (times 2^8) as half
+// pairs a2, b2 from the super-block's (d, dmin) word dd and the sub-block's scale byte sc.
+__device__ __forceinline__ void xf_q2k_steps(uint32_t dd, uint32_t sc, uint32_t& a2, uint32_t& b2) {
+    const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
+                b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
+    a2 = h2_of(a, a);
+    b2 = h2_of(b, b);
+}
+// Q2_K: a code word's four 2-bit codes at shift sh as two half pairs of an A fragment, each
+// value a · q + b.
+__device__ __forceinline__ void xf_q2k_frag(uint32_t w, int sh, uint32_t a2, uint32_t b2, uint32_t& lo, uint32_t& hi) {
+    const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
+    lo = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2, b2);
+    hi = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2, b2);
+}
 // IQ2_XXS, a thread's stage row at tile i (the WG and WS kernels): its group tig / 2's words as
 // the grid indices a2 (shifted to grid row 2 (tig % 2)) and signs b2 (to its 7 bits), and its
 // scale s2 as a half pair; at a super-block's first tile its d (staged then alone; the high half
@@ -548,19 +576,12 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
         const uint8_t* st = sm + L::stage + (i % kXfStages) * L::st_bytes;
         const uint4 v = *reinterpret_cast<const uint4*>(st + L::st_act + t * 16);
         const float dx = *reinterpret_cast<const float*>((SB ? sbx(i >> 2) : st + L::st_dx) + (t >> 2) * 4);
-        const uint32_t dx2 = h2_of(dx, dx), k1152 = 0x64806480u;
-        const uint32_t vw[4] = {v.x ^ 0x80808080u, v.y ^ 0x80808080u, v.z ^ 0x80808080u, v.w ^ 0x80808080u};
         // a pair of values' byte offset in B buffer i % 2
-        auto at = [&](uint32_t j) -> uint32_t* {
+        xf_expand_chunk(v, dx, [&](uint32_t j) -> uint32_t* {
             const uint32_t o = WG ? (i & 1) * L::b_bytes + xf_wg_offset<PAIRS>(t >> 2, t & 3, j)
                                   : ((i & 1) * L::pairs + (t >> 2)) * kXfRowH + xf_slot(t & 3, j);
             return reinterpret_cast<uint32_t*>(sm + L::b + o);
-        };
-#pragma unroll
-        for (uint32_t k = 0; k < 4; ++k) {
-            *at(4 * k) = h2_mul(h2_sub(h2_magic(vw[k], 0x4140), k1152), dx2);
-            *at(4 * k + 2) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
-        }
+        });
         if constexpr (WG) fence_proxy_async();   // (the barrier before tile i's wgmma follows)
     };
 
@@ -608,14 +629,13 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                         const uint32_t sc = SB ? sbq(i >> 2)[r * 16 + 4 * (i & 3) + tig] : st[L::st_sc + r * 4 + tig];
                         const uint32_t dd =
                             *reinterpret_cast<const uint32_t*>((SB ? sbq(i >> 2) + kXfRows * 16 : st + L::st_dw) + r * 4);
-                        const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
-                                    b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
                         if constexpr (TABLE) {
+                            const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
+                                        b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
                             a2[mt][h] = h2_of(b, a + b);
                             b2[mt][h] = h2_of(fmaf(a, 2.0f, b), fmaf(a, 3.0f, b));
                         } else {
-                            a2[mt][h] = h2_of(a, a);
-                            b2[mt][h] = h2_of(b, b);
+                            xf_q2k_steps(dd, sc, a2[mt][h], b2[mt][h]);
                         }
                     }
                 }
@@ -655,9 +675,7 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                             a[h] = prmt(a2[mt][h], b2[mt][h], sel);
                             a[2 + h] = prmt(a2[mt][h], b2[mt][h], sel >> 16);
                         } else {
-                            const uint32_t m = (w >> sh) & 0x03030303u, k1024 = 0x64006400u;
-                            a[h] = h2_fma(h2_sub(h2_magic(m, 0x4140), k1024), a2[mt][h], b2[mt][h]);
-                            a[2 + h] = h2_fma(h2_sub(h2_magic(m, 0x4342), k1024), a2[mt][h], b2[mt][h]);
+                            xf_q2k_frag(w, sh, a2[mt][h], b2[mt][h], a[h], a[2 + h]);
                         }
                     }
                 };
@@ -786,8 +804,8 @@ bool launch_experts_f16_form(const KqGemm& p, uint64_t N, uint32_t cap, cudaStre
 // (DSV4_XF_KGROUP); sectors: its SB for the Q2_K down (DSV4_XF_SECTORS).
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, bool sectors,
                           uint64_t N, uint32_t cap, cudaStream_t s);
-// The IQ2_XXS gate+up's warp-specialised form (kXfWs; sm90a/experts_ws.cu); false as
-// launch_experts_f16_form.
-bool launch_experts_ws(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s);
+// The warp-specialised form (kXfWs; sm90a/experts_ws.cu) for T_IQ2_XXS (the gate+up) or T_Q2_K
+// (the down); false as launch_experts_f16_form.
+bool launch_experts_ws(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s);
 
 }  // namespace dsv4::cuda::xf

@@ -3053,9 +3053,8 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 cuda::gemm_experts_f16_sectors_override(0);
                                 const auto want = product(*batches[bi]);
                                 // {form, k-steps a group, whole sectors, persistent}: form 3, the
-                                // warp-specialised gate+up (the Q2_K down runs as form 1 there), the
-                                // same wgmma in each accumulator's order, one item a block and one
-                                // block an SM over all
+                                // warp-specialised kernel (the same wgmma in each accumulator's
+                                // order), one item a block and one block an SM over all
                                 const int variants[][4] = {{1, 2, 0, 0}, {1, 1, 1, 0}, {1, 2, 1, 0}, {3, 2, 1, 0}, {3, 2, 1, 1}};
                                 for (const auto& v : variants) {
                                     cuda::gemm_experts_f16_wgmma_override(v[0]);
@@ -3085,7 +3084,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                         };
                         const auto staged = [](int su) { return su ? ", read pairs staged" : ""; };
                         if (fused) {
-                            // (and the warp-specialised form, the gate+up's alone)
+                            // (and the warp-specialised form; the down's: its bits, above)
                             const int fforms = forms == 3 ? 4 : forms;
                             for (size_t fb = 0; fb < 2 * fforms * batches.size(); ++fb) {
                                 const size_t bi = fb % batches.size();

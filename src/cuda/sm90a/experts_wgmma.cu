@@ -41,7 +41,7 @@ bool launch_wg_variant(const KqGemm& p, int diag, int kgroup, bool sectors, uint
 
 bool launch_experts_wgmma(const KqGemm& p, uint32_t type, int form, int diag, int kgroup, bool sectors,
                           uint64_t N, uint32_t cap, cudaStream_t s) {
-    if (form == kXfWs && type == T_IQ2_XXS && diag == 0) return launch_experts_ws(p, N, cap, s);
+    if (form == kXfWs && diag == 0) return launch_experts_ws(p, type, N, cap, s);
     if (form == kXfWg2)
         return type == T_IQ2_XXS ? launch_experts_f16_form<T_IQ2_XXS, false, kXfWg2>(p, N, cap, s)
                                  : launch_experts_f16_form<T_Q2_K, false, kXfWg2>(p, N, cap, s);
