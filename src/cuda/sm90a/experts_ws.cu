@@ -51,10 +51,14 @@ constexpr int kWsStages = 5;
 // tile g - 2 (Q2_K: an even tile's stage with the odd one after, so g - 1 at most) and stays up
 // to two tiles ahead of them.
 constexpr int kWsAhead = 3;
-static_assert(kWsAhead + 1 <= kWsStages, "WS: the producer never waits for a tile it has not yet expanded");
+// (Q2_K frees an even tile's stage with the odd tile after it, so the producer, before expanding
+// tile g, may wait for tile g + kWsAhead - kWsStages + 1 at most: kWsAhead + 2 <= kWsStages, else
+// it waits for itself; tests/cuda/ws_protocol.py)
+static_assert(kWsAhead + 2 <= kWsStages, "WS: the producer never waits for a tile it has not yet expanded");
 // Q2_K's super-block parts, two buffers: written with tile 4 sb's issue (after tile 4 sb - NS is
-// consumed), read up to tile 4 sb - 8 + 3 by super-block sb - 2's tiles: NS <= 5
-static_assert(kWsStages <= 5, "WS Q2_K: the super-block parts' two buffers");
+// consumed, an even one with the odd tile after it), read by super-block sb - 2's tiles up to
+// 4 sb - 5: NS <= 6 (tests/cuda/ws_protocol.py models the protocol: seven stages race)
+static_assert(kWsStages <= 6, "WS Q2_K: the super-block parts' two buffers");
 constexpr uint32_t kWsProducerRegs = 32, kWsConsumerRegs = 112;
 static_assert(128 * kWsProducerRegs + 128 * kWsConsumers * kWsConsumerRegs <= kWsThreads * 96,
               "setmaxnreg: the consumers take what the producer gives back of the launch's 96 a thread");
