@@ -29,6 +29,8 @@
 // consumers take 112 (128 x 32 + 512 x 112 = 640 x 96): the accumulators, two m64n64, are 64 of
 // them. (ptxas serialises the wgmma below ~120 if an m-tile's two k-steps share a commit group,
 // as WG's KG 2 does: here each wgmma is its own group, KG 1's order.)
+// Checked on the host: tests/cuda/ws_protocol.py (the mbarrier protocol under random
+// interleavings) and tests/cuda/ws_layout.py (every copy's address and every consumer's reads).
 // The block takes items (a group's row block each) blockIdx.x, + gridDim.x, ... (ws_persist: one
 // block an SM, so the IQ2_XXS tables are filled once and an item's first copies fly during the
 // item before; else one item a block), its tiles one sequence g through the stages.
