@@ -1977,10 +1977,11 @@ bool xf_paired_codes_on() {
 // of an expert a block); unset: WG2 for a round of at least 96 pairs an expert on average (wide:
 // the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
 // took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
-// 13.28 to 15.50, its groups mostly 64 pairs or fewer). (3 and 4, WG in clusters of two and four
-// blocks sharing their staged activations, measured slower and removed: run 197, gate+up 3.46 ->
-// 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.) 3: WS, the IQ2_XXS
-// gate+up warp-specialised (sm90a/experts_ws.cu; its Q2_K down as WG; opt-in, not yet measured).
+// 13.28 to 15.50, its groups mostly 64 pairs or fewer); 3 WS, warp-specialised
+// (sm90a/experts_ws.cu: a producer warpgroup and four consumers, mbarriers instead of the
+// block-wide barrier; both products; opt-in, not yet measured). (Forms 3 and 4 before WS, WG in
+// clusters of two and four blocks sharing their staged activations, measured slower and removed:
+// run 197, gate+up 3.46 -> 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.)
 // gemm_experts_f16_wgmma_override (tests) wins over the variable.
 int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {

@@ -49,13 +49,11 @@ constexpr int kWsStageRows = 128 * kWsConsumers;      // 32 a consumer warp
 constexpr int ws_out_rows(uint32_t T) { return T == T_IQ2_XXS ? kWsStageRows / 2 : kWsStageRows; }
 constexpr int kWsStages = 5;
 // Tiles whose copies fly while the producer expands one: it issues tile g + kWsAhead's copies
-// into the stage of tile g + kWsAhead - kWsStages, so it waits for the consumers to be done with
-// tile g - 2 (Q2_K: an even tile's stage with the odd one after, so g - 1 at most) and stays up
-// to two tiles ahead of them.
+// into the stage of tile g + kWsAhead - kWsStages, so before expanding tile g it waits for the
+// consumers to be done with tile g - 2 (Q2_K, whose even tiles' stages are freed with the odd
+// tile after them: g - 1). kWsAhead + 2 <= kWsStages, else Q2_K's producer would wait for a
+// tile it has yet to expand (tests/cuda/ws_protocol.py).
 constexpr int kWsAhead = 3;
-// (Q2_K frees an even tile's stage with the odd tile after it, so the producer, before expanding
-// tile g, may wait for tile g + kWsAhead - kWsStages + 1 at most: kWsAhead + 2 <= kWsStages, else
-// it waits for itself; tests/cuda/ws_protocol.py)
 static_assert(kWsAhead + 2 <= kWsStages, "WS: the producer never waits for a tile it has not yet expanded");
 // Q2_K's super-block parts, two buffers: written with tile 4 sb's issue (after tile 4 sb - NS is
 // consumed, an even one with the odd tile after it), read by super-block sb - 2's tiles up to
