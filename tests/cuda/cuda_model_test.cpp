@@ -240,9 +240,10 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // enough for the CPU, so every row count takes cuBLAS here (the overrides); then with that
 // attention in tiles of 16 keys, with the gate+up on its exact kernel, with the exact experts
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
-// with its warpgroup-MMA form over two groups a block, staging every pair slot (the default
-// stages only the pairs it reads), staging the Q2_K code bytes a tile pair shares for each tile
-// (the default stages them once), and with the attention's 32-key tiles by the warpgroup MMA
+// with its warpgroup-MMA form over two groups a block, warp-specialised (sm90a/experts_ws.cu),
+// staging every pair slot (the default stages only the pairs it reads), staging the Q2_K code
+// bytes a tile pair shares for each tile (the default stages them once), and with the
+// attention's 32-key tiles by the warpgroup MMA
 // (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
 // its mma.sync form too).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
@@ -262,6 +263,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{0, -1, 32, -1, -1, "flash4 fast, exact experts"},
                              Variant{-1, -1, 32, 0, -1, "flash4 fast, experts by mma.sync"},
                              Variant{-1, -1, 32, 2, -1, "flash4 fast, wgmma, 2 groups"},
+                             Variant{-1, -1, 32, 3, -1, "flash4 fast, experts warp-specialised"},
                              Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, Q2_K codes staged every tile", -1, 0},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
