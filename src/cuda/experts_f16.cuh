@@ -68,11 +68,15 @@ struct ExpertGroup {
     const int32_t* pairs;
     int cnt;
 };
+// Group gi of the round (gi below its count).
+__device__ __forceinline__ ExpertGroup expert_group_at(const KqGemm& p, uint32_t gi, int cap) {
+    const int32_t* g = p.grp + 3 * gi;
+    return {uint64_t(g[0]) * p.rows_per_expert, p.pairs + g[1], min(g[2], cap)};
+}
 __device__ __forceinline__ bool expert_group(const KqGemm& p, int cap, ExpertGroup& eg) {
     const uint32_t gi = blockIdx.y;
     if (gi >= uint32_t(*p.count)) return false;
-    const int32_t* g = p.grp + 3 * gi;
-    eg = {uint64_t(g[0]) * p.rows_per_expert, p.pairs + g[1], min(g[2], cap)};
+    eg = expert_group_at(p, gi, cap);
     return true;
 }
 // Two groups a block (the fast experts kernel's WG2 form): the block of a group also takes the
@@ -91,6 +95,17 @@ __device__ __forceinline__ bool expert_group_pair(const KqGemm& p, ExpertGroup& 
 }
 
 constexpr uint32_t kKqFlatPairs = 64;   // pairs a group in k order (prompt rounds; decode's order: gemm.cu kKqPairs)
+
+// The fast experts kernels' tiles of 8 pairs holding one of a group's cnt pairs (all nt of the
+// block's without skip_tiles), and the pairs whose activations they stage and expand: all the
+// block's (copies of the last past cnt), or (stage_used) only those the MMAs read, whole 16-pair
+// steps (ldmatrix.x4, wgmma's N): the rest of B is never read.
+__device__ __forceinline__ int xf_pair_tiles(const KqGemm& p, int cnt, int nt) {
+    return p.skip_tiles ? (cnt + 7) / 8 : nt;
+}
+__device__ __forceinline__ uint32_t xf_staged_pairs(const KqGemm& p, int cnt, uint32_t pairs) {
+    return p.skip_tiles && p.stage_used ? 16 * ((cnt + 15) / 16) : pairs;
+}
 
 // f(std::integral_constant<int, min(n, NT)>) for a run-time n >= I: the kernel's tile loops
 // with the count a constant.
@@ -350,13 +365,16 @@ __device__ __forceinline__ void xf_expand_chunk(const uint4 v, float dx, At&& at
         *at(4 * k + 2) = h2_mul(h2_sub(h2_magic(vw[k], 0x4342), k1152), dx2);
     }
 }
-// Q2_K, a row's sub-block (the WG and WS kernels): its FP16 step a · q + b (times 2^8) as half
-// pairs a2, b2 from the super-block's (d, dmin) word dd and the sub-block's scale byte sc.
+// Q2_K, a row's sub-block (the WG and WS kernels): its step a · q + b (times 2^8) from the
+// super-block's (d, dmin) word dd and the sub-block's scale byte sc; as half pairs a2, b2.
+__device__ __forceinline__ float2 xf_q2k_ab(uint32_t dd, uint32_t sc) {
+    return make_float2(f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
+                       -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4)));
+}
 __device__ __forceinline__ void xf_q2k_steps(uint32_t dd, uint32_t sc, uint32_t& a2, uint32_t& b2) {
-    const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
-                b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
-    a2 = h2_of(a, a);
-    b2 = h2_of(b, b);
+    const float2 ab = xf_q2k_ab(dd, sc);
+    a2 = h2_of(ab.x, ab.x);
+    b2 = h2_of(ab.y, ab.y);
 }
 // Q2_K: a code word's four 2-bit codes at shift sh as two half pairs of an A fragment, each
 // value a · q + b.
@@ -389,9 +407,9 @@ __device__ __forceinline__ void xf_iq2_row(const uint8_t* codes, const uint8_t* 
     s2 = h2_mul(d2, h2_sub(c2, 0x64006400u));
 }
 // IQ2_XXS: the selectors of grid row 2 (tig % 2) + ks / 2 (words: values 0-3, 4-7) from the half
-// selector tables (ks: a constant once the caller's loop is unrolled), by its index byte and 7 sign bits (x 128: the tables' row stride); copy8: this
-// lane's copy of the tables as the lookups' low offset bits, ORed into the row's (disjoint bits),
-// so the tables' base stays uniform.
+// selector tables (ks: a constant once the caller's loop is unrolled), by its index byte and 7
+// sign bits (x 128: the tables' row stride); copy8: this lane's copy of the tables as the
+// lookups' low offset bits, ORed into the row's (disjoint bits), so the tables' base stays uniform.
 __device__ __forceinline__ uint2 xf_iq2_selectors(const uint8_t* hgrid, const uint8_t* hsign, uint32_t a2, uint32_t b2,
                                                   int ks, uint32_t copy8) {
     const uint32_t go = (shift_right(a2, 4 * ks - 7) & (0xFFu << 7)) | copy8;
@@ -474,11 +492,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
     const int32_t* gp = eg.pairs;
     const int cnt = eg.cnt;
     const uint32_t t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
-    const int nv = p.skip_tiles ? (cnt + 7) / 8 : NT;   // tiles holding a pair
-    // the pairs whose activations are staged and expanded: all (copies of the last past cnt), or
-    // (stage_used) only those the MMAs read, whole 16-pair steps (ldmatrix.x4, wgmma's N): the
-    // rest of B is never read
-    const uint32_t used = p.skip_tiles && p.stage_used ? 16 * ((cnt + 15) / 16) : PAIRS;
+    const int nv = xf_pair_tiles(p, cnt, NT);                 // tiles holding a pair
+    const uint32_t used = xf_staged_pairs(p, cnt, PAIRS);   // the pairs staged and expanded
     const uint64_t m0 = uint64_t(blockIdx.x) * xf_block_rows(T);
     const int nsb = int(p.K / 256), ntiles = int(p.K / kXfK);
     auto w_row = [&](uint32_t r) { return eg.wbase + min(m0 + r, p.N - 1); };   // clamped for the loads
@@ -630,8 +645,8 @@ __global__ void __launch_bounds__(xf_threads(FORM), FORM == kXfWg2 ? 1 : 2) gemm
                         const uint32_t dd =
                             *reinterpret_cast<const uint32_t*>((SB ? sbq(i >> 2) + kXfRows * 16 : st + L::st_dw) + r * 4);
                         if constexpr (TABLE) {
-                            const float a = f16_to_f32(uint16_t(dd & 0xFFFF)) * kXfWScale * float(sc & 15),
-                                        b = -(f16_to_f32(uint16_t(dd >> 16)) * kXfWScale * float(sc >> 4));
+                            const float2 ab = xf_q2k_ab(dd, sc);
+                            const float a = ab.x, b = ab.y;
                             a2[mt][h] = h2_of(b, a + b);
                             b2[mt][h] = h2_of(fmaf(a, 2.0f, b), fmaf(a, 3.0f, b));
                         } else {

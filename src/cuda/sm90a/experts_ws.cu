@@ -97,12 +97,11 @@ struct WsItem {
 };
 template <uint32_t T>
 __device__ __forceinline__ WsItem ws_item(const KqGemm& p, int it, int nx) {
-    const int32_t* g = p.grp + 3 * (it / nx);
     WsItem w;
-    w.eg = {uint64_t(g[0]) * p.rows_per_expert, p.pairs + g[1], min(g[2], int(kKqFlatPairs))};
+    w.eg = expert_group_at(p, uint32_t(it / nx), int(kKqFlatPairs));
     w.m0 = uint64_t(it % nx) * ws_out_rows(T);
-    w.nv = p.skip_tiles ? (w.eg.cnt + 7) / 8 : int(kKqFlatPairs) / 8;
-    w.used = p.skip_tiles && p.stage_used ? 16 * ((w.eg.cnt + 15) / 16) : kKqFlatPairs;
+    w.nv = xf_pair_tiles(p, w.eg.cnt, int(kKqFlatPairs) / 8);
+    w.used = xf_staged_pairs(p, w.eg.cnt, kKqFlatPairs);
     return w;
 }
 
