@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace dsv4::quant {
 
@@ -67,6 +68,14 @@ float vec_dot(Type t, const void* w_row, const void* act, size_t n);
 // The same row against four activations: out[a] = vec_dot(t, w_row, act[a], n), bit for bit,
 // with the row's loads and decoding shared (AVX2: Q8_0, Q2_K, IQ2_XXS; else four vec_dots).
 void vec_dot_x4(Type t, const void* w_row, const void* const act[4], size_t n, float out[4]);
+
+// One row against `count` activations: out[i] = vec_dot(t, w_row, act[i], n), bit for bit. Where
+// many share the row its decoding is done once for all of them (IQ2_XXS under AVX2 from
+// kDecodeOnceFrom activations: the grid and sign lookups expanded to bytes in `scratch`, which
+// grows as needed), else four at a time (vec_dot_x4).
+inline constexpr size_t kDecodeOnceFrom = 8;
+void vec_dot_many(Type t, const void* w_row, const void* const* act, size_t count, size_t n, float* out,
+                  std::vector<uint8_t>& scratch);
 
 // Bytes the activation for vec_dot(t, ..., n) occupies (floats for float weight types).
 size_t act_bytes(Type t, size_t n);

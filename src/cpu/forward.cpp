@@ -198,22 +198,18 @@ void CpuBackend::quantize_rows_into(quant::Type t, const float* x, uint64_t x_st
         std::max<uint64_t>(1, 16384 / std::max<uint64_t>(K, 1)));
 }
 
-// store(i, vec_dot(t, w, act_of(i), K)) for i in [0, n): four activations at a time against the
-// row (quant::vec_dot_x4: its decoding shared, the same bits), a tail of two or three padded with
-// its last activation (cheaper than single dots: the row's decoding dominates), a lone one alone.
+// store(i, vec_dot(t, w, act_of(i), K)) for i in [0, n), by quant::vec_dot_many (the row's
+// decoding shared by the activations, the same bits); its arrays are the calling thread's.
 template <typename ActOf, typename Store>
 void dots_of_row(quant::Type t, const uint8_t* w, uint64_t K, size_t n, ActOf&& act_of, Store&& store) {
-    size_t j = 0;
-    while (n - j >= 2) {
-        const void* a[4];
-        for (size_t i = 0; i < 4; ++i) a[i] = act_of(std::min(j + i, n - 1));
-        float o[4];
-        quant::vec_dot_x4(t, w, a, K, o);
-        const size_t m = std::min<size_t>(4, n - j);
-        for (size_t i = 0; i < m; ++i) store(j + i, o[i]);
-        j += m;
-    }
-    if (j < n) store(j, quant::vec_dot(t, w, act_of(j), K));
+    thread_local std::vector<const void*> acts;
+    thread_local std::vector<float> out;
+    thread_local std::vector<uint8_t> scratch;
+    acts.resize(n);
+    out.resize(n);
+    for (size_t i = 0; i < n; ++i) acts[i] = act_of(i);
+    quant::vec_dot_many(t, w, acts.data(), n, K, out.data(), scratch);
+    for (size_t i = 0; i < n; ++i) store(i, out[i]);
 }
 
 void CpuBackend::matmul(const Tensor& W, const float* x, uint64_t x_stride, uint32_t R, float* y, uint64_t y_stride,

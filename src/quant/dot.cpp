@@ -12,8 +12,10 @@
 //
 // Activation codes are never -128 (the Q8_0/Q8_K activation quantisers produce |q| <= 127),
 // which the SIMD kernels rely on (_mm256_sign_epi8 and _mm256_maddubs_epi16 stay exact).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -241,10 +243,16 @@ float dot_bf16_avx2(const uint8_t* w, const float* x, size_t n) {
     return s;
 }
 
-// Signed 8-bit dot of 32 lanes into 8 int32 lanes: |w| * (x with w's sign).
+// Signed 8-bit dot of 32 lanes into 8 int32 lanes, each the sum of 4 neighbouring products:
+// |w| * (x with w's sign). The same integers either way (|w|, |x| <= 127: a pair of products never
+// saturates maddubs' int16); AVX-512 VNNI adds the four in one instruction.
 inline __m256i dot_i8_32(__m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+#else
     const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+#endif
 }
 
 // Two 16-lane int16 scale halves: lanes 0..7 get lo, lanes 8..15 get hi (matching the
@@ -366,6 +374,65 @@ void dot_iq2_xxs_avx2_n(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t
     }
     for (int a = 0; a < A; ++a) out[a] = 0.125f * s[a];
 }
+// ---- IQ2_XXS: a row decoded once for many activations ----------------------------------------
+// dot_iq2_xxs_avx2_n looks a group's grid entries and signs up for every call, shared by at most
+// four activations. Decoded once instead, a super-block's 256 signed weights are kept as bytes
+// w + 64 (grid magnitudes <= 43: 21 .. 107, unsigned as maddubs wants them, so no sign step per
+// activation) with the 8 group scales; per activation a group is then one maddubs, one madd and
+// an add. The offset's share, 64 * sum over groups of ls * (sum of the activation's codes there),
+// comes out of the Q8_K block's bsums and is subtracted: the same integer sum as
+// dot_iq2_xxs_avx2_n's (a pair of products is at most 2 * 107 * 127 < 2^15: no saturation), then
+// the same float steps, so the same bits.
+struct Iq2Decoded {
+    uint8_t wu[256];   // weight + 64, 32 a group
+    int16_t ls[16];    // group g's scale 2 ls + 1 at 2 g and 2 g + 1 (against bsums 2 g, 2 g + 1)
+    float dw;
+};
+
+void iq2_xxs_decode(const BlockIQ2_XXS* w, size_t nb, Iq2Decoded* out) {
+    const __m256i off = _mm256_set1_epi8(64);
+    for (size_t i = 0; i < nb; ++i) {
+        out[i].dw = load_f16(w[i].d);
+        for (int g = 0; g < 8; ++g) {
+            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
+            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
+            const __m256i grid = _mm256_set_epi64x(
+                int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
+                int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF]));
+            const __m256i signs = _mm256_set_epi64x(
+                int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
+                int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].wu + 32 * g),
+                                _mm256_add_epi8(_mm256_sign_epi8(grid, signs), off));
+            out[i].ls[2 * g] = out[i].ls[2 * g + 1] = int16_t(2 * (a1 >> 28) + 1);
+        }
+    }
+}
+
+template <int A>
+void dot_iq2_xxs_decoded_n(const Iq2Decoded* w, const BlockQ8_K* const* x, size_t nb, float* out) {
+    float s[A] = {};
+    for (size_t i = 0; i < nb; ++i) {
+        __m256i acc[A];
+        for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_si256();
+        for (int g = 0; g < 8; ++g) {
+            const __m256i wu = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].wu + 32 * g));
+            const __m256i ls = _mm256_set1_epi16(w[i].ls[2 * g]);
+            for (int a = 0; a < A; ++a) {
+                const __m256i q8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 32 * g));
+                acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(wu, q8), ls));
+            }
+        }
+        const __m256i ls16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[i].ls));
+        for (int a = 0; a < A; ++a) {
+            const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].bsums));
+            const __m256i offset = _mm256_slli_epi32(_mm256_madd_epi16(bs, ls16), 6);
+            s[a] = std::fma(w[i].dw * load_f32(x[a][i].d), float(hsum_epi32(_mm256_sub_epi32(acc[a], offset))), s[a]);
+        }
+    }
+    for (int a = 0; a < A; ++a) out[a] = 0.125f * s[a];
+}
+
 // One activation: the kernels at A = 1.
 template <typename W, typename X, void (*K)(const W*, const X* const*, size_t, float*)>
 float dot_one(const W* w, const X* x, size_t nb) {
@@ -470,6 +537,39 @@ void vec_dot_x4(Type t, const void* w_row, const void* const act[4], size_t n, f
     }
 #endif
     for (int a = 0; a < 4; ++a) out[a] = vec_dot(t, w_row, act[a], n);
+}
+
+void vec_dot_many(Type t, const void* w_row, const void* const* act, size_t count, size_t n, float* out,
+                  std::vector<uint8_t>& scratch) {
+    row_blocks("vec_dot", t, n);
+    size_t j = 0;
+#if defined(__AVX2__)
+    if (t == Type::IQ2_XXS && count >= kDecodeOnceFrom) {
+        const size_t nb = n / QK_K;
+        if (scratch.size() < nb * sizeof(Iq2Decoded)) scratch.resize(nb * sizeof(Iq2Decoded));
+        auto* d = reinterpret_cast<Iq2Decoded*>(scratch.data());   // (vector storage: aligned for it)
+        iq2_xxs_decode(static_cast<const BlockIQ2_XXS*>(w_row), nb, d);
+        for (; count - j >= 4; j += 4)
+            dot_iq2_xxs_decoded_n<4>(d, reinterpret_cast<const BlockQ8_K* const*>(act + j), nb, out + j);
+        for (; j < count; ++j)
+            dot_iq2_xxs_decoded_n<1>(d, reinterpret_cast<const BlockQ8_K* const*>(act + j), nb, out + j);
+        return;
+    }
+#else
+    (void)scratch;
+#endif
+    // four at a time; a tail of two or three padded with its last activation (cheaper than single
+    // dots: the row's decoding dominates), a lone one alone
+    while (count - j >= 2) {
+        const void* a[4];
+        for (size_t i = 0; i < 4; ++i) a[i] = act[std::min(j + i, count - 1)];
+        float o[4];
+        vec_dot_x4(t, w_row, a, n, o);
+        const size_t m = std::min<size_t>(4, count - j);
+        for (size_t i = 0; i < m; ++i) out[j + i] = o[i];
+        j += m;
+    }
+    if (j < count) out[j] = vec_dot(t, w_row, act[j], n);
 }
 
 }  // namespace dsv4::quant

@@ -139,6 +139,43 @@ TEST(QuantDot, FourActivationsEqualFourDots) {
     }
 }
 
+// vec_dot_many: one row against any number of activations, each the single dot's bits, on both
+// sides of kDecodeOnceFrom (IQ2_XXS under AVX2: the row decoded once, its weights + 64 as bytes and
+// the offset's share taken back from the bsums); activations at unaligned offsets, the extreme
+// codes among them (every weight against +-127).
+TEST(QuantDot, ManyActivationsEqualSingleDots) {
+    std::vector<uint8_t> scratch;
+    for (Type t : kAllTypes) {
+        const size_t be = traits(t).block_elems;
+        const uint64_t skew = traits(traits(t).vec_dot_type).is_quantized ? 1 : 0;
+        for (size_t n : {size_t(256), size_t(4096)}) {
+            if (n % be) continue;
+            const Case c = make_case(t, n, 57 + n, true);
+            for (size_t count : {size_t(1), size_t(3), kDecodeOnceFrom - 1, kDecodeOnceFrom, kDecodeOnceFrom + 5,
+                                 size_t(32)}) {
+                std::vector<std::vector<uint8_t>> acts;
+                for (uint64_t a = 0; a < count; ++a) {
+                    auto x = gaussian(n, 500 + a * 13 + n, 1.0f + float(a % 5));
+                    if (a == 1)   // codes at +-127 throughout: the largest products
+                        for (size_t i = 0; i < n; ++i) x[i] = (i % 3) ? 1.0f : -1.0f;
+                    std::vector<uint8_t> q(act_bytes(t, n) + 3);
+                    quantize_act(t, x.data(), q.data() + skew * (a % 4), n);
+                    acts.push_back(std::move(q));
+                }
+                std::vector<const void*> ap(count);
+                for (uint64_t a = 0; a < count; ++a) ap[a] = acts[a].data() + skew * (a % 4);
+                std::vector<float> out(count);
+                vec_dot_many(t, c.w.data(), ap.data(), count, n, out.data(), scratch);
+                for (size_t a = 0; a < count; ++a) {
+                    const float one = vec_dot(t, c.w.data(), ap[a], n);
+                    EXPECT_EQ(std::memcmp(&out[a], &one, 4), 0) << traits(t).name << " n " << n << " count " << count
+                                                                << " activation " << a << ": " << out[a] << " vs " << one;
+                }
+            }
+        }
+    }
+}
+
 TEST(QuantDot, UnalignedRows) {
     // Rows inside a GGUF mapping sit at any offset; results must not depend on it.
     for (Type t : kAllTypes) {
