@@ -4,7 +4,9 @@
 # 61-69 s of ninja), a fifth of a typical call; this machine has nvcc too (no GPU), and its
 # binary runs there (x86-64, CUDA 13 on both, glibc 2.34 and GLIBCXX 3.4.30 at most).
 #
-#   bench/gpu/prebuilt.sh make          here: scripts/gpu.sh --build configures and builds
+#   bench/gpu/prebuilt.sh make          here (first, on a fresh checkout: scripts/setup.sh and
+#                                       bench/gpu/make-deps.sh where their results are missing):
+#                                       scripts/gpu.sh --build configures and builds
 #                                       build-gpu's dsv4_cuda_tests, then keeps it (`keep BUILD
 #                                       LAYERS`) in .prebuilt/ with the stamp of the sources it was
 #                                       built from (~35 MB)
@@ -35,6 +37,9 @@ stamp() {   # $1: the library layers built
 case "${1:-}" in
   make)
     command -v nvcc > /dev/null || export PATH=/usr/local/cuda/bin:$PATH
+    # a fresh checkout: the Debian packages the build needs here, and .deps for the device's calls
+    pkg-config --exists libpcre2-8 2> /dev/null || bash scripts/setup.sh || exit 1
+    [[ -d .deps/usr ]] || bench/gpu/make-deps.sh > /dev/null || exit 1
     exec scripts/gpu.sh --build
     ;;
   keep)
