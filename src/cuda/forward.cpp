@@ -66,9 +66,10 @@ const uint32_t g_decode_pair_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_PA
 bool pdl_on() { return env_switch("DSV4_CUDA_PDL", true); }
 // DSV4_CUDA_PRIO (a measurement until measured; unset: every stream the default priority): the
 // streams' scheduling priorities, a letter for the main stream, then one for each side stream
-// (kSides, in order): 'h' the device's greatest, 'l' its least, any other the default. E.g.
-// "hlllllll": where the decode chain's blocks and a branch's wait for SMs together, the chain's
-// go first. Read when a backend is made; the decode graphs then carry each kernel's priority as a
+// (kSides, in order): 'h' the device's greatest, 'l' its least, any other the default (0, which
+// is also the least on the devices measured). E.g. "h": where the decode chain's blocks and a
+// branch's wait for SMs together, the chain's go first; "hhhhlhhh": everything before Sinkhorn,
+// which only the sublayer's end reads. Read when a backend is made; the decode graphs then carry each kernel's priority as a
 // node attribute (captured from its stream, instantiated with cudaGraphInstantiateFlagUseNodePriority).
 // The same kernels on the same data: the same bits (CudaStreams.PrioritiesKeepLogits).
 struct StreamPriorities {
