@@ -347,6 +347,21 @@ void dot_q2_k_avx2_n(const BlockQ2_K* w, const BlockQ8_K* const* x, size_t nb, f
     for (int a = 0; a < A; ++a) out[a] = s[a];
 }
 
+// A group of 32 IQ2_XXS weights (its 8 code bytes at qs): the grid magnitudes of its four
+// sub-groups of 8, their signs as +1 / -1 bytes, and its integer scale 2 ls + 1.
+struct Iq2Group {
+    __m256i grid, signs;
+    int16_t ls;
+};
+inline Iq2Group iq2_group(const uint8_t* qs) {
+    const uint32_t a0 = load_u32(qs), a1 = load_u32(qs + 4);
+    return {_mm256_set_epi64x(int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
+                              int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF])),
+            _mm256_set_epi64x(int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
+                              int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127])),
+            int16_t(2 * (a1 >> 28) + 1)};
+}
+
 template <int A>
 void dot_iq2_xxs_avx2_n(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t nb, float* out) {
     float s[A] = {};
@@ -355,15 +370,8 @@ void dot_iq2_xxs_avx2_n(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t
         __m256i acc[A];
         for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
-            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
-            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
-            const __m256i grid = _mm256_set_epi64x(
-                int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
-                int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF]));
-            const __m256i signs = _mm256_set_epi64x(
-                int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
-                int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
-            const __m256i ls = _mm256_set1_epi16(short(2 * (a1 >> 28) + 1));
+            const Iq2Group q = iq2_group(w[i].qs + 8 * g);
+            const __m256i grid = q.grid, signs = q.signs, ls = _mm256_set1_epi16(q.ls);
             for (int a = 0; a < A; ++a) {
                 const __m256i q8 = _mm256_sign_epi8(
                     _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 32 * g)), signs);
@@ -394,17 +402,10 @@ void iq2_xxs_decode(const BlockIQ2_XXS* w, size_t nb, Iq2Decoded* out) {
     for (size_t i = 0; i < nb; ++i) {
         out[i].dw = load_f16(w[i].d);
         for (int g = 0; g < 8; ++g) {
-            const uint32_t a0 = load_u32(w[i].qs + 8 * g);
-            const uint32_t a1 = load_u32(w[i].qs + 8 * g + 4);
-            const __m256i grid = _mm256_set_epi64x(
-                int64_t(kIq2xxsGrid[a0 >> 24]), int64_t(kIq2xxsGrid[(a0 >> 16) & 0xFF]),
-                int64_t(kIq2xxsGrid[(a0 >> 8) & 0xFF]), int64_t(kIq2xxsGrid[a0 & 0xFF]));
-            const __m256i signs = _mm256_set_epi64x(
-                int64_t(kSignBytesIq2xs[(a1 >> 21) & 127]), int64_t(kSignBytesIq2xs[(a1 >> 14) & 127]),
-                int64_t(kSignBytesIq2xs[(a1 >> 7) & 127]), int64_t(kSignBytesIq2xs[a1 & 127]));
+            const Iq2Group q = iq2_group(w[i].qs + 8 * g);
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[i].wu + 32 * g),
-                                _mm256_add_epi8(_mm256_sign_epi8(grid, signs), off));
-            out[i].ls[2 * g] = out[i].ls[2 * g + 1] = int16_t(2 * (a1 >> 28) + 1);
+                                _mm256_add_epi8(_mm256_sign_epi8(q.grid, q.signs), off));
+            out[i].ls[2 * g] = out[i].ls[2 * g + 1] = q.ls;
         }
     }
 }
