@@ -64,32 +64,6 @@ const uint32_t g_decode_pair_rows = uint32_t(std::max(1, env_int("DSV4_DECODE_PA
 // kernel boundaries on a layer's critical path stops paying a full launch latency.
 // DSV4_CUDA_PDL=0 keeps plain edges (read at each capture, so one process can compare).
 bool pdl_on() { return env_switch("DSV4_CUDA_PDL", true); }
-// DSV4_CUDA_PRIO (a measurement until measured; unset: every stream the default priority): the
-// streams' scheduling priorities, a letter for the main stream, then one for each side stream
-// (kSides, in order): 'h' the device's greatest, 'l' its least, any other the default (0, which
-// is also the least on the devices measured). E.g. "h": where the decode chain's blocks and a
-// branch's wait for SMs together, the chain's go first; "hhhhlhhh": everything before Sinkhorn,
-// which only the sublayer's end reads. Read when a backend is made; the decode graphs then carry each kernel's priority as a
-// node attribute (captured from its stream, instantiated with cudaGraphInstantiateFlagUseNodePriority).
-// The same kernels on the same data: the same bits (CudaStreams.PrioritiesKeepLogits).
-struct StreamPriorities {
-    bool on = false;
-    int main = 0;
-    std::vector<int> side;
-};
-StreamPriorities stream_priorities(uint32_t sides) {
-    StreamPriorities p;
-    p.side.assign(sides, 0);
-    const char* v = std::getenv("DSV4_CUDA_PRIO");
-    if (!v || !*v) return p;
-    int least = 0, greatest = 0;
-    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-    auto level = [&](size_t i) { return i >= std::strlen(v) ? 0 : v[i] == 'h' ? greatest : v[i] == 'l' ? least : 0; };
-    p.on = true;
-    p.main = level(0);
-    for (uint32_t i = 0; i < sides; ++i) p.side[i] = level(i + 1);
-    return p;
-}
 // A prompt's tokens (several, or one marked StepInput::prompt) run in prompt rounds; a single
 // unmarked token is a decode step (decode's kernels and order of sums).
 bool is_prompt(const StepInput& in) { return in.tokens.size() > 1 || in.prompt; }
@@ -392,11 +366,8 @@ public:
           // DSV4_FAST_PREFILL=1: the benchmarks' way to --fast-prefill
           fast_prefill_(opt.fast_prefill || env_switch("DSV4_FAST_PREFILL", false)) {
         check(cudaSetDevice(0), "cudaSetDevice");
-        const StreamPriorities prio = stream_priorities(kSides);
-        node_priority_ = prio.on;
-        check(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, prio.main), "cudaStreamCreate");
-        for (uint32_t i = 0; i < kSides; ++i)
-            check(cudaStreamCreateWithPriority(&side_[i], cudaStreamNonBlocking, prio.side[i]), "cudaStreamCreate");
+        check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+        for (auto& sd : side_) check(cudaStreamCreateWithFlags(&sd, cudaStreamNonBlocking), "cudaStreamCreate");
         // the fast mode's Q8_0 products keep their weights' FP16 copies where the device has room
         if (fast_prefill_ && env_switch("DSV4_Q8_F16_COPIES", true)) {
             gemm_cublas_weight_copies(stream_, true);
@@ -658,7 +629,6 @@ private:
     std::vector<cudaEvent_t> branch_ev_;
     size_t ev_next_ = 0;
     bool branches_on_ = false;
-    bool node_priority_ = false;   // DSV4_CUDA_PRIO: the graphs keep their kernels' stream priorities
     DBuf<int8_t> qra_q_;
     DBuf<float> qra_d_;
     DBuf<int32_t> qra_b_;
@@ -1408,8 +1378,7 @@ void CudaBackend::forward(std::span<StepInput> inputs) {
                     check(cudaStreamEndCapture(stream_, &g), "graph capture");
                     if (pdl) programmatic_edges(g);
                     cudaGraphExec_t e = nullptr;
-                    check(cudaGraphInstantiate(&e, g, node_priority_ ? cudaGraphInstantiateFlagUseNodePriority : 0),
-                          "graph instantiate");
+                    check(cudaGraphInstantiate(&e, g, 0), "graph instantiate");
                     cudaGraphDestroy(g);
                     return e;
                 };

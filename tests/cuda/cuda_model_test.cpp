@@ -425,24 +425,6 @@ TEST(CudaDup, ProductsTwiceSameLogits) {
     expect_same(plain, twice, V, "every product twice");
 }
 
-// DSV4_CUDA_PRIO (the streams' scheduling priorities, carried into the decode graphs as node
-// priorities) orders the blocks, never the work: a prompt's and decode steps' logits (captured
-// graphs among them) stay bit for bit the same: the main stream high, the branches high, all but
-// Sinkhorn high.
-TEST(CudaStreams, PrioritiesKeepLogits) {
-    DSV4_REQUIRE_CUDA();
-    const auto m = model::Model::load(small("flash"));
-    const size_t V = m->config.n_vocab;
-    const auto toks = random_tokens(40, 0, int32_t(V), 9);
-    const auto plain = prompt_then_steps(*m, toks, 24);
-    for (const char* prio : {"h", "lhhhhhhh", "hhhhlhhh"}) {
-        setenv("DSV4_CUDA_PRIO", prio, 1);
-        const auto ordered = prompt_then_steps(*m, toks, 24);
-        unsetenv("DSV4_CUDA_PRIO");
-        expect_same(plain, ordered, V, prio);
-    }
-}
-
 // Each tensor role in a quantised type alone (the rest F32): localises a disagreement.
 TEST(CudaVsCpuRoles, EachRoleQuantisedAlone) {
     DSV4_REQUIRE_CUDA();

@@ -45,17 +45,17 @@ def run(q2k, NS, D, ntiles, items, consumers, seed):
             yield None
             for r in regions_written(g, 'copies'): write(r, g)
         for g in range(G):
+            yield None   # (its copies of tile g landing)
+            for r in regions_written(g, 'expand'): write(r, g)
+            full_arrivals[g % NS] += 1
+            if full_arrivals[g % NS] == 1:
+                full_arrivals[g % NS] = 0; full_phase[g % NS] += 1
             j = g + D
             if j < G:
                 if j >= NS:
                     ph = j // NS - 1
                     yield ('empty', j % NS, ph)
                 for r in regions_written(j, 'copies'): write(r, j)
-            yield None
-            for r in regions_written(g, 'expand'): write(r, g)
-            full_arrivals[g % NS] += 1
-            if full_arrivals[g % NS] == 1:
-                full_arrivals[g % NS] = 0; full_phase[g % NS] += 1
     def consumer(c):
         for g in range(G):
             yield ('full', g % NS, g // NS)
@@ -109,10 +109,11 @@ def main():
                         if bad < 5: print(('Q2_K' if q2k else 'IQ2_XXS'), ntiles, items, seed, e)
     # the constraints the kernel's static_asserts state: seven stages break Q2_K's super-block
     # parts' two buffers (six do not: an even tile's stage is freed with the odd tile after it),
-    # and Q2_K deadlocks with kAhead = kStages - 1 (its producer would wait for a tile it has yet
-    # to expand)
+    # and Q2_K deadlocks with kAhead = kStages (its producer would wait for a tile it has yet to
+    # expand; kStages - 1 does not, the producer expanding a tile before issuing copies)
     for seed in range(200): run(True, 6, 3, 8, 3, 3, seed)
-    for ns, d, what in ((7, 3, 'seven stages, Q2_K'), (5, 4, 'kAhead = kStages - 1, Q2_K')):
+    for seed in range(200): run(True, 5, 4, 8, 3, 3, seed)
+    for ns, d, what in ((7, 3, 'seven stages, Q2_K'), (5, 5, 'kAhead = kStages, Q2_K')):
         try:
             for seed in range(200): run(True, ns, d, 8, 3, 3, seed)
             print(f'{what}: no fault found (expected one)'); bad += 1

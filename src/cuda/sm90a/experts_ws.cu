@@ -48,13 +48,13 @@ constexpr int kWsThreads = 128 * (1 + kWsConsumers);  // and the producer
 constexpr int kWsStageRows = 128 * kWsConsumers;      // 32 a consumer warp
 constexpr int ws_out_rows(uint32_t T) { return T == T_IQ2_XXS ? kWsStageRows / 2 : kWsStageRows; }
 constexpr int kWsStages = 5;
-// Tiles whose copies fly while the producer expands one: it issues tile g + kWsAhead's copies
-// into the stage of tile g + kWsAhead - kWsStages, so before expanding tile g it waits for the
-// consumers to be done with tile g - 2 (Q2_K, whose even tiles' stages are freed with the odd
-// tile after them: g - 1). kWsAhead + 2 <= kWsStages, else Q2_K's producer would wait for a
+// Tiles whose copies fly while the producer expands one: after expanding tile g it issues tile
+// g + kWsAhead's copies into the stage of tile g + kWsAhead - kWsStages, once the consumers are
+// done with that tile (Q2_K, whose even tiles' stages are freed with the odd tile after them:
+// with the tile after it). kWsAhead + 1 <= kWsStages, else Q2_K's producer would wait for a
 // tile it has yet to expand (tests/cuda/ws_protocol.py).
 constexpr int kWsAhead = 3;
-static_assert(kWsAhead + 2 <= kWsStages, "WS: the producer never waits for a tile it has not yet expanded");
+static_assert(kWsAhead + 1 <= kWsStages, "WS: the producer never waits for a tile it has not yet expanded");
 // Q2_K's super-block parts, two buffers: written with tile 4 sb's issue (after tile 4 sb - NS is
 // consumed, an even one with the odd tile after it), read by super-block sb - 2's tiles up to
 // 4 sb - 5: NS <= 6 (tests/cuda/ws_protocol.py models the protocol: seven stages race)
@@ -218,19 +218,22 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_experts_ws_kernel(KqGemm p
             fence_proxy_async();
         };
         for (int g = 0; g < kWsAhead; ++g) {
-            if (g < G) issue(g);   // (kWsAhead <= kWsStages: stages never used yet)
+            if (g < G) issue(g);   // (kWsAhead < kWsStages: stages never used yet)
             cp_async_commit();
         }
+        // Tile g's B first, then tile g + kWsAhead's copies: the expansion waits only for its own
+        // copies, never for the consumers (run 213: issuing first, behind the wait for tile
+        // g - 2's stage, left the consumers waiting on `full` for 14 % of their samples)
         for (int g = 0; g < G; ++g) {
+            cp_async_wait<kWsAhead - 1>();   // this thread's copies of tile g landed
+            expand_b(g);
+            mbar_arrive(full + g % NS);
             const int j = g + kWsAhead;
             if (j < G) {
                 if (j >= NS) mbar_wait(empty + j % NS, uint32_t(j / NS - 1) & 1);   // tile j - NS consumed
                 issue(j);
             }
             cp_async_commit();
-            cp_async_wait<kWsAhead>();   // this thread's copies of tile g landed
-            expand_b(g);
-            mbar_arrive(full + g % NS);
         }
         cp_async_wait<0>();
         return;
