@@ -371,11 +371,11 @@ void dot_iq2_xxs_avx2_n(const BlockIQ2_XXS* w, const BlockQ8_K* const* x, size_t
         for (int a = 0; a < A; ++a) acc[a] = _mm256_setzero_si256();
         for (int g = 0; g < 8; ++g) {
             const Iq2Group q = iq2_group(w[i].qs + 8 * g);
-            const __m256i grid = q.grid, signs = q.signs, ls = _mm256_set1_epi16(q.ls);
+            const __m256i ls = _mm256_set1_epi16(q.ls);
             for (int a = 0; a < A; ++a) {
                 const __m256i q8 = _mm256_sign_epi8(
-                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 32 * g)), signs);
-                acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(grid, q8), ls));
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[a][i].qs + 32 * g)), q.signs);
+                acc[a] = _mm256_add_epi32(acc[a], _mm256_madd_epi16(_mm256_maddubs_epi16(q.grid, q8), ls));
             }
         }
         for (int a = 0; a < A; ++a) s[a] = std::fma(dw * load_f32(x[a][i].d), float(hsum_epi32(acc[a])), s[a]);
