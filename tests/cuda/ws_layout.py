@@ -12,11 +12,20 @@ at once is tests/cuda/ws_protocol.py's concern). A CTest: ws_layout.
 import random, sys
 
 Q2K, IQ2 = 'Q2_K', 'IQ2_XXS'
-STAGE_ROWS, NS, PAIRS, KT = 512, 5, 64, 64   # kWsStageRows, kWsStages, kKqFlatPairs, kXfK
+STAGE_ROWS, PAIRS, KT = 512, 64, 64   # kWsStageRows, kKqFlatPairs, kXfK
+
+def stages():
+    # each type's stage count as the kernel states it (kWsStagesIq2, kWsStagesQ2k)
+    import os, re
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '../../src/cuda/sm90a/experts_ws.cu')).read()
+    get = lambda name: int(re.search(r'constexpr int ' + name + r' = (\d+);', src).group(1))
+    return {IQ2: get('kWsStagesIq2'), Q2K: get('kWsStagesQ2k')}
+STAGES = stages()
 
 def emulate(T, K, N, rpe, groups, blocks_fn, seed):
     rng = random.Random(seed)
     iq2 = T == IQ2
+    NS = STAGES[T]
     out_rows = STAGE_ROWS // 2 if iq2 else STAGE_ROWS
     nsb, ntiles = K // 256, K // KT
     sbb = 64 if iq2 else 80                     # code bytes a row's super-block (Q2_K: 16 scale bytes first)

@@ -88,22 +88,22 @@ def run(q2k, NS, D, ntiles, items, consumers, seed):
             done[i] = True
 
 def constants():
-    # kWsStages and kWsAhead as the kernel states them
+    # each type's stages and kWsAhead as the kernel states them
     import os, re
     src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '../../src/cuda/sm90a/experts_ws.cu')).read()
     get = lambda name: int(re.search(r'constexpr int ' + name + r' = (\d+);', src).group(1))
-    return get('kWsStages'), get('kWsAhead')
+    return {False: get('kWsStagesIq2'), True: get('kWsStagesQ2k')}, get('kWsAhead')
 
 def main():
-    NS, D = constants()
-    print(f'kWsStages {NS}, kWsAhead {D}')
+    stages, D = constants()
+    print(f'stages IQ2_XXS {stages[False]}, Q2_K {stages[True]}; kWsAhead {D}')
     bad = 0
     for q2k in (False, True):
         for ntiles in (4, 8, 32, 64):
             for items in (1, 2, 5):
                 for seed in range(60):
                     try:
-                        run(q2k, NS, D, ntiles, items, 3, seed)
+                        run(q2k, stages[q2k], D, ntiles, items, 3, seed)
                     except AssertionError as e:
                         bad += 1
                         if bad < 5: print(('Q2_K' if q2k else 'IQ2_XXS'), ntiles, items, seed, e)

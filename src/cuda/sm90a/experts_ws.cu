@@ -47,18 +47,27 @@ constexpr int kWsConsumers = 4;                       // consumer warpgroups
 constexpr int kWsThreads = 128 * (1 + kWsConsumers);  // and the producer
 constexpr int kWsStageRows = 128 * kWsConsumers;      // 32 a consumer warp
 constexpr int ws_out_rows(uint32_t T) { return T == T_IQ2_XXS ? kWsStageRows / 2 : kWsStageRows; }
-constexpr int kWsStages = 5;
+// Stages a type: as many as shared memory holds (IQ2_XXS 7 x 23 KB beside its 48 KB of tables,
+// Q2_K 6 x 29 KB beside its super-block parts). The producer issues tile j's copies once tile
+// j - stages is consumed by every consumer warp, so the stages beyond kWsAhead + 1 are how far
+// the fastest consumer may run ahead of the slowest before it waits on `full` (run 217, five
+// stages: the consumers' `full` waits 11 % of their stall samples).
+constexpr int kWsStagesIq2 = 7;
+constexpr int kWsStagesQ2k = 6;
+template <uint32_t T>
+constexpr int ws_stages() { return T == T_IQ2_XXS ? kWsStagesIq2 : kWsStagesQ2k; }
 // Tiles whose copies fly while the producer expands one: after expanding tile g it issues tile
-// g + kWsAhead's copies into the stage of tile g + kWsAhead - kWsStages, once the consumers are
+// g + kWsAhead's copies into the stage of tile g + kWsAhead - stages, once the consumers are
 // done with that tile (Q2_K, whose even tiles' stages are freed with the odd tile after them:
-// with the tile after it). kWsAhead + 1 <= kWsStages, else Q2_K's producer would wait for a
+// with the tile after it). kWsAhead + 1 <= stages, else Q2_K's producer would wait for a
 // tile it has yet to expand (tests/cuda/ws_protocol.py).
 constexpr int kWsAhead = 3;
-static_assert(kWsAhead + 1 <= kWsStages, "WS: the producer never waits for a tile it has not yet expanded");
+static_assert(kWsAhead + 1 <= kWsStagesIq2 && kWsAhead + 1 <= kWsStagesQ2k,
+              "WS: the producer never waits for a tile it has not yet expanded");
 // Q2_K's super-block parts, two buffers: written with tile 4 sb's issue (after tile 4 sb - NS is
 // consumed, an even one with the odd tile after it), read by super-block sb - 2's tiles up to
 // 4 sb - 5: NS <= 6 (tests/cuda/ws_protocol.py models the protocol: seven stages race)
-static_assert(kWsStages <= 6, "WS Q2_K: the super-block parts' two buffers");
+static_assert(kWsStagesQ2k <= 6, "WS Q2_K: the super-block parts' two buffers");
 constexpr uint32_t kWsProducerRegs = 32, kWsConsumerRegs = 112;
 static_assert(128 * kWsProducerRegs + 128 * kWsConsumers * kWsConsumerRegs <= kWsThreads * 96,
               "setmaxnreg: the consumers take what the producer gives back of the launch's 96 a thread");
@@ -79,8 +88,9 @@ struct WsSmem {
     static constexpr int st_b = 0, st_codes = st_b + pairs * kXfK * 2,
                          st_dw = st_codes + kWsStageRows * (iq2 ? 16 : 32), st_act = st_dw + (iq2 ? kWsStageRows * 4 : 0),
                          st_dx = st_act + pairs * kXfK, st_bytes = st_dx + pairs * 4 * 4;
-    static constexpr int bars = stages + kWsStages * st_bytes;   // full[stages], empty[stages]
-    static constexpr int bytes = bars + 2 * kWsStages * 8;
+    static constexpr int ns = ws_stages<T>();
+    static constexpr int bars = stages + ns * st_bytes;   // full[ns], empty[ns]
+    static constexpr int bytes = bars + 2 * ns * 8;
 };
 static_assert(WsSmem<T_IQ2_XXS>::bytes + 1024 <= 228 * 1024, "WS IQ2_XXS experts: one block an SM");
 static_assert(WsSmem<T_Q2_K>::bytes + 1024 <= 228 * 1024, "WS Q2_K experts: one block an SM");
@@ -111,7 +121,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_experts_ws_kernel(KqGemm p
     static_assert(IQ2 || T == T_Q2_K, "WS: the IQ2_XXS gate+up or the Q2_K down");
     pdl_begin();
     using L = WsSmem<T>;
-    constexpr int PAIRS = L::pairs, NT = PAIRS / 8, NS = kWsStages, OUT = ws_out_rows(T);
+    constexpr int PAIRS = L::pairs, NT = PAIRS / 8, NS = L::ns, OUT = ws_out_rows(T);
     extern __shared__ __align__(128) uint8_t sm[];
     const int items = nx * *p.count;
     if (int(blockIdx.x) >= items) return;
@@ -218,7 +228,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_experts_ws_kernel(KqGemm p
             fence_proxy_async();
         };
         for (int g = 0; g < kWsAhead; ++g) {
-            if (g < G) issue(g);   // (kWsAhead < kWsStages: stages never used yet)
+            if (g < G) issue(g);   // (kWsAhead < NS: stages never used yet)
             cp_async_commit();
         }
         // Tile g's B first, then tile g + kWsAhead's copies: the expansion waits only for its own
