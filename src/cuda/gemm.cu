@@ -1974,13 +1974,14 @@ bool xf_paired_codes_on() {
 // DSV4_XF_WGMMA (read once): the kernel's form on a device that has wgmma (compute capability
 // 9.0; elsewhere mma.sync): 0 mma.sync; 1 WG (sm90a/experts_wgmma.cu; run 164, an H100: a fast
 // 2,048-token chunk's gate+up 4.02 -> 3.53 us a token, its down 2.63 -> 2.27); 2 WG2 (two groups
-// of an expert a block); unset: WG2 for a round of at least 96 pairs an expert on average (wide:
-// the Flash model's rounds of 4,096 tokens and more), else WG (run 168, an H100, 4 layers: WG2
-// took a 4,096-token round's chunk from 11.79 to 11.38 us a token, but a 2,048-token one's from
-// 13.28 to 15.50, its groups mostly 64 pairs or fewer); 3 WS, warp-specialised
-// (sm90a/experts_ws.cu: a producer warpgroup and four consumers, mbarriers instead of the
-// block-wide barrier; both products; opt-in: run 216, an H100, the gate+up 3.26 / 3.29 -> 3.20 /
-// 3.21 us a token of a fast chunk, the down even, the chunk within its spread). (Forms 3 and 4 before WS, WG in
+// of an expert a block); 3 WS, warp-specialised (sm90a/experts_ws.cu: a producer warpgroup and
+// four consumers, mbarriers instead of the block-wide barrier; both products); unset: WG2 for a
+// round of at least 96 pairs an expert on average (wide: the Flash model's rounds of 4,096
+// tokens and more; run 168, an H100, 4 layers: WG2 took a 4,096-token round's chunk from 11.79 to
+// 11.38 us a token, but a 2,048-token one's from 13.28 to 15.50, its groups mostly 64 pairs or
+// fewer), else WS (runs 218-220, an H100: a fast chunk's gate+up 3.31 / 3.26 -> 3.17 / 3.15 us a
+// token against WG, the down even; the 36-layer fast prefill 9,956 / 10,007 -> 10,094 / 10,074
+// tok/s, alternated; the same bits as WG). DSV4_XF_WGMMA=1 takes WG. (Forms 3 and 4 before WS, WG in
 // clusters of two and four blocks sharing their staged activations, measured slower and removed:
 // run 197, gate+up 3.46 -> 4.74 and 5.12 us a token of a fast chunk, down 2.23 -> 2.91 and 3.12.)
 // gemm_experts_f16_wgmma_override (tests) wins over the variable.
@@ -1988,7 +1989,7 @@ int g_xf_wgmma_override = -1;
 int xf_wgmma_form(bool wide) {
     static const int env = env_int("DSV4_XF_WGMMA", -1);
     int form = g_xf_wgmma_override >= 0 ? g_xf_wgmma_override : env;
-    if (form < kXfMma || form > kXfWs) form = wide ? kXfWg2 : kXfWg;
+    if (form < kXfMma || form > kXfWs) form = wide ? kXfWg2 : kXfWs;
     return gemm_experts_wgmma_available() ? form : kXfMma;
 }
 // DSV4_XF_DIAG (read once; a measurement for the benchmarks, **wrong outputs**): 1 the WG form

@@ -352,7 +352,7 @@ void gemm_experts_f16_table_override(int on);
 void gemm_experts_f16_iq2_override(int on);
 // Whether that kernel takes its warpgroup-MMA form (1), that form over two groups of an expert a
 // block (2), warp-specialised (3: sm90a/experts_ws.cu), or mma.sync (0); -1: DSV4_XF_WGMMA's
-// (unset: 2 for a round of at least 96 pairs an expert on average, else 1). Only where
+// (unset: 2 for a round of at least 96 pairs an expert on average, else 3). Only where
 // gemm_experts_wgmma_available(): a device of compute capability 9.0 (the form's machine code is
 // sm_90a's alone). Other bits than mma.sync's, within the same bounds. Tests.
 void gemm_experts_f16_wgmma_override(int on);

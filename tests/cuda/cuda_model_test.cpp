@@ -263,7 +263,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{0, -1, 32, -1, -1, "flash4 fast, exact experts"},
                              Variant{-1, -1, 32, 0, -1, "flash4 fast, experts by mma.sync"},
                              Variant{-1, -1, 32, 2, -1, "flash4 fast, wgmma, 2 groups"},
-                             Variant{-1, -1, 32, 3, -1, "flash4 fast, experts warp-specialised"},
+                             Variant{-1, -1, 32, 1, -1, "flash4 fast, experts by WG (a block a group, no producer)"},
                              Variant{-1, -1, 32, -1, 0, "flash4 fast, every pair staged"},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, Q2_K codes staged every tile", -1, 0},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
