@@ -59,6 +59,7 @@ struct KqGemm {
     bool stage_used;       // the fast experts kernel stages only the pairs its MMAs read (DSV4_XF_STAGE_USED)
     bool paired_codes;     // the fast Q2_K kernel stages a tile pair's code bytes once (DSV4_XF_PAIRED_CODES)
     bool ws_persist;       // the WS form: one block an SM over the round's items (DSV4_XF_WS_PERSIST)
+    uint8_t ws_ahead;      // the WS form: tiles whose copies fly while its producer expands one (DSV4_XF_WS_AHEAD)
 };
 
 // A staged expert block's group of pairs (blockIdx.y): its expert's first weight row, its pairs and

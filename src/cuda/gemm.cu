@@ -2028,6 +2028,16 @@ bool xf_ws_persist_on() {
     static const bool on = env_int("DSV4_XF_WS_PERSIST", 1) != 0;
     return g_xf_ws_persist_override >= 0 ? g_xf_ws_persist_override != 0 : on;
 }
+// DSV4_XF_WS_AHEAD (read once; 3, 4 or 5, else 3): the WS form's tiles whose copies fly while its
+// producer expands one (sm90a/experts_ws.cu's AHEAD; the stages beyond AHEAD + 1 are how far its
+// consumers may drift apart); the same bits whatever it is; gemm_experts_f16_ws_ahead_override
+// (tests) wins. 3 by default: 4 and 5 are not yet measured.
+int g_xf_ws_ahead_override = -1;
+uint8_t xf_ws_ahead() {
+    static const int env = env_int("DSV4_XF_WS_AHEAD", 3);
+    const int v = g_xf_ws_ahead_override >= 0 ? g_xf_ws_ahead_override : env;
+    return uint8_t(v == 4 || v == 5 ? v : 3);
+}
 bool launch_experts_f16(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, bool wide, cudaStream_t s) {
     static const bool env = env_int("DSV4_XF_TABLE", 0) == 1;
     const bool table = type == T_Q2_K && (g_xf_table_override >= 0 ? g_xf_table_override != 0 : env);
@@ -2116,6 +2126,7 @@ void gemm_experts_f16_override(int on) { g_experts_f16_override = on; }
 void gemm_experts_f16_table_override(int on) { g_xf_table_override = on; }
 void gemm_experts_f16_iq2_override(int on) { g_xf_iq2_override = on; }
 void gemm_experts_f16_wgmma_override(int on) { g_xf_wgmma_override = on; }
+void gemm_experts_f16_ws_ahead_override(int ahead) { g_xf_ws_ahead_override = ahead; }
 void gemm_experts_f16_stage_used_override(int on) { g_xf_stage_used_override = on; }
 void gemm_experts_f16_paired_codes_override(int on) { g_xf_paired_codes_override = on; }
 void gemm_experts_f16_kgroup_override(int kg) { g_xf_kgroup_override = kg; }
@@ -2249,6 +2260,7 @@ void gemm_kq_experts(const DevWeight& Wg, const DevWeight* Wu, const DevAct& a, 
     p.stage_used = xf_stage_used_on();
     p.paired_codes = xf_paired_codes_on();
     p.ws_persist = xf_ws_persist_on();
+    p.ws_ahead = xf_ws_ahead();
     // groups of 64 pairs: k order on every path (staged FLAT kernels; the register-fed one with
     // FLAT where staging is off, misaligned or not yet allowed), so a product never mixes orders
     const bool flat = g.per_group == kKqFlatPairs;

@@ -372,6 +372,9 @@ void gemm_experts_f16_sectors_override(int on);
 // That kernel's WS form (3) as one block an SM over the round's items (1) or one item a block
 // (0); -1: DSV4_XF_WS_PERSIST's (on by default). The same bits. Tests.
 void gemm_experts_f16_ws_persist_override(int on);
+// The WS form's tiles whose copies fly while its producer expands one (3, 4 or 5); -1:
+// DSV4_XF_WS_AHEAD's (3 by default). The same bits whatever it is. Tests.
+void gemm_experts_f16_ws_ahead_override(int ahead);
 bool gemm_experts_wgmma_available();
 // Device addresses of the IQ2_XXS grid and sign masks (upload_iq2xxs_grid fills them), of the
 // sign selectors (iq2.cuh; constants), and of the fast experts kernel's half selectors (iq2.cuh):

@@ -3052,19 +3052,24 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 cuda::gemm_experts_f16_kgroup_override(1);
                                 cuda::gemm_experts_f16_sectors_override(0);
                                 const auto want = product(*batches[bi]);
-                                // {form, k-steps a group, whole sectors, persistent}: form 3, the
-                                // warp-specialised kernel (the same wgmma in each accumulator's
-                                // order), one item a block and one block an SM over all
-                                const int variants[][4] = {{1, 2, 0, 0}, {1, 1, 1, 0}, {1, 2, 1, 0}, {3, 2, 1, 0}, {3, 2, 1, 1}};
+                                // {form, k-steps a group, whole sectors, persistent, ahead}: form
+                                // 3, the warp-specialised kernel (the same wgmma in each
+                                // accumulator's order), one item a block and one block an SM over
+                                // all, its copies 3, 4 or 5 tiles ahead
+                                const int variants[][5] = {{1, 2, 0, 0, 3}, {1, 1, 1, 0, 3}, {1, 2, 1, 0, 3},
+                                                           {3, 2, 1, 0, 3}, {3, 2, 1, 1, 3}, {3, 2, 1, 1, 4},
+                                                           {3, 2, 1, 0, 5}};
                                 for (const auto& v : variants) {
                                     cuda::gemm_experts_f16_wgmma_override(v[0]);
                                     cuda::gemm_experts_f16_kgroup_override(v[1]);
                                     cuda::gemm_experts_f16_sectors_override(v[2]);
                                     cuda::gemm_experts_f16_ws_persist_override(v[3]);
+                                    cuda::gemm_experts_f16_ws_ahead_override(v[4]);
                                     const auto got = product(*batches[bi]);
                                     ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4))
                                         << what << " f16 (wgmma"
                                         << (v[0] == 3 ? v[3] ? ", warp-specialised, persistent" : ", warp-specialised" : "")
+                                        << (v[0] == 3 ? ", copies " + std::to_string(v[4]) + " tiles ahead" : "")
                                         << ") " << what_product << ", k-step groups of " << v[1]
                                         << (v[2] ? ", staged in whole sectors" : "") << ", batch of "
                                         << batch_rows[bi] << " rows: first difference at "
@@ -3072,6 +3077,7 @@ TEST_F(CudaKernels, ExpertsPromptOrderEqualCpuDot) {
                                 }
                                 cuda::gemm_experts_f16_wgmma_override(1);
                                 cuda::gemm_experts_f16_ws_persist_override(-1);
+                                cuda::gemm_experts_f16_ws_ahead_override(-1);
                             }
                             cuda::gemm_experts_f16_kgroup_override(-1);
                             cuda::gemm_experts_f16_sectors_override(-1);

@@ -61,9 +61,11 @@ constexpr int ws_stages() { return T == T_IQ2_XXS ? kWsStagesIq2 : kWsStagesQ2k;
 // g + kWsAhead's copies into the stage of tile g + kWsAhead - stages, once the consumers are
 // done with that tile (Q2_K, whose even tiles' stages are freed with the odd tile after them:
 // with the tile after it). kWsAhead + 1 <= stages, else Q2_K's producer would wait for a
-// tile it has yet to expand (tests/cuda/ws_protocol.py).
+// tile it has yet to expand (tests/cuda/ws_protocol.py). DSV4_XF_WS_AHEAD (KqGemm::ws_ahead) picks
+// kWsAhead (3, the default) to kWsAheadMost; the protocol model runs each.
 constexpr int kWsAhead = 3;
-static_assert(kWsAhead + 1 <= kWsStagesIq2 && kWsAhead + 1 <= kWsStagesQ2k,
+constexpr int kWsAheadMost = 5;
+static_assert(kWsAheadMost + 1 <= kWsStagesIq2 && kWsAheadMost + 1 <= kWsStagesQ2k,
               "WS: the producer never waits for a tile it has not yet expanded");
 // Q2_K's super-block parts, two buffers: written with tile 4 sb's issue (after tile 4 sb - NS is
 // consumed, an even one with the odd tile after it), read by super-block sb - 2's tiles up to
@@ -116,7 +118,7 @@ __device__ __forceinline__ WsItem ws_item(const KqGemm& p, int it, int nx) {
     return w;
 }
 
-template <uint32_t T>
+template <uint32_t T, int AHEAD>
 __global__ void __launch_bounds__(kWsThreads, 1) gemm_experts_ws_kernel(KqGemm p, int nx) {
     constexpr bool IQ2 = T == T_IQ2_XXS;
     static_assert(IQ2 || T == T_Q2_K, "WS: the IQ2_XXS gate+up or the Q2_K down");
@@ -228,18 +230,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_experts_ws_kernel(KqGemm p
             }
             fence_proxy_async();
         };
-        for (int g = 0; g < kWsAhead; ++g) {
-            if (g < G) issue(g);   // (kWsAhead < NS: stages never used yet)
+        for (int g = 0; g < AHEAD; ++g) {
+            if (g < G) issue(g);   // (AHEAD < NS: stages never used yet)
             cp_async_commit();
         }
-        // Tile g's B first, then tile g + kWsAhead's copies: the expansion waits only for its own
+        // Tile g's B first, then tile g + AHEAD's copies: the expansion waits only for its own
         // copies, never for the consumers (run 213: issuing first, behind the wait for tile
         // g - 2's stage, left the consumers waiting on `full` for 14 % of their samples)
         for (int g = 0; g < G; ++g) {
-            cp_async_wait<kWsAhead - 1>();   // this thread's copies of tile g landed
+            cp_async_wait<AHEAD - 1>();   // this thread's copies of tile g landed
             expand_b(g);
             mbar_arrive(full + g % NS);
-            const int j = g + kWsAhead;
+            const int j = g + AHEAD;
             if (j < G) {
                 if (j >= NS) mbar_wait(empty + j % NS, uint32_t(j / NS - 1) & 1);   // tile j - NS consumed
                 issue(j);
@@ -372,11 +374,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) gemm_experts_ws_kernel(KqGemm p
     }
 }
 
-template <uint32_t T>
+template <uint32_t T, int AHEAD>
 bool launch_ws(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     static bool ready = false;
     constexpr int bytes = WsSmem<T>::bytes;
-    const auto kernel = gemm_experts_ws_kernel<T>;
+    const auto kernel = gemm_experts_ws_kernel<T, AHEAD>;
     if (!smem_ready(reinterpret_cast<const void*>(kernel), bytes, ready, s)) return false;
     // (the round's group count is the device's: the grid covers cap groups, blocks past them return)
     const int nx = int((N + ws_out_rows(T) - 1) / ws_out_rows(T));
@@ -384,10 +386,19 @@ bool launch_ws(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
     kernel<<<uint32_t(blocks), kWsThreads, bytes, s>>>(p, nx);
     return true;
 }
+template <uint32_t T>
+bool launch_ws_ahead(const KqGemm& p, uint64_t N, uint32_t cap, cudaStream_t s) {
+    static_assert(kWsAhead == 3 && kWsAheadMost == 5, "WS: an instance for each AHEAD");
+    switch (p.ws_ahead) {
+        case 4: return launch_ws<T, 4>(p, N, cap, s);
+        case 5: return launch_ws<T, 5>(p, N, cap, s);
+        default: return launch_ws<T, kWsAhead>(p, N, cap, s);
+    }
+}
 }  // namespace
 
 bool launch_experts_ws(const KqGemm& p, uint32_t type, uint64_t N, uint32_t cap, cudaStream_t s) {
-    return type == T_IQ2_XXS ? launch_ws<T_IQ2_XXS>(p, N, cap, s) : launch_ws<T_Q2_K>(p, N, cap, s);
+    return type == T_IQ2_XXS ? launch_ws_ahead<T_IQ2_XXS>(p, N, cap, s) : launch_ws_ahead<T_Q2_K>(p, N, cap, s);
 }
 
 }  // namespace dsv4::cuda::xf
