@@ -11,16 +11,12 @@ at once is tests/cuda/ws_protocol.py's concern). A CTest: ws_layout.
 """
 import random, sys
 
+from ws_source import ws_constant
+
 Q2K, IQ2 = 'Q2_K', 'IQ2_XXS'
 STAGE_ROWS, PAIRS, KT = 512, 64, 64   # kWsStageRows, kKqFlatPairs, kXfK
 
-def stages():
-    # each type's stage count as the kernel states it (kWsStagesIq2, kWsStagesQ2k)
-    import os, re
-    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '../../src/cuda/sm90a/experts_ws.cu')).read()
-    get = lambda name: int(re.search(r'constexpr int ' + name + r' = (\d+);', src).group(1))
-    return {IQ2: get('kWsStagesIq2'), Q2K: get('kWsStagesQ2k')}
-STAGES = stages()
+STAGES = {IQ2: ws_constant('kWsStagesIq2'), Q2K: ws_constant('kWsStagesQ2k')}   # each type's stages
 
 def emulate(T, K, N, rpe, groups, blocks_fn, seed):
     rng = random.Random(seed)

@@ -13,6 +13,8 @@ until the wait), so a write into a region still being read is a race whenever it
 """
 import random, sys
 
+from ws_source import ws_constant
+
 def run(q2k, NS, D, ntiles, items, consumers, seed):
     rng = random.Random(seed)
     G = ntiles * items
@@ -88,10 +90,8 @@ def run(q2k, NS, D, ntiles, items, consumers, seed):
             done[i] = True
 
 def constants():
-    # each type's stages and kWsAhead as the kernel states them
-    import os, re
-    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), '../../src/cuda/sm90a/experts_ws.cu')).read()
-    get = lambda name: int(re.search(r'constexpr int ' + name + r' = (\d+);', src).group(1))
+    # each type's stages and the AHEADs the kernel takes
+    get = ws_constant
     return {False: get('kWsStagesIq2'), True: get('kWsStagesQ2k')}, range(get('kWsAhead'), get('kWsAheadMost') + 1)
 
 def main():

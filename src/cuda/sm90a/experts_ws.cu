@@ -1,7 +1,7 @@
 // The fast mode's routed experts, warp-specialised (WS: kXfWs; the default for rounds of fewer than
 // ~96 pairs an expert since runs 218-220, an H100: its gate+up ~4 % faster than WG's, its down
-// even, the 36-layer fast prefill ~1 % faster): the IQ2_XXS gate+up and the Q2_K down. Compiled for sm_90a alone
-// (CMakeLists.txt), like experts_wgmma.cu.
+// even, the 36-layer fast prefill ~1 % faster): the IQ2_XXS gate+up and the Q2_K down. Compiled
+// for sm_90a alone (CMakeLists.txt), like experts_wgmma.cu.
 //
 // Why: the WG form (gemm_experts_f16_kernel) has every thread copy, wait, meet the block-wide
 // barrier, expand the activations to halves (B), then expand its weights (A) and issue the
