@@ -33,8 +33,8 @@ IFS=';' read -ra LIST <<< "${PROFILES:--;DSV4_XF_WGMMA=2;DSV4_XF_STAGE_USED=0;DS
 ARGS=()
 for S in "${LIST[@]}"; do [[ "$S" == "-" ]] && ARGS+=("$FAST") || ARGS+=("$FAST $S"); done
 bench/gpu/group-profile.sh "${ARGS[@]}" > "$OUT/profiles.log" 2>&1
-echo "== profiles ($(( $(date +%s) - T0 )) s): the experts' groups, the attention and the chunk's total (µs a token)"
-grep -E "^== group profile|^experts gate|^experts down|^attention|^total|^ctx 1M" "$OUT/profiles.log"
+echo "== profiles ($(( $(date +%s) - T0 )) s): the experts' groups, the attention, out_a and the chunk's total (µs a token)"
+grep -E "^== group profile|^experts gate|^experts down|^attention|^out_a|^total|^ctx 1M" "$OUT/profiles.log"
 # AB_BEST=1: the whole model under the setting whose experts (gate+up and down, averaged over its
 # profiles) came out fastest, DSV4_XF_DIAG measurements left out, then the fast defaults
 if [[ "${AB_BEST:-0}" == 1 ]]; then

@@ -325,8 +325,19 @@ __device__ __forceinline__ void rows_out_pair(float a0, float a1, float fw, floa
 // A head's block of 32 output columns held by a lane quad (lane tig: the pairs at 8 t + 2 tig of
 // the block starting at value `at`), stored for a real head, with oq its Q8_0 codes
 // (attn_store_codes' operations; am: this lane's largest magnitude). Every lane of the quad calls it.
+// With oh (the fast rows kernels' half output, attn_rows_half_output) the values times
+// kAttnHalfScale as FP16 there instead, and neither the floats nor the codes.
 __device__ __forceinline__ void rows_store_block(const float (&y)[4][2], float am, float* o, int8_t* oq, float* od,
-                                                 uint64_t at, uint32_t tig, bool real) {
+                                                 uint16_t* oh, uint64_t at, uint32_t tig, bool real) {
+    if (oh) {
+        if (real)
+#pragma unroll
+            for (uint32_t t = 0; t < 4; ++t) {
+                const __half2 h = __floats2half2_rn(y[t][0] * kAttnHalfScale, y[t][1] * kAttnHalfScale);
+                *reinterpret_cast<__half2*>(oh + at + 8 * t + 2 * tig) = h;
+            }
+        return;
+    }
     if (real)
 #pragma unroll
         for (uint32_t t = 0; t < 4; ++t) *reinterpret_cast<float2*>(o + at + 8 * t + 2 * tig) = make_float2(y[t][0], y[t][1]);
@@ -344,6 +355,14 @@ __device__ __forceinline__ void rows_store_block(const float (&y)[4][2], float a
         *reinterpret_cast<char2*>(oq + at + 8 * t + 2 * tig) = q2;
     }
     if (tig == 0) od[at / 32] = f16_round(dd);
+}
+// The half output's largest magnitude (its values' scale: |o| · kAttnHalfScale, up to the halves'
+// rounding) into *oh_max: a warp's running maximum hm (each lane's |y| of its real heads), once a
+// warp at the kernel's end (the caller zeroes *oh_max before the launch). Every lane calls it.
+__device__ __forceinline__ void rows_half_max(float hm, unsigned* oh_max) {
+    if (!oh_max) return;
+    hm = warp_max(hm) * kAttnHalfScale;
+    if ((threadIdx.x & 31) == 0 && hm > 0.0f) atomicMax(oh_max, __float_as_uint(hm));
 }
 
 // Row r's queries into q_s ([HP][DP] floats; padding heads zero) by the block's T threads.
@@ -407,11 +426,13 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
 // Rows 0 .. R-1 whole (all heads, all keys, the sink, normalisation, inverse RoPE, oq / od the
 // output projection's Q8_0 codes when given): FP32-accurate, not the split kernels' bits.
 // qn: q raw (q_b's output), each row's staged heads normalised and rotated in the kernel with
-// head_norm_rope's operations (eps q_eps): head_norm_rope then the kernel's bits.
+// head_norm_rope's operations (eps q_eps): head_norm_rope then the kernel's bits. oh: the output
+// as FP16 instead, its largest magnitude into *oh_max where given (attention's AttnHalfOut,
+// where attn_rows_half_output).
 void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                  float* od, bool qn, float q_eps, cudaStream_t s);
+                  float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s);
 // Whether the rows kernel takes raw queries (DSV4_ATTN_QNORM_ROWS, read once, default 1, unless a
 // test forced it with attn_rows_qnorm_override): attn_rows_qnorm (kernels.h) asks it.
 bool attn_rows_qnorm_on();
@@ -421,9 +442,12 @@ bool attn_rows_qnorm_on();
 // attn_rows_f16_override, kernels.h). A fast prompt round (fast_prefill_round, DSV4_ATTN_FAST=1,
 // attn_rows_fast_override) runs it in plain FP16 instead (hi halves only: other bits).
 bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot);
+// Whether that plain form runs in tiles of 32 keys (attn_rows_fast_kernel or the warpgroup form):
+// the kernels that can write their output as FP16 (oh).
+bool attn_rows_f16_fast32(uint32_t n_head, uint32_t D, uint32_t n_rot);
 void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                   float* od, bool qn, float q_eps, cudaStream_t s);
+                   float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s);
 
 }  // namespace dsv4::cuda

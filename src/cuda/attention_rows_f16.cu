@@ -516,7 +516,9 @@ void launch_rows_f16(const float* q, const float* sinks, uint32_t n_head, uint32
 //   halves), the score parts of D's four quarters (40 KB) and the weights (5 KB).
 // The output leaves from the accumulators (no float copy in shared memory): normalised, the
 // tail's pairs rotated back in registers (a thread holds both values of each pair), and the
-// Q8_0 codes of a head's 32 columns (one warp's) by a reduction over the 4 lanes that hold them.
+// Q8_0 codes of a head's 32 columns (one warp's) by a reduction over the 4 lanes that hold them;
+// or, asked for a half output (oh, attention's AttnHalfOut: the fast mode's out_a then takes it
+// as it is), as FP16 alone, the largest magnitude one atomic a warp at the kernel's end.
 // Numerics: the plain FP16 products of attn_rows_f16_kernel<NT, true> (queries, keys, weights
 // and values rounded to FP16 once, FP32 sums), other sums' order (a tile's 32 keys in one online
 // softmax step): its own bits, still a row's own whatever the batch or chunking.
@@ -536,11 +538,15 @@ static_assert(kF16Threads / kFastKT == 16 && kF16Threads == 8 * 16 * kF16MaxMT &
 
 // q_b's rows as FP16 (times 2^10) into the first half of each output row; qn: normalised and
 // rotated first (rows_head_norm_rope: head_norm_rope's bits). A block a row, a warp a head.
+// oh_max (the half output's largest magnitude, which the rows kernel after this one raises):
+// zeroed here, so no memset node sits between the two kernels.
 __global__ void __launch_bounds__(kF16Threads) attn_fast_q_kernel(const float* __restrict__ q, uint32_t n_head,
                                                                   uint32_t n_rot, const double* __restrict__ inv_freq,
                                                                   const DevRow* __restrict__ rows, bool qn,
-                                                                  double q_eps, float* __restrict__ o) {
+                                                                  double q_eps, float* __restrict__ o,
+                                                                  unsigned* oh_max) {
     pdl_begin();
+    if (oh_max && blockIdx.x == 0 && threadIdx.x == 0) *oh_max = 0;   // (the rows kernel's, after this one)
     constexpr uint32_t D = kFastD, DP = D + kAttnPad;
     __shared__ __align__(16) float row_s[kF16Warps][DP];
     __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];
@@ -579,7 +585,8 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                           uint32_t ratio, uint32_t top_k, const uint32_t* __restrict__ sel,
                           const DevRow* __restrict__ rows, const DevLayerKV* __restrict__ lkv, uint32_t n_layer,
                           uint32_t il, uint32_t R, uint32_t n_rot, const double* __restrict__ inv_freq, float* o,
-                          int8_t* __restrict__ oq, float* __restrict__ od) {
+                          int8_t* __restrict__ oq, float* __restrict__ od, uint16_t* __restrict__ oh,
+                          unsigned* __restrict__ oh_max) {
     pdl_begin();
     constexpr uint32_t D = kFastD, DP = D + kAttnPad, QH = kFastQH, KT = kFastKT, T = kF16Threads;
     constexpr uint32_t NTW = D / 128;   // the weighted sum's n-tiles of 8 columns a warp
@@ -623,6 +630,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
     float ob[kF16MaxMT][NTW][4];          // running output (times 2^12): heads 16m + gid (+ 8) × this warp's columns
     rows_zero(ob);
     float m_run = -INFINITY, l_run = 0.0f;   // head hs (eight lanes hold it)
+    float hmax = 0.0f;                       // the half output's largest |y| (rows_half_max)
 
     while (true) {
         cp_async_wait_all();
@@ -732,7 +740,8 @@ __global__ void __launch_bounds__(kF16Threads, 1)
                         rows_out_pair(ob[m][t][2 * half], ob[m][t][2 * half + 1], fw, inv, base + 8 * t + 2 * tig, tail0,
                                       rc_s, rs_s, y[t], am);
                     // the head's block of 32 columns (this warp's)
-                    rows_store_block(y, am, o, oq, od, (uint64_t(r) * n_head + h) * D + base, tig, real);
+                    rows_store_block(y, am, o, oq, od, oh, (uint64_t(r) * n_head + h) * D + base, tig, real);
+                    if (real) hmax = fmaxf(hmax, am);
                 }
             }
             rows_zero(ob);
@@ -742,6 +751,7 @@ __global__ void __launch_bounds__(kF16Threads, 1)
         t0 = n1.t0;
         n1 = n2;
     }
+    rows_half_max(hmax, oh ? oh_max : nullptr);
 }
 
 // keys_to_halves: session blockIdx.y; its raw rows (positions kh_lo .. kh_hi) and then its
@@ -778,23 +788,23 @@ bool g_key_halves_round = false;
 void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
                       uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
-                      bool qn, float q_eps, int wg, cudaStream_t s) {
+                      uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, int wg, cudaStream_t s) {
     static const uint32_t resident = [] {
         check(cudaFuncSetAttribute(attn_rows_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFastSmem)),
               "attention (rows, fast) shared memory");
         return resident_blocks(reinterpret_cast<const void*>(attn_rows_fast_kernel), kF16Threads, kFastSmem);
     }();
-    attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o);
+    attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o, oh_max);
     check_launch("attention (fast queries)");
     if (wg >= 3 && !g_key_halves_round) wg = 0;   // (forms 3 and 4 read the round's FP16 keys)
     if (wg && launch_rows_wg(wg, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
-                             od, s)) {
+                             od, oh, oh_max, s)) {
         ++g_wg_calls;
         return;
     }
     attn_rows_fast_kernel<<<std::min(R, std::max(1u, resident)), kF16Threads, kFastSmem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
-        inv_freq, o, oq, od);
+        inv_freq, o, oq, od, oh, oh_max);
     check_launch("attention (rows, fast)");
 }
 
@@ -837,24 +847,37 @@ bool attn_rows_f16_on(uint32_t n_head, uint32_t D, uint32_t n_rot) {
     return on && (D == 256 || D == 512) && n_head >= 1 && n_head <= 16 * kF16MaxMT && n_rot <= D && n_rot % 2 == 0;
 }
 
+namespace {
+// The plain FP16 form: attn_rows_fast_override, else DSV4_ATTN_FAST (read once: 0 off, else
+// on), else the round's (fast_prefill_round: --fast-prefill)
+bool rows_fast() {
+    static const int fast_env = env_int("DSV4_ATTN_FAST", -1);
+    return fast_part(g_fast_override, fast_env);
+}
+// DSV4_ATTN_FAST_KT (read once; attn_rows_fast_kt_override wins): 32 (default) that form in
+// tiles of 32 keys (attn_rows_fast_kernel, heads of 512 up to 64), its own bits, 16 % faster
+// than 16 (run 155: a fast chunk's attention 2.15 -> 1.80 us a token); 16: the kernel below's
+bool rows_fast32(bool fast, uint32_t n_head, uint32_t D) {
+    static const int kt_env = env_int("DSV4_ATTN_FAST_KT", 32);
+    return fast && D == kFastD && n_head <= 16 * kF16MaxMT && (g_fast_kt_override > 0 ? g_fast_kt_override : kt_env) == 32;
+}
+}  // namespace
+
+bool attn_rows_f16_fast32(uint32_t n_head, uint32_t D, uint32_t n_rot) {
+    return attn_rows_f16_on(n_head, D, n_rot) && rows_fast32(rows_fast(), n_head, D);
+}
+
 void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                   float* od, bool qn, float q_eps, cudaStream_t s) {
-    // The plain FP16 form: attn_rows_fast_override, else DSV4_ATTN_FAST (read once: 0 off, else
-    // on), else the round's (fast_prefill_round: --fast-prefill)
-    static const int fast_env = env_int("DSV4_ATTN_FAST", -1);
-    const bool fast = fast_part(g_fast_override, fast_env);
+                   float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s) {
+    const bool fast = rows_fast();
     if (fast) ++g_fast_calls;
-    // DSV4_ATTN_FAST_KT (read once; attn_rows_fast_kt_override wins): 32 (default) that form in
-    // tiles of 32 keys (attn_rows_fast_kernel, heads of 512 up to 64), its own bits, 16 % faster
-    // than 16 (run 155: a fast chunk's attention 2.15 -> 1.80 us a token); 16: the kernel above's
-    static const int kt_env = env_int("DSV4_ATTN_FAST_KT", 32);
-    if (fast && D == kFastD && n_head <= 16 * kF16MaxMT && (g_fast_kt_override > 0 ? g_fast_kt_override : kt_env) == 32) {
+    if (rows_fast32(fast, n_head, D)) {
         ++g_fast32_calls;
         const int wg = attn_rows_wg_form();
         launch_rows_fast(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
-                         od, qn, q_eps, wg, s);
+                         od, oh, oh_max, qn, q_eps, wg, s);
         return;
     }
     auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -617,6 +618,29 @@ private:
     DBuf<uint16_t> xnh_;   // xn_ as FP16 (xn_acts_for), while xnh_have_
     DBuf<unsigned> xnh_top_;
     bool xnh_have_ = false;
+    // attention_layer's FP16 forms (o_half, low_half): the attention's output, its largest
+    // magnitude and the top that gives kAttnHalfScale (kAttnHalfTop); out_a's output and its top
+    DBuf<uint16_t> oh_, lowh_;
+    DBuf<unsigned> oh_max_, oh_top_, lowh_top_;
+    // A Q8_0 product's input given as FP16 alone (DevAct::h): K values a row at h, its top and
+    // largest magnitude (nullptr: below 2^14)
+    static DevAct half_act(uint64_t K, const uint16_t* h, const unsigned* top, const unsigned* max) {
+        DevAct a;
+        a.kind = ActKind::Q8_0;
+        a.K = K;
+        a.h = h;
+        a.h_top = top;
+        a.h_max = max;
+        return a;
+    }
+    // oh_top_ holding kAttnHalfTop's bits (set once, on the main stream)
+    const unsigned* half_top() {
+        if (oh_top_.ensure(1, "workspace", &gen_)) {
+            const float top = kAttnHalfTop;
+            check(cudaMemcpyAsync(oh_top_.get(), &top, sizeof(top), cudaMemcpyHostToDevice, stream_), "workspace");
+        }
+        return oh_top_.get();
+    }
     DevAct xn_acts_[3];
     bool xn_have_[3] = {false, false, false};
     cudaEvent_t ev_[3] = {nullptr, nullptr, nullptr};
@@ -1026,17 +1050,46 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         mark("key halves");
     }
     // grouped low-rank output projection: one quantisation of the whole output (for Q8_0 by
-    // the attention's merge itself), one product
-    const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
-    attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
-              c_.n_rot, invf, o_.get(), stream_, o_codes ? &act_ : nullptr, AttnQNorm{q_fold, c_.rms_eps});
-    mark("attention");
+    // the attention's merge itself), one product. Where that product takes cuBLAS and the fast
+    // rows kernels run (attn_half_output_on), the attention's output as FP16 instead, the
+    // product's input as it is (oh_: o_half); at level 2, where out_b takes cuBLAS too, out_a's
+    // output as FP16, out_b's input as it is (lowh_: low_half).
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
-    const DevAct ao = o_codes ? codes_in(ActKind::Q8_0, c_.q_dim(), act_)
-                              : quantize_act(L.out_a.type, o_.get(), c_.q_dim(), R, c_.q_dim(), act_, stream_);
-    dup("out_a", [&] { matvec_grouped(L.out_a, ao, R, low_.get(), uint64_t(G) * OL, uint64_t(G) * OL, OL, stream_); });
-    mark("out_a", double(G) * OL * L.out_a.row_bytes);
-    dup("out_b", [&] { mm(L.out_b, low_.get(), uint64_t(G) * OL, R, y_.get(), E, E); });
+    const uint64_t QD = c_.q_dim(), GL = uint64_t(G) * OL;
+    const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
+    const int half_level = o_codes ? attn_half_output_on() : 0;
+    const bool o_half = half_level >= 1 && attn_rows_half_output(c_.n_head, D, c_.n_rot) &&
+                        gemm_q8_0_takes_cublas(L.out_a, R, GL, QD, OL, GL, stream_);
+    const bool low_half = o_half && half_level >= 2 && gemm_q8_0_takes_cublas(L.out_b, R, E, GL, 0, E, stream_);
+    DevAct ao, al;
+    if (o_half) {
+        oh_.ensure(R * QD, "workspace", &gen_);
+        oh_max_.ensure(1, "workspace", &gen_);
+        ao = half_act(QD, oh_.get(), half_top(), oh_max_.get());
+    }
+    if (low_half) {
+        lowh_.ensure(R * GL, "workspace", &gen_);
+        lowh_top_.ensure(1, "workspace", &gen_);
+        al = half_act(GL, lowh_.get(), lowh_top_.get(), nullptr);   // (out_b's output is floats: no bound)
+    }
+    attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
+              c_.n_rot, invf, o_.get(), stream_, o_codes && !o_half ? &act_ : nullptr, AttnQNorm{q_fold, c_.rms_eps},
+              o_half ? AttnHalfOut{oh_.get(), oh_max_.get()} : AttnHalfOut{});
+    mark("attention");
+    if (!o_half)
+        ao = o_codes ? codes_in(ActKind::Q8_0, QD, act_) : quantize_act(L.out_a.type, o_.get(), QD, R, QD, act_, stream_);
+    if (low_half) {
+        dup("out_a", [&] {
+            if (!gemm_q8_0_cublas_half(L.out_a, ao, R, GL, OL, lowh_.get(), lowh_top_.get(), stream_))
+                throw std::logic_error("out_a: the FP16 output's product refused after gemm_q8_0_takes_cublas");
+        });
+        mark("out_a", double(G) * OL * L.out_a.row_bytes);
+        dup("out_b", [&] { matvec(L.out_b, al, R, y_.get(), E, E, 0, stream_); });
+    } else {
+        dup("out_a", [&] { matvec_grouped(L.out_a, ao, R, low_.get(), GL, GL, OL, stream_); });
+        mark("out_a", double(G) * OL * L.out_a.row_bytes);
+        dup("out_b", [&] { mm(L.out_b, low_.get(), GL, R, y_.get(), E, E); });
+    }
     mark("out_b", double(E) * L.out_b.row_bytes);
     join(kSinkhorn);
     sublayer_post(R, nullptr, 0, true);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <cstdlib>
+#include <stdexcept>
 
 #include <cooperative_groups.h>
 
@@ -2103,6 +2104,12 @@ bool cublas_round(uint32_t R) {
     const uint32_t q8 = cublas_rows(0), f16 = cublas_rows(1);
     return (q8 && R >= q8) || (f16 && R >= f16);
 }
+bool gemm_q8_0_takes_cublas(const DevWeight& W, uint32_t R, uint64_t N, uint64_t AK, uint64_t rpg, uint64_t y_stride,
+                            cudaStream_t s) {
+    const uint32_t cb_rows = cublas_rows(0);
+    return cb_rows && R >= cb_rows && gemm_q8_0_eligible(W, R, N, rpg, false) &&
+           gemm_q8_0_cublas_ready(W, R, N, AK, rpg, y_stride, s);
+}
 bool gemm_q8_0_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y, uint64_t y_stride,
                       uint64_t N, cudaStream_t s) {
     // (run 170: quant_q8_0_kernel 46 us + the codes' top and dequantisation 24 against a top pass
@@ -2164,6 +2171,8 @@ void gemm_q8_0(const DevWeight& W, const DevAct& a, uint32_t R, float* y, uint64
         throw_mismatch("gemm_q8_0", W.type, W.K, a.K);
     const uint32_t cb_rows = cublas_rows(0);
     if (cb_rows && R >= cb_rows && gemm_q8_0_cublas(W, a, R, y, y_stride, N, row0, rpg, s)) return;
+    if (!a.q)   // (an FP16 activation alone: its caller asked gemm_q8_0_takes_cublas first)
+        throw std::logic_error("gemm_q8_0: an activation without Q8_0 codes (FP16 only) that cuBLAS did not take");
     Gemm p{W.qs, W.d, W.K, row0, N, a.q, a.d, a.K, rpg, R, y, y_stride};
     if (flat_ok(W, a, row0, rpg) && (N + kFlatBM - 1) / kFlatBM < 65536) {
         const int bn = flat_bn();

@@ -211,6 +211,23 @@ __global__ void alpha_kernel(const unsigned* __restrict__ xtop, const unsigned* 
     *alpha = floats_alpha(xtop, wtop);
 }
 
+// An FP16 output's alpha and top (gemm_q8_0_cublas_half): the activation's halves within xmax (its
+// h_max, else 2^14), the weight's below 2^14 (127 times its largest block scale, times its factor),
+// so |Σ_K x·w| <= K · xmax · 2^14 = v <= 2^e (frexp's e; v 0: e 0): alpha = 2^(15 - e) keeps every
+// output within 2^15, a finite FP16. The output is y · yf, yf = alpha times the operands' factors,
+// and 2^13 / yf is the top whose f16_factor is yf (both powers of two; kept within f16_factor's
+// 2^±60 unless the operands' factors are that far apart already).
+__global__ void half_out_kernel(const unsigned* __restrict__ xtop, const unsigned* __restrict__ xmax,
+                                const unsigned* __restrict__ wtop, float K, float* __restrict__ alpha,
+                                unsigned* __restrict__ ytop) {
+    const float xm = xmax ? __uint_as_float(*xmax) : 16384.0f;
+    int e = 0;
+    frexpf(K * xm * 16384.0f, &e);
+    const float a = ldexpf(1.0f, 15 - e);
+    *alpha = a;
+    *ytop = __float_as_uint(8192.0f / (a * f16_factor(*xtop, 1.0f) * f16_factor(*wtop)));
+}
+
 void check_cublas(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS)
         throw std::runtime_error(std::string("cuBLAS: ") + what + " failed: " + cublasGetStatusString(st));
@@ -242,7 +259,7 @@ struct StreamState {
 std::mutex g_mu;
 std::unordered_map<cudaStream_t, StreamState> g_streams;
 std::unordered_set<cudaStream_t> g_keep;   // streams that keep weight copies (gemm_cublas_weight_copies)
-std::atomic<uint64_t> g_calls[2] = {0, 0};   // Q8_0, F16
+std::atomic<uint64_t> g_calls[3] = {0, 0, 0};   // Q8_0, F16, Q8_0 with an FP16 output
 std::atomic<uint64_t> g_copy_bytes{0};        // kept weight copies' bytes, all streams
 
 // The stream's state, made on its first use; nullptr when the device refuses its constants or
@@ -286,9 +303,11 @@ bool grow(uint16_t*& buf, uint64_t& cap, uint64_t n) {
     return true;
 }
 
-// y = alpha · x · wᵀ on the stream's handle (gemm_f16_cublas's contract).
+// y = alpha · x · wᵀ on the stream's handle (gemm_f16_cublas's contract); y's type yt: floats, or
+// halves (each sum times alpha rounded to FP16 once).
 void run_gemm(StreamState& st, const uint16_t* w, const uint16_t* x, uint32_t R, uint64_t N, uint64_t K, uint64_t AK,
-              uint64_t rpg, float* y, uint64_t y_stride, const float* alpha, uint64_t ldw) {
+              uint64_t rpg, void* y, uint64_t y_stride, const float* alpha, uint64_t ldw,
+              cudaDataType_t yt = CUDA_R_32F) {
     const cublasHandle_t h = st.h;
     const float one = 1.0f, zero = 0.0f;
     // alpha on the device (the operands' factors, known only there) or 1 from the host
@@ -299,14 +318,14 @@ void run_gemm(StreamState& st, const uint16_t* w, const uint16_t* x, uint32_t R,
     // Row-major y[R][N] = x[R][K] · w[N][K]ᵀ is, column-major, yᵀ (N × R) = op_T(w) · x.
     if (rpg == 0)
         check_cublas(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, int(N), int(R), int(K), al, w, CUDA_R_16F, int(ldw), x,
-                                  CUDA_R_16F, int(AK), be, y, CUDA_R_32F, int(y_stride), CUBLAS_COMPUTE_32F,
+                                  CUDA_R_16F, int(AK), be, y, yt, int(y_stride), CUBLAS_COMPUTE_32F,
                                   CUBLAS_GEMM_DEFAULT),
                      "FP16 GEMM");
     else   // group g: weight rows [g·rpg, (g+1)·rpg), activation columns [g·K, (g+1)·K)
         check_cublas(cublasGemmStridedBatchedEx(
                          h, CUBLAS_OP_T, CUBLAS_OP_N, int(rpg), int(R), int(K), al, w, CUDA_R_16F, int(ldw),
                          static_cast<long long>(rpg * ldw), x, CUDA_R_16F, int(AK), static_cast<long long>(K), be, y,
-                         CUDA_R_32F, int(y_stride), static_cast<long long>(rpg), int(N / rpg), CUBLAS_COMPUTE_32F,
+                         yt, int(y_stride), static_cast<long long>(rpg), int(N / rpg), CUBLAS_COMPUTE_32F,
                          CUBLAS_GEMM_DEFAULT),
                      "grouped FP16 GEMM");
 }
@@ -419,6 +438,29 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
     run_gemm(st, kept ? kept->w : st.w, (a.h ? a.h : st.x) + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
     ++g_calls[0];
+    return true;
+}
+
+bool gemm_q8_0_cublas_ready(const DevWeight& W, uint32_t R, uint64_t N, uint64_t AK, uint64_t rpg, uint64_t y_stride,
+                            cudaStream_t s) {
+    const uint64_t K = W.K;
+    if (W.type != T_Q8_0 || K % 32 || AK % 32 || reinterpret_cast<uintptr_t>(W.qs) % 8) return false;
+    StreamState* sp = path_state(R, N, K, AK, 0, rpg, y_stride, s);
+    return sp && (kept_copy(*sp, W, 0, N, s) || grow(sp->w, sp->w_cap, N * K));
+}
+
+bool gemm_q8_0_cublas_half(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t rpg, uint16_t* yh,
+                           unsigned* y_top, cudaStream_t s) {
+    const uint64_t K = W.K;
+    if (a.kind != ActKind::Q8_0 || !a.h || !a.h_top || !gemm_q8_0_cublas_ready(W, R, N, a.K, rpg, N, s)) return false;
+    StreamState& st = *stream_state(s);
+    const F16Copy* kept = kept_copy(st, W, 0, N, s);
+    check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
+    if (!kept) dequant_weight(W, 0, N, st.w, st.top, s);
+    half_out_kernel<<<1, 1, 0, s>>>(a.h_top, a.h_max, kept ? kept->top : st.top, float(K), st.alpha, y_top);
+    check_launch("cuBLAS path: an FP16 output's alpha");
+    run_gemm(st, kept ? kept->w : st.w, a.h, R, N, K, a.K, rpg, yh, N, st.alpha, K, CUDA_R_16F);
+    ++g_calls[2];
     return true;
 }
 

@@ -81,6 +81,10 @@ struct DevAct {
     // activation (the sublayer's xn); those products then skip their own conversion. Null: none.
     const uint16_t* h = nullptr;
     const unsigned* h_top = nullptr;
+    // Where given (a device float's bits): the FP16 values' largest magnitude, which may reach 2^16
+    // (the attention's half output, AttnHalfOut::max), else below 2^14 (act_f16's): the bound an
+    // FP16 output of a product from them takes (gemm_q8_0_cublas_half).
+    const unsigned* h_max = nullptr;
 };
 
 // Scratch for quantised activations (device memory, owned by the caller).
@@ -208,6 +212,24 @@ bool gemm_float_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y
 // dequantised again. Other bits than from the codes, closer to the exact product.
 bool gemm_q8_0_cublas_floats(const DevWeight& W, const float* x, uint64_t xs, uint32_t R, float* y,
                              uint64_t y_stride, uint64_t N, cudaStream_t s);
+// Whether gemm_q8_0_cublas will take W's rows [0, N) against R activation rows of AK values given
+// as FP16 (DevAct::h) on s, having made what it needs there (the stream's handle, the weight's
+// kept copy or scratch), so that the product then cannot fall back: nothing in between may
+// capture s. gemm_q8_0_takes_cublas: the same where matvec's routing (matvec_grouped for rpg)
+// sends the product to gemm_q8_0 and that to cuBLAS: the condition for an activation with no
+// Q8_0 codes (gemm_q8_0 throws std::logic_error for one cuBLAS refused).
+bool gemm_q8_0_cublas_ready(const DevWeight& W, uint32_t R, uint64_t N, uint64_t AK, uint64_t rpg, uint64_t y_stride,
+                            cudaStream_t s);
+// gemm_q8_0_cublas (row0 0, y_stride N) from an FP16 activation (a.h) with its output as FP16
+// too, yh [R][N], for the next product's DevAct::h: alpha makes the trivial bound of the sums
+// (K times the activation's largest magnitude, a.h_max or 2^14, times the weight's, below 2^14)
+// at most 2^15, a finite FP16, and *y_top receives the top whose f16_factor is the output's
+// factor (DevAct::h_top). False (nothing launched) where gemm_q8_0_cublas_ready is. Other bits
+// than the float output's: each output rounded to FP16 once.
+bool gemm_q8_0_cublas_half(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t rpg, uint16_t* yh,
+                           unsigned* y_top, cudaStream_t s);
+bool gemm_q8_0_takes_cublas(const DevWeight& W, uint32_t R, uint64_t N, uint64_t AK, uint64_t rpg, uint64_t y_stride,
+                            cudaStream_t s);
 // R float rows (K values, xs apart) as FP16 into out ([R][K]) for DevAct::h: their largest
 // magnitude into *top (this zeroes it first), each value times the power of two that takes it to
 // [2^13, 2^14): the conversion gemm_float_cublas and gemm_q8_0_cublas_floats make per call, so
@@ -232,7 +254,8 @@ void gemm_cublas_weight_copies(cudaStream_t s, bool on);
 uint64_t gemm_cublas_copy_bytes();
 // Frees a stream's cuBLAS handle, scratch and kept copies (before the stream is destroyed).
 void release_cublas(cudaStream_t s);
-// Products each has launched in this process (kind 0: Q8_0, 1: F16; tests: the path was taken).
+// Products each has launched in this process (kind 0: Q8_0, 1: F16, 2: Q8_0 with an FP16 output,
+// gemm_q8_0_cublas_half; tests: the path was taken).
 uint64_t gemm_cublas_calls(int kind);
 // The fast prompt rounds (--fast-prefill: BackendOptions::fast_prefill, or DSV4_FAST_PREFILL=1
 // for the benchmarks): the backend sets it each round, for this host thread's next launches.
@@ -662,14 +685,41 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
 // qn.on (only where attn_rows_qnorm says so, else an error): q is the query product's raw
 // output, and the rows kernel applies head_norm_rope's per-head RMSNorm (eps qn.eps) and RoPE
 // itself: head_norm_rope (norm, not inverse) then attention's bits.
+// oh.h (only where attn_rows_half_output says so and without o_q8, else an error): the output as
+// FP16 ([R][n_head · D]) times kAttnHalfScale there instead of floats in o (whose rows still
+// carry the fast kernels' FP16 queries): the input of a cuBLAS product (DevAct::h, h_top holding
+// kAttnHalfTop), without the Q8_0 codes it would only dequantise again. Those kernels read FP16
+// keys and values, so |o| <= 65,504 before the RoPE tail's rotation, sqrt(2) times that after it:
+// halved, every value is a finite FP16. Each half is the float output's times the scale rounded
+// once (round to nearest even). oh.max (optional): the halves' largest magnitude there (float bits,
+// up to their rounding; attention zeroes it first): DevAct::h_max, a bound of the next product.
 struct AttnQNorm {
     bool on = false;
     float eps = 0.0f;
 };
+struct AttnHalfOut {
+    uint16_t* h = nullptr;
+    unsigned* max = nullptr;
+};
+constexpr float kAttnHalfScale = 0.5f;
+constexpr float kAttnHalfTop = 16384.0f;   // f16_factor's power of two for it: 2^(14 - 15)
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, cudaStream_t s,
-               const ActBuf* o_q8 = nullptr, AttnQNorm qn = {});
+               const ActBuf* o_q8 = nullptr, AttnQNorm qn = {}, AttnHalfOut oh = {});
+// Whether attention can write its output as FP16 (oh): a prompt round's rows path in the fast
+// mode's plain FP16 form with 32-key tiles (attn_rows_fast_kernel, or the warpgroup form).
+bool attn_rows_half_output(uint32_t n_head, uint32_t D, uint32_t n_rot);
+// Whether the backend asks for it where its output projection (Q8_0) then takes cuBLAS
+// (DSV4_ATTN_HALF_OUT, read once; opt-in until measured; tests: attn_half_output_override, -1
+// the variable's): 1 the fast rows kernels' FP16 output goes straight into out_a's GEMM, instead
+// of floats, Q8_0 codes and their dequantisation to FP16 (a pass over the round's codes); 2 also
+// out_a's output as FP16 straight into out_b's (gemm_q8_0_cublas_half), instead of floats and
+// their top and conversion passes; 0 neither.
+int attn_half_output_on();
+void attn_half_output_override(int level);
+// Launches of attention with a half output in this process (tests: the path was taken).
+uint64_t attn_half_output_calls();
 // In a prompt round (gemm_prefill_order(true)) and for the shapes attn_rows_ok takes (up to 64
 // heads of width 64, 128, 256 or 512), an item is a whole row instead: all its heads over all
 // its keys on the tensor cores (3xTF32), no splits and no merge; FP32-accurate, not decode's
@@ -721,12 +771,13 @@ bool attn_key_halves_round();
 void keys_to_halves(const DevLayerKV* lkv, uint32_t S, uint32_t n_layer, uint32_t il, uint32_t D, uint32_t ratio,
                     cudaStream_t s);
 // The warpgroup form's launch (sm90a/attention_wg.cu; forms 1 to 4, as above), after
-// attn_fast_q_kernel has put the rows' FP16 queries into o: false where the shape or the device
-// does not allow it.
+// attn_fast_q_kernel has put the rows' FP16 queries into o (oh, oh_max: the output as FP16 and
+// its largest magnitude, attention's AttnHalfOut; *oh_max zeroed before): false where the shape or
+// the device does not allow it.
 bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                     const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                     uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
-                    cudaStream_t s);
+                    uint16_t* oh, unsigned* oh_max, cudaStream_t s);
 // The key splits run on the FP32 CUDA-core kernel unless DSV4_ATTN_TC=1 (read once) puts them
 // on the tensor cores (attention_tc.cu: 3xTF32, FP32-accurate) where the head width allows;
 // tests force either: 1 / 0, or -1 for the variable's.

@@ -1372,17 +1372,34 @@ struct AttnProblem {
         if (cuda::attn_key_halves_round()) cuda::keys_to_halves(dlkv->get(), n_sess, n_layer, il, D, ratio, s);
     }
 
-    std::vector<float> run(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q,
-                           const std::vector<uint32_t>& sel, cudaStream_t s = nullptr) const {
-        const uint32_t R = uint32_t(rows.size());
+    // attention of rows (queries q, selections sel) into out, or with oh.h its output as FP16 there
+    void launch(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q, const std::vector<uint32_t>& sel,
+                float* out, cuda::AttnHalfOut oh, cudaStream_t s) const {
         DevVec<cuda::DevRow> drows(rows);
-        DevVec<float> dq(q), dout(uint64_t(R) * n_head * D);
+        DevVec<float> dq(q);
         DevVec<uint32_t> dsel(sel);
         halves(s);
-        cuda::attention(dq.get(), dsinks->get(), R, n_head, D, n_swa, ratio, top_k, dsel.get(), drows.get(),
-                        dlkv->get(), n_layer, il, n_rot, dinv->get(), dout.get(), s);
+        cuda::attention(dq.get(), dsinks->get(), uint32_t(rows.size()), n_head, D, n_swa, ratio, top_k, dsel.get(),
+                        drows.get(), dlkv->get(), n_layer, il, n_rot, dinv->get(), out, s, nullptr, {}, oh);
         EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    }
+    std::vector<float> run(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q,
+                           const std::vector<uint32_t>& sel, cudaStream_t s = nullptr) const {
+        DevVec<float> dout(uint64_t(rows.size()) * n_head * D);
+        launch(rows, q, sel, dout.get(), {}, s);
         return dout.download();
+    }
+    // The output as FP16 (attention's AttnHalfOut; o still takes the fast kernels' queries), and the
+    // largest magnitude the launch gave (its bits as a float) into *max.
+    std::vector<uint16_t> run_half(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q,
+                                   const std::vector<uint32_t>& sel, float* max = nullptr) const {
+        const uint64_t n = uint64_t(rows.size()) * n_head * D;
+        DevVec<float> dout(n);
+        DevVec<uint16_t> dh(n);
+        DevVec<unsigned> dmax(std::vector<unsigned>{0x7f7fffffu});   // (attention zeroes it)
+        launch(rows, q, sel, dout.get(), {dh.get(), dmax.get()}, nullptr);
+        if (max) std::memcpy(max, dmax.download().data(), sizeof(float));
+        return dh.download();
     }
 
     // §5.12 in double for row i, then the inverse RoPE of the tail: out [n_head][D].
@@ -1654,6 +1671,44 @@ TEST_F(CudaKernels, AttentionWarpgroupFormsAgreeBitForBit) {
             else
                 ASSERT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float)))
                     << "mode " << mode << " against mode 7, ratio " << ratio;
+        }
+    }
+}
+
+// The fast rows kernels of 32-key tiles (modes 6 to 10: mma.sync and the warpgroup forms) write
+// their output as FP16 where asked (attention's AttnHalfOut): each half the float output's times
+// kAttnHalfScale rounded once to nearest even, for every row, head and layer kind, and their
+// largest magnitude (before that rounding) where asked; the other kernels (a prompt round's other
+// forms, decode's splits) refuse it with an error.
+TEST_F(CudaKernels, AttentionHalfOutputEqualsScaledFloats) {
+    const AttnShape sh = kAttnShapes[0];
+    for (int mode : {10, 9, 8, 7, 6, 5, 3, 0}) {
+        const AttnKernel kernel(mode);
+        if (mode >= 7 && !cuda::gemm_experts_wgmma_available()) continue;
+        const bool takes = mode >= 6;
+        ASSERT_EQ(takes, cuda::attn_rows_half_output(sh.n_head, sh.D, sh.n_rot)) << "mode " << mode;
+        for (uint32_t ratio : {0u, 4u, 128u}) {
+            const AttnCase c(sh, ratio, attn_positions(sh, ratio), 7 * sh.D + ratio, 41 + ratio);
+            const auto& [P, rows, q, sel] = c;
+            if (!takes) {
+                EXPECT_ANY_THROW(P.run_half(rows, q, sel)) << "mode " << mode;
+                continue;
+            }
+            const auto plain = P.run(rows, q, sel);
+            const uint64_t before = cuda::attn_half_output_calls();
+            float max = -1.0f;
+            const auto half = P.run_half(rows, q, sel, &max);
+            ASSERT_GT(cuda::attn_half_output_calls(), before);
+            ASSERT_EQ(half.size(), plain.size());
+            uint64_t bad = 0, first = 0;
+            float want = 0.0f;
+            for (uint64_t i = 0; i < half.size(); ++i) {
+                if (half[i] != quant::fp32_to_fp16(plain[i] * cuda::kAttnHalfScale) && bad++ == 0) first = i;
+                want = std::max(want, std::fabs(plain[i]) * cuda::kAttnHalfScale);
+            }
+            EXPECT_EQ(bad, 0u) << "mode " << mode << ", ratio " << ratio << ": first at " << first << " ("
+                               << plain[first] << ")";
+            EXPECT_EQ(max, want) << "mode " << mode << ", ratio " << ratio << ": the largest magnitude";
         }
     }
 }
@@ -2128,6 +2183,24 @@ struct Q8_0Problem {
     }
 };
 
+// Row n of a Q8_0 weight (hw, K values a row) against act(k), the activation's value k, in
+// double: the sum, and the terms' magnitudes added to mag.
+template <typename Act>
+double q8_0_row_dot(const HostWeight& hw, uint64_t K, uint64_t n, Act act, double& mag) {
+    const uint8_t* wr = hw.bytes.data() + n * quant::row_bytes(Type::Q8_0, K);
+    double sum = 0;
+    for (uint64_t b = 0; b < K / 32; ++b) {
+        const uint8_t* blk = wr + b * 34;
+        const double dw = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
+        for (uint64_t i = 0; i < 32; ++i) {
+            const double t = dw * int8_t(blk[2 + i]) * act(b * 32 + i);
+            sum += t;
+            mag += std::fabs(t);
+        }
+    }
+    return sum;
+}
+
 TEST_F(CudaKernels, TensorCoreQ8_0EqualsDecodeBitForBit) {
     // Prefill's tensor-core Q8_0 product (R >= 16) must give each row exactly what decode
     // (one row at a time) gives: same integer block sums, same float steps, same tree of sums.
@@ -2374,7 +2447,7 @@ TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
                               Q8_0Case{96, 200, 0, 290}, Q8_0Case{1024, 512, 0, 280}};
     for (const Q8_0Case& c : cases) {
         const Q8_0Problem pr(c, 2026 + c.K + c.N, 12 + c.R);
-        const uint64_t AK = pr.AK, nb = c.K / 32;
+        const uint64_t AK = pr.AK;
         std::vector<int8_t> aq;
         std::vector<float> ad;
         ASSERT_NO_FATAL_FAILURE(pr.act_to_host(aq, ad));
@@ -2383,22 +2456,9 @@ TEST_F(CudaKernels, Q8_0CublasFp16WithinBound) {
             ASSERT_EQ(cudaMemcpy(const_cast<float*>(pr.a.d), ad.data(), ad.size() * 4, cudaMemcpyHostToDevice),
                       cudaSuccess);
         }
-        const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
         auto ref = [&](uint32_t r, uint64_t n, double& mag) {
-            const uint64_t g = c.rpg ? n / c.rpg : 0;
-            const uint8_t* wr = pr.hw.bytes.data() + n * rb;
-            double sum = 0;
-            for (uint64_t b = 0; b < nb; ++b) {
-                const uint8_t* blk = wr + b * 34;
-                const double dw = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
-                const uint64_t at = r * AK + g * c.K + b * 32;
-                for (int i = 0; i < 32; ++i) {
-                    const double t = dw * int8_t(blk[2 + i]) * double(ad[at / 32]) * aq[at + i];
-                    sum += t;
-                    mag += std::fabs(t);
-                }
-            }
-            return sum;
+            const uint64_t at = r * AK + (c.rpg ? n / c.rpg : 0) * c.K;
+            return q8_0_row_dot(pr.hw, c.K, n, [&](uint64_t k) { return double(ad[(at + k) / 32]) * aq[at + k]; }, mag);
         };
         ASSERT_NO_FATAL_FAILURE(cublas_path_checks(
             c, 1,
@@ -2471,20 +2531,10 @@ TEST_F(CudaKernels, Q8_0CublasFromFloatsWithinBound) {
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const auto got = y.download();
         EXPECT_TRUE(via.download() == got) << "K " << c.K << ": the dispatch's bits";
-        const size_t rb = quant::row_bytes(Type::Q8_0, c.K);
         for (uint32_t r = 0; r < c.R; r += 7)
             for (uint64_t n = 0; n < c.N; n += 3) {
-                double sum = 0, mag = 0;
-                const uint8_t* wr = hw.bytes.data() + n * rb;
-                for (uint64_t b = 0; b < c.K / 32; ++b) {
-                    const uint8_t* blk = wr + b * 34;
-                    const double dw0 = quant::fp16_to_fp32(uint16_t(blk[0] | (blk[1] << 8)));
-                    for (int i = 0; i < 32; ++i) {
-                        const double t = dw0 * int8_t(blk[2 + i]) * double(x[r * xs + b * 32 + i]);
-                        sum += t;
-                        mag += std::fabs(t);
-                    }
-                }
+                double mag = 0;
+                const double sum = q8_0_row_dot(hw, c.K, n, [&](uint64_t k) { return double(x[r * xs + k]); }, mag);
                 const double err = std::fabs(got[r * c.N + n] - sum) / (mag + 1e-300);
                 worst = std::max(worst, err);
                 ASSERT_LE(err, 0x1p-10) << "K " << c.K << " row " << r << " col " << n;
@@ -2499,6 +2549,86 @@ TEST_F(CudaKernels, Q8_0CublasFromFloatsWithinBound) {
     cuda::gemm_q8_0_cublas_override(-1);
     cuda::gemm_prefill_order(false);
     std::printf("Q8_0 from floats through cuBLAS FP16: worst error %.3g of the sum of magnitudes\n", worst);
+}
+
+TEST_F(CudaKernels, Q8_0CublasHalfOutputWithinBound) {
+    // A Q8_0 product from an FP16 activation with its output as FP16 too (gemm_q8_0_cublas_half:
+    // the fast mode's out_a into out_b, DSV4_ATTN_HALF_OUT=2): each output, divided by the factor
+    // its top gives (2^13 / top, f16_factor's), within 2^-9 of Σ|w·x| of a double reference of the
+    // exact Q8_0 weight and the activation's halves (three FP16 roundings a product); finite
+    // halves whatever the rows' range. Activations: act_f16's (below 2^14, no h_max) and the
+    // attention's kind (each value halved and rounded, kAttnHalfTop, h_max their largest
+    // magnitude), plain and grouped; an activation without halves is refused.
+    cuda::gemm_prefill_order(true);
+    double worst = 0;
+    for (const Q8_0Case& c : {Q8_0Case{4096, 2048, 1024, 260}, Q8_0Case{8192, 1024, 0, 300}}) {
+        const uint64_t AK = (c.rpg ? c.N / c.rpg : 1) * c.K, n = c.R * AK;
+        const HostWeight hw = random_weight(Type::Q8_0, c.K, c.N, 44 + c.K);
+        const DevWeightHolder dw(hw);
+        std::vector<float> x = random_floats(n, 19 + c.R, -3.0f, 3.0f);
+        for (uint32_t r = 0; r < c.R; r += 5) x[r * AK + r % AK] *= 3000.0f;   // wide-ranged rows
+        for (int kind : {0, 1}) {
+            std::vector<uint16_t> xh(n);
+            DevVec<uint16_t> dxh(xh);
+            DevVec<unsigned> top(std::vector<unsigned>{0}), xmax(std::vector<unsigned>{0});
+            cuda::DevAct a;
+            a.kind = cuda::ActKind::Q8_0;
+            a.K = AK;
+            a.h = dxh.get();
+            a.h_top = top.get();
+            if (kind == 0) {   // act_f16's
+                const DevVec<float> dx(x);
+                cuda::act_f16(dx.get(), AK, AK, c.R, dxh.get(), top.get(), nullptr);
+                ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+                xh = dxh.download();
+            } else {           // the attention's
+                float m = 0.0f;
+                for (uint64_t i = 0; i < n; ++i) {
+                    xh[i] = quant::fp32_to_fp16(x[i] * cuda::kAttnHalfScale);
+                    m = std::max(m, std::fabs(x[i]) * cuda::kAttnHalfScale);
+                }
+                unsigned tb = 0, mb = 0;
+                std::memcpy(&tb, &cuda::kAttnHalfTop, 4);
+                std::memcpy(&mb, &m, 4);
+                ASSERT_EQ(cudaMemcpy(dxh.get(), xh.data(), n * 2, cudaMemcpyHostToDevice), cudaSuccess);
+                ASSERT_EQ(cudaMemcpy(top.get(), &tb, 4, cudaMemcpyHostToDevice), cudaSuccess);
+                ASSERT_EQ(cudaMemcpy(xmax.get(), &mb, 4, cudaMemcpyHostToDevice), cudaSuccess);
+                a.h_max = xmax.get();
+            }
+            DevVec<uint16_t> yh(std::vector<uint16_t>(c.R * c.N, 0x7e00));
+            DevVec<unsigned> ytop(std::vector<unsigned>{0});
+            ASSERT_TRUE(cuda::gemm_q8_0_cublas_half(dw.w, a, c.R, c.N, c.rpg, yh.get(), ytop.get(), nullptr));
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            const auto got = yh.download();
+            float yt = 0.0f;
+            std::memcpy(&yt, ytop.download().data(), 4);
+            const double yf = 8192.0 / double(yt);
+            // the activation's factor: act_f16's top (f16_factor: 2^(14 - e) for top = f · 2^e), or 1/2
+            float xt = 0.0f;
+            std::memcpy(&xt, top.download().data(), 4);
+            int e = 0;
+            std::frexp(double(xt), &e);
+            const double xf = std::ldexp(1.0, 14 - e);
+            for (uint32_t r = 0; r < c.R; r += 3)
+                for (uint64_t j = 0; j < c.N; j += 5) {
+                    const uint64_t at = r * AK + (c.rpg ? j / c.rpg : 0) * c.K;
+                    double mag = 0;
+                    const double sum = q8_0_row_dot(
+                        hw, c.K, j, [&](uint64_t k) { return double(quant::fp16_to_fp32(xh[at + k])) / xf; }, mag);
+                    const float h = quant::fp16_to_fp32(got[r * c.N + j]);
+                    ASSERT_TRUE(std::isfinite(h)) << "K " << c.K << " row " << r << " col " << j;
+                    const double err = std::fabs(double(h) / yf - sum) / (mag + 1e-300);
+                    worst = std::max(worst, err);
+                    ASSERT_LE(err, 0x1p-9) << "kind " << kind << " K " << c.K << " row " << r << " col " << j;
+                }
+        }
+    }
+    Q8_0Problem pr(Q8_0Case{1024, 256, 0, 300}, 3, 4);   // (codes, no halves)
+    DevVec<uint16_t> yh(300 * 256);
+    DevVec<unsigned> ytop(std::vector<unsigned>{0});
+    EXPECT_FALSE(cuda::gemm_q8_0_cublas_half(pr.dw.w, pr.a, 300, 256, 0, yh.get(), ytop.get(), nullptr));
+    cuda::gemm_prefill_order(false);
+    std::printf("Q8_0 through cuBLAS, FP16 in and out: worst error %.3g of the sum of magnitudes\n", worst);
 }
 
 TEST_F(CudaKernels, FloatCublasFp16WithinBound) {

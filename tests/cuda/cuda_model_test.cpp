@@ -240,12 +240,13 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // enough for the CPU, so every row count takes cuBLAS here (the overrides); then with that
 // attention in tiles of 16 keys, with the gate+up on its exact kernel, with the exact experts
 // kernels, with the experts kernel by mma.sync (the default is wgmma where the device has it),
-// with its warpgroup-MMA form over two groups a block, warp-specialised (sm90a/experts_ws.cu),
-// staging every pair slot (the default stages only the pairs it reads), staging the Q2_K code
-// bytes a tile pair shares for each tile (the default stages them once), and with the
-// attention's 32-key tiles by the warpgroup MMA
+// with its warpgroup-MMA form over two groups a block, by WG (a block a group, no producer: the
+// default is warp-specialised, sm90a/experts_ws.cu), staging every pair slot (the default stages
+// only the pairs it reads), staging the Q2_K code bytes a tile pair shares for each tile (the
+// default stages them once), with the attention's 32-key tiles by the warpgroup MMA
 // (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
-// its mma.sync form too).
+// its mma.sync form too), and with the attention's output as FP16 straight into out_a's cuBLAS
+// product, then out_a's into out_b's too (DSV4_ATTN_HALF_OUT 1 and 2: the path taken).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -255,7 +256,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     struct Variant {
         int experts_f16, iq2, kt, wgmma, stage_used;
         const char* label;
-        int attn_wg = -1, paired_codes = -1;
+        int attn_wg = -1, paired_codes = -1, half_out = -1;
     };
     for (const Variant& v : {Variant{-1, -1, 32, -1, -1, "flash4-flash fast prefill"},
                              Variant{-1, -1, 16, -1, -1, "flash4 fast, 16-key tiles"},
@@ -269,7 +270,9 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma", 1},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by wgmma, cp.async", 2},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by mma.sync", 0},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention in split roles", 4}}) {
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention in split roles", 4},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention output as FP16", -1, -1, 1},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention and out_a outputs as FP16", -1, -1, 2}}) {
         if ((v.wgmma > 0 || v.attn_wg > 0) && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::attn_rows_fast_wg_override(v.attn_wg);
         cuda::gemm_experts_f16_override(v.experts_f16);
@@ -278,8 +281,15 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         cuda::gemm_experts_f16_stage_used_override(v.stage_used);
         cuda::gemm_experts_f16_paired_codes_override(v.paired_codes);
         cuda::attn_rows_fast_kt_override(v.kt);
+        cuda::attn_half_output_override(v.half_out);
+        const uint64_t half0 = cuda::attn_half_output_calls(), out0 = cuda::gemm_cublas_calls(2);
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
+        if (v.half_out >= 1) {
+            EXPECT_GT(cuda::attn_half_output_calls(), half0) << v.label << ": the attention's half output not taken";
+            EXPECT_EQ(v.half_out >= 2, cuda::gemm_cublas_calls(2) > out0) << v.label << ": out_a's half output";
+        }
     }
+    cuda::attn_half_output_override(-1);
     cuda::gemm_experts_f16_override(-1);
     cuda::gemm_experts_f16_iq2_override(-1);
     cuda::gemm_experts_f16_wgmma_override(-1);

@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     attn_rows_wg_kernel(const __half* q16, const float* __restrict__ sinks, uint32_t n_head, uint32_t n_swa,
                         uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* __restrict__ rows,
                         const DevLayerKV* __restrict__ lkv, uint32_t n_layer, uint32_t il, uint32_t R, uint32_t n_rot,
-                        const double* __restrict__ inv_freq, float* o, int8_t* oq, float* od, bool no_keys,
-                        float margin) {
+                        const double* __restrict__ inv_freq, float* o, int8_t* oq, float* od, uint16_t* oh,
+                        unsigned* oh_max, bool no_keys, float margin) {
     pdl_begin();
     constexpr uint32_t D = kWgD, KT = kWgKT;
     extern __shared__ __align__(128) uint8_t smw[];
@@ -248,6 +248,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     const float scale = float(1.0 / sqrt(double(D))) / kWgQScale;
     const uint32_t sm_a = smem_addr(smw);
     float ov[128];   // O[64 heads][dims 256 wg ..] (times 2^12), wgmma's D layout: n-tile i in ov[4i .. 4i + 3]
+    float hmax = 0.0f;   // the half output's largest |y| (rows_half_max)
     uint32_t n = 0, i = 0;
     for (uint32_t r = blockIdx.x; r < R; r += gridDim.x, ++i) {
         const uint32_t qb = i % S::q_buffers, ab = i & 1;
@@ -483,12 +484,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                         rows_out_pair(ov[j], ov[j + 1], fw[hh], inv[hh], 256 * wg + 8 * (4 * b + t) + 2 * tig, tail0,
                                       rc_s[ab], rs_s[ab], y[t], am);
                     }
-                    rows_store_block(y, am, o, oq, od, (uint64_t(r) * n_head + h) * D + 256 * wg + 32 * b, tig,
+                    rows_store_block(y, am, o, oq, od, oh, (uint64_t(r) * n_head + h) * D + 256 * wg + 32 * b, tig,
                                      h < n_head);
+                    if (h < n_head) hmax = fmaxf(hmax, am);
                 }
             }
         }
     }
+    rows_half_max(hmax, oh ? oh_max : nullptr);
 }
 
 template <int FORM>
@@ -507,7 +510,7 @@ uint32_t wg_resident() {
 bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio, uint32_t top_k,
                     const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer, uint32_t il,
                     uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
-                    cudaStream_t s) {
+                    uint16_t* oh, unsigned* oh_max, cudaStream_t s) {
     if (n_head > kWgH || n_rot > kWgMaxRot || n_rot % 2 || form < 1 || form > 4) return false;
     const uint32_t resident = form == 1   ? wg_resident<1>()
                               : form == 2 ? wg_resident<2>()
@@ -532,7 +535,7 @@ bool launch_rows_wg(int form, const float* sinks, uint32_t n_head, uint32_t n_sw
                                       : WgSmem<4>::bytes;
     kernel<<<std::min(R, resident), kWgThreads, smem, s>>>(
         reinterpret_cast<const __half*>(o), sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot,
-        inv_freq, o, oq, od, no_keys, margin);
+        inv_freq, o, oq, od, oh, oh_max, no_keys, margin);
     check_launch("attention (rows, WG)");
     return true;
 }
