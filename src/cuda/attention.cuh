@@ -428,11 +428,12 @@ void attn_split_tc(const float* q, uint32_t n_head, uint32_t D, uint32_t n_swa, 
 // qn: q raw (q_b's output), each row's staged heads normalised and rotated in the kernel with
 // head_norm_rope's operations (eps q_eps): head_norm_rope then the kernel's bits. oh: the output
 // as FP16 instead, its largest magnitude into *oh_max where given (attention's AttnHalfOut,
-// where attn_rows_half_output).
+// where attn_rows_half_output); qh, qh_top: q as FP16 (AttnQNorm::h, there too).
 void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                  float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s);
+                  float* od, uint16_t* oh, unsigned* oh_max, const uint16_t* qh, const unsigned* qh_top, bool qn,
+                  float q_eps, cudaStream_t s);
 // Whether the rows kernel takes raw queries (DSV4_ATTN_QNORM_ROWS, read once, default 1, unless a
 // test forced it with attn_rows_qnorm_override): attn_rows_qnorm (kernels.h) asks it.
 bool attn_rows_qnorm_on();
@@ -448,6 +449,7 @@ bool attn_rows_f16_fast32(uint32_t n_head, uint32_t D, uint32_t n_rot);
 void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                   float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s);
+                   float* od, uint16_t* oh, unsigned* oh_max, const uint16_t* qh, const unsigned* qh_top, bool qn,
+                   float q_eps, cudaStream_t s);
 
 }  // namespace dsv4::cuda

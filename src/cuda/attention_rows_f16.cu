@@ -539,14 +539,18 @@ static_assert(kF16Threads / kFastKT == 16 && kF16Threads == 8 * 16 * kF16MaxMT &
 // q_b's rows as FP16 (times 2^10) into the first half of each output row; qn: normalised and
 // rotated first (rows_head_norm_rope: head_norm_rope's bits). A block a row, a warp a head.
 // oh_max (the half output's largest magnitude, which the rows kernel after this one raises):
-// zeroed here, so no memset node sits between the two kernels.
+// zeroed here, so no memset node sits between the two kernels. qh (AttnQNorm::h): q_b's output
+// as FP16 instead of q, each value taken back to its float by the inverse of its top's factor
+// (a power of two: the FP16 value exactly) before the same steps.
 __global__ void __launch_bounds__(kF16Threads) attn_fast_q_kernel(const float* __restrict__ q, uint32_t n_head,
                                                                   uint32_t n_rot, const double* __restrict__ inv_freq,
                                                                   const DevRow* __restrict__ rows, bool qn,
                                                                   double q_eps, float* __restrict__ o,
-                                                                  unsigned* oh_max) {
+                                                                  unsigned* oh_max, const uint16_t* qh,
+                                                                  const unsigned* qh_top) {
     pdl_begin();
     if (oh_max && blockIdx.x == 0 && threadIdx.x == 0) *oh_max = 0;   // (the rows kernel's, after this one)
+    const float qinv = qh ? 1.0f / f16_factor(*qh_top, 1.0f) : 1.0f;
     constexpr uint32_t D = kFastD, DP = D + kAttnPad;
     __shared__ __align__(16) float row_s[kF16Warps][DP];
     __shared__ float rc_s[kAttnMaxD / 2], rs_s[kAttnMaxD / 2];
@@ -557,9 +561,20 @@ __global__ void __launch_bounds__(kF16Threads) attn_fast_q_kernel(const float* _
     float* x = row_s[w];
     __half2* dst = reinterpret_cast<__half2*>(o + uint64_t(r) * n_head * D);
     for (uint32_t h = w; h < n_head; h += kF16Warps) {
-        const float4* src = reinterpret_cast<const float4*>(q + (uint64_t(r) * n_head + h) * D);
+        const uint64_t at = (uint64_t(r) * n_head + h) * D;
+        if (qh) {
 #pragma unroll
-        for (uint32_t j = 0; j < D / 128; ++j) reinterpret_cast<float4*>(x)[lane + 32 * j] = src[lane + 32 * j];
+            for (uint32_t j = 0; j < D / 128; ++j) {
+                const uint2 v = reinterpret_cast<const uint2*>(qh + at)[lane + 32 * j];
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x)),
+                             b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+                reinterpret_cast<float4*>(x)[lane + 32 * j] = make_float4(a.x * qinv, a.y * qinv, b.x * qinv, b.y * qinv);
+            }
+        } else {
+            const float4* src = reinterpret_cast<const float4*>(q + at);
+#pragma unroll
+            for (uint32_t j = 0; j < D / 128; ++j) reinterpret_cast<float4*>(x)[lane + 32 * j] = src[lane + 32 * j];
+        }
         __syncwarp();
         if (qn) {
             rows_head_norm_rope<D>(x, n_rot, q_eps, rc_s, rs_s);
@@ -788,13 +803,15 @@ bool g_key_halves_round = false;
 void launch_rows_fast(const float* q, const float* sinks, uint32_t n_head, uint32_t n_swa, uint32_t ratio,
                       uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv, uint32_t n_layer,
                       uint32_t il, uint32_t R, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq, float* od,
-                      uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, int wg, cudaStream_t s) {
+                      uint16_t* oh, unsigned* oh_max, const uint16_t* qh, const unsigned* qh_top, bool qn,
+                      float q_eps, int wg, cudaStream_t s) {
     static const uint32_t resident = [] {
         check(cudaFuncSetAttribute(attn_rows_fast_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFastSmem)),
               "attention (rows, fast) shared memory");
         return resident_blocks(reinterpret_cast<const void*>(attn_rows_fast_kernel), kF16Threads, kFastSmem);
     }();
-    attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o, oh_max);
+    attn_fast_q_kernel<<<R, kF16Threads, 0, s>>>(q, n_head, n_rot, inv_freq, rows, qn, double(q_eps), o, oh_max, qh,
+                                                 qh_top);
     check_launch("attention (fast queries)");
     if (wg >= 3 && !g_key_halves_round) wg = 0;   // (forms 3 and 4 read the round's FP16 keys)
     if (wg && launch_rows_wg(wg, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
@@ -870,14 +887,15 @@ bool attn_rows_f16_fast32(uint32_t n_head, uint32_t D, uint32_t n_rot) {
 void attn_rows_f16(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                    uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                    uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                   float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s) {
+                   float* od, uint16_t* oh, unsigned* oh_max, const uint16_t* qh, const unsigned* qh_top, bool qn,
+                   float q_eps, cudaStream_t s) {
     const bool fast = rows_fast();
     if (fast) ++g_fast_calls;
     if (rows_fast32(fast, n_head, D)) {
         ++g_fast32_calls;
         const int wg = attn_rows_wg_form();
         launch_rows_fast(q, sinks, n_head, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, R, n_rot, inv_freq, o, oq,
-                         od, oh, oh_max, qn, q_eps, wg, s);
+                         od, oh, oh_max, qh, qh_top, qn, q_eps, wg, s);
         return;
     }
     auto* launch = D == 256 ? (fast ? launch_rows_f16<4, true> : launch_rows_f16<4, false>)

@@ -894,12 +894,13 @@ bool attn_rows_ok(uint32_t n_head, uint32_t D, uint32_t n_rot) {
 void attn_rows_tc(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
                   uint32_t ratio, uint32_t top_k, const uint32_t* sel, const DevRow* rows, const DevLayerKV* lkv,
                   uint32_t n_layer, uint32_t il, uint32_t n_rot, const double* inv_freq, float* o, int8_t* oq,
-                  float* od, uint16_t* oh, unsigned* oh_max, bool qn, float q_eps, cudaStream_t s) {
+                  float* od, uint16_t* oh, unsigned* oh_max, const uint16_t* qh, const unsigned* qh_top, bool qn,
+                  float q_eps, cudaStream_t s) {
     if (!attn_rows_ok(n_head, D, n_rot))
         throw_mismatch("attention (rows): up to 64 heads of width 64, 128, 256 or 512", 0, D, D);
     if (attn_rows_f16_on(n_head, D, n_rot)) {   // (attention_rows_f16.cu: FP16 products, widths 256 and 512)
         attn_rows_f16(q, sinks, R, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, n_rot, inv_freq, o, oq,
-                      od, oh, oh_max, qn, q_eps, s);
+                      od, oh, oh_max, qh, qh_top, qn, q_eps, s);
         return;
     }
     auto* launch = rows_warps(D) == 16

@@ -82,6 +82,17 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// The power of two that takes mul·top into [2^13, 2^14) (1 for a zero or non-finite top), kept
+// within 2^±60 so that alpha, the inverse of two of them, stays a normal float: the factor of an
+// operand taken to FP16 (gemm_cublas.cu; DevAct::h_top's meaning). mul: 127 for the largest block
+// scale of Q8_0 codes, 1 for the largest value of floats.
+__device__ __forceinline__ float f16_factor(unsigned top_bits, float mul = 127.0f) {
+    const float top = __uint_as_float(top_bits) * mul;
+    if (!(top > 0.0f) || !isfinite(top)) return 1.0f;
+    int e;
+    frexpf(top, &e);   // top = f · 2^e, f in [0.5, 1)
+    return ldexpf(1.0f, min(60, max(-60, 14 - e)));
+}
 
 // Block-wide sum (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
 __device__ __forceinline__ double block_sum_d(double v) {

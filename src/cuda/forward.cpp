@@ -618,10 +618,11 @@ private:
     DBuf<uint16_t> xnh_;   // xn_ as FP16 (xn_acts_for), while xnh_have_
     DBuf<unsigned> xnh_top_;
     bool xnh_have_ = false;
-    // attention_layer's FP16 forms (o_half, low_half): the attention's output, its largest
-    // magnitude and the top that gives kAttnHalfScale (kAttnHalfTop); out_a's output and its top
-    DBuf<uint16_t> oh_, lowh_;
-    DBuf<unsigned> oh_max_, oh_top_, lowh_top_;
+    // attention_layer's FP16 forms (q_half, o_half, low_half): q_b's output and its top; the
+    // attention's output, its largest magnitude and the top that gives kAttnHalfScale
+    // (kAttnHalfTop); out_a's output and its top
+    DBuf<uint16_t> qh_, oh_, lowh_;
+    DBuf<unsigned> qh_top_, oh_max_, oh_top_, lowh_top_;
     // A Q8_0 product's input given as FP16 alone (DevAct::h): K values a row at h, its top and
     // largest magnitude (nullptr: below 2^14)
     static DevAct half_act(uint64_t K, const uint16_t* h, const unsigned* top, const unsigned* max) {
@@ -1031,12 +1032,25 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
             mark("indexer scores+top-k");
         }
     }
-    dup("q_b", [&] { matvec(L.q_b, qa, R, q_.get(), c_.q_dim(), c_.q_dim(), 0, stream_); });
-    mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
     // The queries' per-head norm and RoPE: in a prompt round's rows kernel on its staged heads
     // (attn_rows_qnorm: the same bits, one launch and a pass over q_ fewer; nothing else reads
-    // q_), else head_norm_rope first.
+    // q_), else head_norm_rope first. Where the fast rows kernels fold them (their query kernel)
+    // and q_b takes cuBLAS, at attn_half_output_on's level 3 q_b's output as FP16 into it (qh_:
+    // q_half; the floats where that product declines).
+    const uint64_t QD = c_.q_dim();
     const bool q_fold = attn_rows_qnorm(c_.n_head, D, c_.n_rot);
+    const bool q_try = q_fold && attn_half_output_on() >= 3 && attn_rows_half_output(c_.n_head, D, c_.n_rot) &&
+                       gemm_q8_0_takes_cublas(L.q_b, R, QD, QL, 0, QD, stream_);
+    if (q_try) {
+        qh_.ensure(R * QD, "workspace", &gen_);
+        qh_top_.ensure(1, "workspace", &gen_);
+    }
+    bool q_half = false;
+    dup("q_b", [&] {
+        q_half = q_try && gemm_q8_0_cublas_half(L.q_b, qa, R, QD, 0, qh_.get(), qh_top_.get(), stream_);
+        if (!q_half) matvec(L.q_b, qa, R, q_.get(), QD, QD, 0, stream_);
+    });
+    mark("q_b", double(c_.q_dim()) * L.q_b.row_bytes);
     if (!q_fold) {
         head_norm_rope(q_.get(), R, c_.n_head, D, c_.n_rot, c_.rms_eps, true, false, invf, rows, stream_);
         mark("q norm+rope");
@@ -1055,7 +1069,7 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
     // product's input as it is (oh_: o_half); at level 2, where out_b takes cuBLAS too, out_a's
     // output as FP16, out_b's input as it is (lowh_: low_half).
     const uint32_t G = c_.n_out_group, OL = c_.o_lora_rank;
-    const uint64_t QD = c_.q_dim(), GL = uint64_t(G) * OL;
+    const uint64_t GL = uint64_t(G) * OL;
     const bool o_codes = act_kind(L.out_a.type) == ActKind::Q8_0 && D % 128 == 0;
     const int half_level = o_codes ? attn_half_output_on() : 0;
     const bool o_half = half_level >= 1 && attn_rows_half_output(c_.n_head, D, c_.n_rot) &&
@@ -1073,7 +1087,8 @@ void CudaBackend::attention_layer(uint32_t il, uint32_t R, uint32_t S) {
         al = half_act(GL, lowh_.get(), lowh_top_.get(), nullptr);   // (out_b's output is floats: no bound)
     }
     attention(q_.get(), L.sinks, R, c_.n_head, D, c_.n_swa, ratio, c_.indexer_top_k, sel_.get(), rows, lkv, NL, il,
-              c_.n_rot, invf, o_.get(), stream_, o_codes && !o_half ? &act_ : nullptr, AttnQNorm{q_fold, c_.rms_eps},
+              c_.n_rot, invf, o_.get(), stream_, o_codes && !o_half ? &act_ : nullptr,
+              AttnQNorm{q_fold, c_.rms_eps, q_half ? qh_.get() : nullptr, q_half ? qh_top_.get() : nullptr},
               o_half ? AttnHalfOut{oh_.get(), oh_max_.get()} : AttnHalfOut{});
     mark("attention");
     if (!o_half)

@@ -63,17 +63,6 @@ __global__ void scale_top_kernel(const Scale* __restrict__ d, uint64_t n, unsign
     store_top(m, top);
 }
 
-// The power of two that takes mul·top into [2^13, 2^14) (1 for a zero or non-finite top), kept
-// within 2^±60 so that alpha, the inverse of two of them, stays a normal float. mul: 127 for the
-// largest block scale of Q8_0 codes, 1 for the largest value of floats.
-__device__ __forceinline__ float f16_factor(unsigned top_bits, float mul = 127.0f) {
-    const float top = __uint_as_float(top_bits) * mul;
-    if (!(top > 0.0f) || !isfinite(top)) return 1.0f;
-    int e;
-    frexpf(top, &e);   // top = f · 2^e, f in [0.5, 1)
-    return ldexpf(1.0f, min(60, max(-60, 14 - e)));
-}
-
 // Each thread 8 values of a row of 32-value blocks, two such pieces a stride apart at once (their
 // loads first: twice the bytes in flight; run 170: one piece at a time took 19.8 us for 24 MB;
 // run 171: 16 consecutive values a thread, whose stores leave every other 16 bytes of a warp's
@@ -212,12 +201,13 @@ __global__ void alpha_kernel(const unsigned* __restrict__ xtop, const unsigned* 
 }
 
 // An FP16 output's alpha and top (gemm_q8_0_cublas_half): the activation's halves within xmax (its
-// h_max, else 2^14), the weight's below 2^14 (127 times its largest block scale, times its factor),
+// h_max, else 2^14: act_f16's, or dequantised codes, whose top is of their scales: xmul 127), the
+// weight's below 2^14 (127 times its largest block scale, times its factor),
 // so |Σ_K x·w| <= K · xmax · 2^14 = v <= 2^e (frexp's e; v 0: e 0): alpha = 2^(15 - e) keeps every
 // output within 2^15, a finite FP16. The output is y · yf, yf = alpha times the operands' factors,
 // and 2^13 / yf is the top whose f16_factor is yf (both powers of two; kept within f16_factor's
 // 2^±60 unless the operands' factors are that far apart already).
-__global__ void half_out_kernel(const unsigned* __restrict__ xtop, const unsigned* __restrict__ xmax,
+__global__ void half_out_kernel(const unsigned* __restrict__ xtop, float xmul, const unsigned* __restrict__ xmax,
                                 const unsigned* __restrict__ wtop, float K, float* __restrict__ alpha,
                                 unsigned* __restrict__ ytop) {
     const float xm = xmax ? __uint_as_float(*xmax) : 16384.0f;
@@ -225,7 +215,7 @@ __global__ void half_out_kernel(const unsigned* __restrict__ xtop, const unsigne
     frexpf(K * xm * 16384.0f, &e);
     const float a = ldexpf(1.0f, 15 - e);
     *alpha = a;
-    *ytop = __float_as_uint(8192.0f / (a * f16_factor(*xtop, 1.0f) * f16_factor(*wtop)));
+    *ytop = __float_as_uint(8192.0f / (a * f16_factor(*xtop, xmul) * f16_factor(*wtop)));
 }
 
 void check_cublas(cublasStatus_t st, const char* what) {
@@ -452,14 +442,24 @@ bool gemm_q8_0_cublas_ready(const DevWeight& W, uint32_t R, uint64_t N, uint64_t
 bool gemm_q8_0_cublas_half(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t rpg, uint16_t* yh,
                            unsigned* y_top, cudaStream_t s) {
     const uint64_t K = W.K;
-    if (a.kind != ActKind::Q8_0 || !a.h || !a.h_top || !gemm_q8_0_cublas_ready(W, R, N, a.K, rpg, N, s)) return false;
+    if (a.kind != ActKind::Q8_0 || (a.h ? !a.h_top : !a.q || reinterpret_cast<uintptr_t>(a.q) % 8) ||
+        !gemm_q8_0_cublas_ready(W, R, N, a.K, rpg, N, s))
+        return false;
     StreamState& st = *stream_state(s);
+    if (!a.h && !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
     const F16Copy* kept = kept_copy(st, W, 0, N, s);
     check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
     if (!kept) dequant_weight(W, 0, N, st.w, st.top, s);
-    half_out_kernel<<<1, 1, 0, s>>>(a.h_top, a.h_max, kept ? kept->top : st.top, float(K), st.alpha, y_top);
+    if (!a.h) {   // the codes to FP16 as gemm_q8_0_cublas takes them (their scales' top: st.top[1])
+        const uint64_t nx = uint64_t(R) * a.K / 32;
+        scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
+        check_launch("cuBLAS path: top scales");
+        launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s);
+    }
+    half_out_kernel<<<1, 1, 0, s>>>(a.h ? a.h_top : st.top + 1, a.h ? 1.0f : 127.0f, a.h ? a.h_max : nullptr,
+                                    kept ? kept->top : st.top, float(K), st.alpha, y_top);
     check_launch("cuBLAS path: an FP16 output's alpha");
-    run_gemm(st, kept ? kept->w : st.w, a.h, R, N, K, a.K, rpg, yh, N, st.alpha, K, CUDA_R_16F);
+    run_gemm(st, kept ? kept->w : st.w, a.h ? a.h : st.x, R, N, K, a.K, rpg, yh, N, st.alpha, K, CUDA_R_16F);
     ++g_calls[2];
     return true;
 }

@@ -220,12 +220,14 @@ bool gemm_q8_0_cublas_floats(const DevWeight& W, const float* x, uint64_t xs, ui
 // Q8_0 codes (gemm_q8_0 throws std::logic_error for one cuBLAS refused).
 bool gemm_q8_0_cublas_ready(const DevWeight& W, uint32_t R, uint64_t N, uint64_t AK, uint64_t rpg, uint64_t y_stride,
                             cudaStream_t s);
-// gemm_q8_0_cublas (row0 0, y_stride N) from an FP16 activation (a.h) with its output as FP16
-// too, yh [R][N], for the next product's DevAct::h: alpha makes the trivial bound of the sums
-// (K times the activation's largest magnitude, a.h_max or 2^14, times the weight's, below 2^14)
-// at most 2^15, a finite FP16, and *y_top receives the top whose f16_factor is the output's
-// factor (DevAct::h_top). False (nothing launched) where gemm_q8_0_cublas_ready is. Other bits
-// than the float output's: each output rounded to FP16 once.
+// gemm_q8_0_cublas (row0 0, y_stride N) with its output as FP16, yh [R][N], for the next
+// product's DevAct::h (or the attention's AttnQNorm::h), from an FP16 activation (a.h) or Q8_0
+// codes (dequantised as gemm_q8_0_cublas does): alpha makes the trivial bound of the sums (K times
+// the activation's largest magnitude, a.h_max or 2^14, times the weight's, below 2^14) at most
+// 2^15, a finite FP16, and *y_top receives the top whose f16_factor is the output's factor
+// (DevAct::h_top). False (nothing launched) where gemm_q8_0_cublas_ready is, or where codes find
+// no room for their FP16 scratch. Other bits than the float output's: each output rounded to FP16
+// once.
 bool gemm_q8_0_cublas_half(const DevWeight& W, const DevAct& a, uint32_t R, uint64_t N, uint64_t rpg, uint16_t* yh,
                            unsigned* y_top, cudaStream_t s);
 bool gemm_q8_0_takes_cublas(const DevWeight& W, uint32_t R, uint64_t N, uint64_t AK, uint64_t rpg, uint64_t y_stride,
@@ -693,9 +695,15 @@ void indexer_fused(const float* qi, const float* wi, uint32_t R, uint32_t NH, ui
 // halved, every value is a finite FP16. Each half is the float output's times the scale rounded
 // once (round to nearest even). oh.max (optional): the halves' largest magnitude there (float bits,
 // up to their rounding; attention zeroes it first): DevAct::h_max, a bound of the next product.
+// qn.h (only with qn.on where attn_rows_half_output, else an error): q given as FP16 there
+// instead ([R][n_head · D], each value times the factor f16_factor makes of *qn.h_top: q_b's
+// half output, gemm_q8_0_cublas_half); the fast query kernel takes each back to its float (the
+// FP16 value exactly) before the norm.
 struct AttnQNorm {
     bool on = false;
     float eps = 0.0f;
+    const uint16_t* h = nullptr;
+    const unsigned* h_top = nullptr;
 };
 struct AttnHalfOut {
     uint16_t* h = nullptr;
@@ -715,7 +723,8 @@ bool attn_rows_half_output(uint32_t n_head, uint32_t D, uint32_t n_rot);
 // the variable's): 1 the fast rows kernels' FP16 output goes straight into out_a's GEMM, instead
 // of floats, Q8_0 codes and their dequantisation to FP16 (a pass over the round's codes); 2 also
 // out_a's output as FP16 straight into out_b's (gemm_q8_0_cublas_half), instead of floats and
-// their top and conversion passes; 0 neither.
+// their top and conversion passes; 3 also q_b's output as FP16 into the fast query kernel
+// (AttnQNorm::h), half the bytes written and read again; 0 none.
 int attn_half_output_on();
 void attn_half_output_override(int level);
 // Launches of attention with a half output in this process (tests: the path was taken).

@@ -3600,8 +3600,8 @@ std::atomic<uint64_t> g_attn_half_calls{0};
 void attn_half_output_override(int level) { g_attn_half_out_override = level; }
 uint64_t attn_half_output_calls() { return g_attn_half_calls.load(); }
 int attn_half_output_on() {
-    static const int env = std::clamp(env_int("DSV4_ATTN_HALF_OUT", 0), 0, 2);
-    return g_attn_half_out_override >= 0 ? std::min(g_attn_half_out_override, 2) : env;
+    static const int env = std::clamp(env_int("DSV4_ATTN_HALF_OUT", 0), 0, 3);
+    return g_attn_half_out_override >= 0 ? std::min(g_attn_half_out_override, 3) : env;
 }
 
 void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, uint32_t D, uint32_t n_swa,
@@ -3612,6 +3612,9 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
     if (oh.h && (o_q8 || !attn_rows_half_output(n_head, D, n_rot)))
         throw_mismatch("attention: a half output (oh) only from the fast rows kernels of 32-key tiles "
                        "(attn_rows_half_output), and without Q8_0 codes", 0, D, D);
+    if (qn.h && (!qn.on || !qn.h_top || !attn_rows_half_output(n_head, D, n_rot)))
+        throw_mismatch("attention: queries as FP16 (AttnQNorm::h) only raw (qn.on), with their top, into the fast rows "
+                       "kernels of 32-key tiles (attn_rows_half_output)", 0, D, D);
     if (oh.h) ++g_attn_half_calls;
     if (D > kAttnMaxD || D % 4 != 0 || D == 0)
         throw_mismatch("attention: head widths up to 512, multiples of 4", 0, D, D);
@@ -3624,8 +3627,8 @@ void attention(const float* q, const float* sinks, uint32_t R, uint32_t n_head, 
     // (attention_tc.cu; DSV4_ATTN_ROWS=0 keeps the splits).
     if (attn_rows_path(n_head, D, n_rot)) {
         attn_rows_tc(q, sinks, R, n_head, D, n_swa, ratio, top_k, sel, rows, lkv, n_layer, il, n_rot, inv_freq, o,
-                     o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr, oh.h, oh.h ? oh.max : nullptr, qn.on, qn.eps,
-                     s);
+                     o_q8 ? o_q8->q : nullptr, o_q8 ? o_q8->d : nullptr, oh.h, oh.h ? oh.max : nullptr, qn.h, qn.h_top,
+                     qn.on, qn.eps, s);
         return;
     }
     // Splits per row at most: a layer without compression sees at most n_swa keys, a ratio-4

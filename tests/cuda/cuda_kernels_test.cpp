@@ -1374,13 +1374,13 @@ struct AttnProblem {
 
     // attention of rows (queries q, selections sel) into out, or with oh.h its output as FP16 there
     void launch(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q, const std::vector<uint32_t>& sel,
-                float* out, cuda::AttnHalfOut oh, cudaStream_t s) const {
+                float* out, cuda::AttnHalfOut oh, cudaStream_t s, cuda::AttnQNorm qn = {}) const {
         DevVec<cuda::DevRow> drows(rows);
         DevVec<float> dq(q);
         DevVec<uint32_t> dsel(sel);
         halves(s);
         cuda::attention(dq.get(), dsinks->get(), uint32_t(rows.size()), n_head, D, n_swa, ratio, top_k, dsel.get(),
-                        drows.get(), dlkv->get(), n_layer, il, n_rot, dinv->get(), out, s, nullptr, {}, oh);
+                        drows.get(), dlkv->get(), n_layer, il, n_rot, dinv->get(), out, s, nullptr, qn, oh);
         EXPECT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     }
     std::vector<float> run(const std::vector<cuda::DevRow>& rows, const std::vector<float>& q,
@@ -1709,6 +1709,47 @@ TEST_F(CudaKernels, AttentionHalfOutputEqualsScaledFloats) {
             EXPECT_EQ(bad, 0u) << "mode " << mode << ", ratio " << ratio << ": first at " << first << " ("
                                << plain[first] << ")";
             EXPECT_EQ(max, want) << "mode " << mode << ", ratio " << ratio << ": the largest magnitude";
+        }
+    }
+}
+
+// Raw queries given as FP16 (AttnQNorm::h: q_b's half output, DSV4_ATTN_HALF_OUT=3) give the
+// fast rows kernels (modes 6 to 10) the bits of the same values given as floats: each half
+// divided by its top's factor is that float exactly; a kernel without the fast query kernel
+// refuses them.
+TEST_F(CudaKernels, AttentionHalfQueriesEqualTheirFloats) {
+    const AttnShape sh = kAttnShapes[0];
+    const float top = 65536.0f, f = 0.125f;   // (f16_factor(top, 1) = 2^(14 - 17))
+    for (int mode : {10, 9, 8, 7, 6, 5}) {
+        const AttnKernel kernel(mode);
+        if (mode >= 7 && !cuda::gemm_experts_wgmma_available()) continue;
+        ASSERT_TRUE(cuda::attn_rows_qnorm(sh.n_head, sh.D, sh.n_rot)) << "mode " << mode;
+        for (uint32_t ratio : {0u, 4u, 128u}) {
+            const AttnCase c(sh, ratio, attn_positions(sh, ratio), 11 * sh.D + ratio, 61 + ratio);
+            const auto& [P, rows, q, sel] = c;
+            std::vector<uint16_t> qh(q.size());
+            std::vector<float> qf(q.size());
+            for (size_t i = 0; i < q.size(); ++i) {
+                qh[i] = quant::fp32_to_fp16(q[i] * 3.0f * f);   // (raw q_b outputs: a few units)
+                qf[i] = quant::fp16_to_fp32(qh[i]) / f;
+            }
+            unsigned tb = 0;
+            std::memcpy(&tb, &top, 4);
+            DevVec<uint16_t> dqh(qh);
+            DevVec<unsigned> dtop(std::vector<unsigned>{tb});
+            const uint64_t n = uint64_t(rows.size()) * sh.n_head * sh.D;
+            DevVec<float> a(n), b(n);
+            const cuda::AttnQNorm raw{true, 1e-6f};
+            if (mode < 6) {
+                EXPECT_ANY_THROW(P.launch(rows, qf, sel, b.get(), {}, nullptr,
+                                          cuda::AttnQNorm{true, 1e-6f, dqh.get(), dtop.get()}))
+                    << "mode " << mode;
+                continue;
+            }
+            P.launch(rows, qf, sel, a.get(), {}, nullptr, raw);
+            P.launch(rows, qf, sel, b.get(), {}, nullptr, cuda::AttnQNorm{true, 1e-6f, dqh.get(), dtop.get()});
+            const auto fa = a.download(), fb = b.download();
+            EXPECT_EQ(0, std::memcmp(fa.data(), fb.data(), n * 4)) << "mode " << mode << ", ratio " << ratio;
         }
     }
 }

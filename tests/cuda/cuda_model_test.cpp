@@ -246,7 +246,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // default stages them once), with the attention's 32-key tiles by the warpgroup MMA
 // (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
 // its mma.sync form too), and with the attention's output as FP16 straight into out_a's cuBLAS
-// product, then out_a's into out_b's too (DSV4_ATTN_HALF_OUT 1 and 2: the path taken).
+// product, then out_a's into out_b's too, then q_b's into the fast query kernel too
+// (DSV4_ATTN_HALF_OUT 1, 2 and 3: the paths taken).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -272,7 +273,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention by mma.sync", 0},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention in split roles", 4},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention output as FP16", -1, -1, 1},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention and out_a outputs as FP16", -1, -1, 2}}) {
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, attention and out_a outputs as FP16", -1, -1, 2},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, q_b, attention and out_a outputs as FP16", -1, -1, 3}}) {
         if ((v.wgmma > 0 || v.attn_wg > 0) && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::attn_rows_fast_wg_override(v.attn_wg);
         cuda::gemm_experts_f16_override(v.experts_f16);
