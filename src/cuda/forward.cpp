@@ -439,25 +439,26 @@ private:
             xn_have_[k] = true;
         }
         xn_acts_[k].h = xnh_have_ ? xnh_.get() : nullptr;
-        xn_acts_[k].h_top = xnh_have_ ? xnh_top_.get() : nullptr;
+        xn_acts_[k].h_top = xnh_have_ ? xnh_top_at_ : nullptr;
         return xn_acts_[k];
     }
     // Every activation form the sublayer's products read from xn_, made on the main stream before
     // the sublayer forks. In a round whose products take cuBLAS, xn_ also as FP16 once
-    // (DevAct::h; DSV4_XN_F16=0: each product converts its own): the sublayer's Q8_0 and F16
+    // (DevAct::h; by the mHC collapse itself at xn_f16_level 2, else act_f16's passes here;
+    // DSV4_XN_F16=0: each product converts its own): the sublayer's Q8_0 and F16
     // products (q_a, kv, the compressors', the indexer's, the router's, the shared expert's) then
     // skip their top pass and conversion, and the Q8_0 ones read the floats' FP16 values instead
     // of the Q8_0 codes' (as gemm_q8_0_cublas_floats does: closer to the real-valued product,
     // not to the CPU's, which quantises the activation; run 176: flash4's median rel 0.0192 →
     // 0.0213 against the CPU, argmax 95 → 96 of 96).
     void xn_acts_for(std::initializer_list<const DevWeight*> ws, uint32_t R) {
-        static const bool f16_on = env_switch("DSV4_XN_F16", true);
-        if (f16_on && !xnh_have_ && cublas_round(R)) {
+        if (xn_f16_level() >= 1 && !xnh_have_ && cublas_round(R)) {
             const uint64_t n = uint64_t(R) * c_.n_embd;
             xnh_.ensure(n, "workspace", &gen_);
             xnh_top_.ensure(1, "workspace", &gen_);
             act_f16(xn_.get(), c_.n_embd, c_.n_embd, R, xnh_.get(), xnh_top_.get(), stream_);
             xnh_have_ = true;
+            xnh_top_at_ = xnh_top_.get();
         }
         for (const DevWeight* w : ws)
             if (w->K) xn_act(w->type, R);
@@ -615,9 +616,24 @@ private:
     DBuf<float> xn8_d_, xnk_d_;
     DBuf<int32_t> xn8_b_, xnk_b_;
     ActBuf xn8_, xnk_;
-    DBuf<uint16_t> xnh_;   // xn_ as FP16 (xn_acts_for), while xnh_have_
+    DBuf<uint16_t> xnh_;   // xn_ as FP16 (xn_acts_for, or hc_pre's collapse), while xnh_have_
     DBuf<unsigned> xnh_top_;
     bool xnh_have_ = false;
+    const unsigned* xnh_top_at_ = nullptr;   // its top: xnh_top_ (act_f16's) or its norm's bound
+    // The sublayer norms' bounds of |xn| (hc_xn_bound), a slot each, made on first use
+    DBuf<unsigned> xn_bounds_;
+    std::map<const float*, size_t> xn_bound_at_;
+    const unsigned* xn_bound(const float* norm_w) {
+        const auto it = xn_bound_at_.find(norm_w);
+        if (it != xn_bound_at_.end()) return xn_bounds_.get() + it->second;
+        const size_t slots = 2 * size_t(c_.n_layer) + 2;
+        if (xn_bound_at_.size() >= slots) return nullptr;
+        xn_bounds_.ensure(slots, "workspace");   // (once: its pointers stay)
+        const size_t i = xn_bound_at_.size();
+        xn_bound_at_[norm_w] = i;
+        hc_xn_bound(norm_w, c_.n_embd, xn_bounds_.get() + i, stream_);
+        return xn_bounds_.get() + i;
+    }
     // attention_layer's FP16 forms (q_half, o_half, low_half): q_b's output and its top; the
     // attention's output, its largest magnitude and the top that gives kAttnHalfScale
     // (kAttnHalfTop); out_a's output and its top
@@ -888,7 +904,17 @@ void CudaBackend::hc_pre(const DevWeight& fn, const float* scale, const float* b
                 xn_acts_[k] = codes_in(ActKind(k), E, b);
                 xn_have_[k] = true;
             }
+        // and its FP16 form for the round's cuBLAS products (xn_f16_level 2)
+        if (xn_f16_level() >= 2 && cublas_round(R) && E % 4 == 0) {
+            xnh_.ensure(uint64_t(R) * E, "workspace", &gen_);
+            qa.h_top = xn_bound(norm_w);
+            qa.h = qa.h_top ? xnh_.get() : nullptr;
+        }
         hc_pre_collapse(X_.get(), hc_gate_.get(), norm_w, R, H, E, xn_.get(), stream_, qa);
+        if (qa.h) {
+            xnh_have_ = true;
+            xnh_top_at_ = qa.h_top;
+        }
         mark("hc_pre", double(M) * fn.row_bytes);
         return;
     }

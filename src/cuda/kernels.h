@@ -545,13 +545,30 @@ bool hc_mix_tile_folds_post(uint32_t R);
 // HcQuant: where hc_pre_collapse also writes xn's activation codes (null: not wanted), the
 // same bytes quantize_act would make: Q8_0 (q0, d0; E % 32 == 0) and Q8_K (qk, dk, bk;
 // E % 256 == 0), laid out as ActBuf holds them.
+// qa.h (optional): xn also as FP16 there, each value times the factor f16_factor makes of *qa.h_top
+// (DevAct::h for a fast round's cuBLAS products, instead of act_f16's two passes), h_top holding a
+// bound of |xn| (hc_xn_bound).
 struct HcQuant {
     int8_t* q0 = nullptr;
     float* d0 = nullptr;
     int8_t* qk = nullptr;
     float* dk = nullptr;
     int32_t* bk = nullptr;
+    uint16_t* h = nullptr;
+    const unsigned* h_top = nullptr;
 };
+// A bound of the sublayer norm's output xn (RMSNorm times norm_w, E values a row) into *top (a
+// float's bits): sqrt(E) times norm_w's largest magnitude (1 without a weight), since no value of
+// a row exceeds sqrt(E) times its RMS. As a top, its f16_factor keeps every xn below 2^14 as FP16.
+void hc_xn_bound(const float* norm_w, uint32_t E, unsigned* top, cudaStream_t s);
+// Where a fast round's xn FP16 form comes from (DSV4_XN_F16, read once; tests: xn_f16_override,
+// -1 the variable's): 1 (default) act_f16's passes over xn (a top, then the conversion); 2 the
+// mHC collapse writes it beside xn (HcQuant::h, a bound's factor: other bits, the same precision
+// within FP16's normal range; the passes gone); 0 none (each product converts its own).
+int xn_f16_level();
+void xn_f16_override(int level);
+// Launches of hc_pre_collapse with an FP16 xn in this process (tests: the path was taken).
+uint64_t xn_f16_collapse_calls();
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
                      float* xn, cudaStream_t s, const HcQuant& qa = {});
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,

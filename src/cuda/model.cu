@@ -779,6 +779,12 @@ __global__ void __launch_bounds__(kHcCollapseThreads) hc_collapse_norm_kernel(co
     const float o[4] = {__fmul_rn(__fmul_rn(v.x, rr), gw.x), __fmul_rn(__fmul_rn(v.y, rr), gw.y),
                         __fmul_rn(__fmul_rn(v.z, rr), gw.z), __fmul_rn(__fmul_rn(v.w, rr), gw.w)};
     reinterpret_cast<float4*>(xn + uint64_t(r) * E)[u] = make_float4(o[0], o[1], o[2], o[3]);
+    if (qa.h) {   // xn as FP16 by its bound's factor (the fast round's cuBLAS products)
+        const float f = f16_factor(*qa.h_top, 1.0f);
+        const __half2 a = __floats2half2_rn(o[0] * f, o[1] * f), b = __floats2half2_rn(o[2] * f, o[3] * f);
+        reinterpret_cast<uint2*>(qa.h + uint64_t(r) * E)[u] =
+            make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+    }
     // The next products' activation codes, as quantize_act makes them from xn, bit for bit
     // (a launch and a read of xn fewer on the critical path).
     const uint32_t lane = threadIdx.x & 31;
@@ -3087,15 +3093,39 @@ void hc_pre_mix(const DevWeight& fn, const float* X, const float* scale, const f
     check_launch("hc_pre_mix");
 }
 
+std::atomic<uint64_t> g_xn_half_calls{0};   // hc_pre_collapse with an FP16 xn (xn_f16_collapse_calls)
 void hc_pre_collapse(const float* X, const float* gate, const float* norm_w, uint32_t R, uint32_t H, uint32_t E,
                      float* xn, cudaStream_t s, const HcQuant& qa) {
     if (!R) return;
     if (H != 4) throw std::runtime_error("hc_pre_collapse: n_hc != 4");
     // (whole warps for the shuffles: E / 4 threads a multiple of 32)
     if ((qa.q0 && E % 128) || (qa.qk && E % 256)) throw std::runtime_error("hc_pre_collapse: E not a block multiple");
+    if (qa.h && (E % 4 || !qa.h_top)) throw std::runtime_error("hc_pre_collapse: an FP16 xn needs its bound (h_top)");
     const dim3 grid((E / 4 + kHcCollapseThreads - 1) / kHcCollapseThreads, R);
     hc_collapse_norm_kernel<4><<<grid, kHcCollapseThreads, 0, s>>>(X, gate, norm_w, E, xn, qa);
     check_launch("hc_pre_collapse");
+    if (qa.h) ++g_xn_half_calls;
+}
+
+__global__ void __launch_bounds__(256) hc_xn_bound_kernel(const float* norm_w, uint32_t E, unsigned* top) {
+    pdl_begin();
+    float m = 0.0f;
+    for (uint32_t i = threadIdx.x; i < E; i += blockDim.x) m = fmaxf(m, norm_w ? fabsf(norm_w[i]) : 1.0f);
+    m = block_max(m);
+    if (threadIdx.x == 0) *top = __float_as_uint(m * sqrtf(float(E)) * (1.0f + 0x1p-10f));
+}
+
+void hc_xn_bound(const float* norm_w, uint32_t E, unsigned* top, cudaStream_t s) {
+    hc_xn_bound_kernel<<<1, 256, 0, s>>>(norm_w, E, top);
+    check_launch("hc_xn_bound");
+}
+
+int g_xn_f16_override = -1;
+void xn_f16_override(int level) { g_xn_f16_override = level; }
+uint64_t xn_f16_collapse_calls() { return g_xn_half_calls.load(); }
+int xn_f16_level() {
+    static const int env = std::clamp(env_int("DSV4_XN_F16", 1), 0, 2);
+    return g_xn_f16_override >= 0 ? std::min(g_xn_f16_override, 2) : env;
 }
 
 void hc_sinkhorn(const float* mix, const float* scale, const float* base, uint32_t R, uint32_t H, float eps,

@@ -526,6 +526,33 @@ TEST_F(CudaKernels, HcCollapseCodesEqualQuantizeAct) {
     eq(fk.q, rk.q, R * E, "Q8_K codes");
     eq(fk.d, rk.d, R * E / 256, "Q8_K scales");
     eq(fk.b, rk.b, R * E / 16, "Q8_K sums");
+    // and xn as FP16 (HcQuant::h, DSV4_XN_F16=2): each value times the factor of its norm's bound
+    // (hc_xn_bound: sqrt(E) max|w|, at least every |xn|) rounded once, beside the same codes
+    DevVec<unsigned> bound(std::vector<unsigned>{0});
+    cuda::hc_xn_bound(dnw.get(), E, bound.get(), nullptr);
+    DevVec<uint16_t> xh(R * E);
+    DevVec<float> xn2(R * E);
+    ActHolder g0(R * E), gk(R * E);
+    cuda::HcQuant qh{g0.buf.q, g0.buf.d, gk.buf.q, gk.buf.d, gk.buf.bsum, xh.get(), bound.get()};
+    cuda::hc_pre_collapse(dX.get(), gate.get(), dnw.get(), R, H, E, xn2.get(), nullptr, qh);
+    eq(xn2, xn, R * E, "xn beside its FP16 form");
+    eq(g0.q, r0.q, R * E, "Q8_0 codes beside the FP16 form");
+    eq(gk.q, rk.q, R * E, "Q8_K codes beside the FP16 form");
+    float b = 0.0f;
+    std::memcpy(&b, bound.download().data(), 4);
+    const auto x = xn.download();
+    const auto h = xh.download();
+    float wmax = 0.0f, xmax = 0.0f;
+    for (float w : nw) wmax = std::max(wmax, std::fabs(w));
+    for (float v : x) xmax = std::max(xmax, std::fabs(v));
+    EXPECT_GE(b, wmax * std::sqrt(float(E))) << "the bound";
+    EXPECT_LE(b, wmax * std::sqrt(float(E)) * 1.01f) << "the bound";
+    EXPECT_GE(b, xmax) << "the bound below a value of xn";
+    int e = 0;
+    std::frexp(b, &e);
+    const float f = std::ldexp(1.0f, 14 - e);   // (f16_factor(bound, 1))
+    for (uint64_t i = 0; i < R * E; ++i)
+        ASSERT_EQ(h[i], quant::fp32_to_fp16(x[i] * f)) << "value " << i << " (" << x[i] << ")";
 }
 TEST_F(CudaKernels, HcPostFoldedIntoMixEqualsSeparate) {
     // hc_pre_mix with the previous sublayer's hc_post folded in (HcPostIn) must leave the same

@@ -247,7 +247,8 @@ TEST(CudaVsCpuFlash, ExpertMixesAtFlashWidth) {
 // (attn_rows_wg_kernel's forms 1, 2 and 4; the default is form 3 where the device has it, so
 // its mma.sync form too), and with the attention's output as FP16 straight into out_a's cuBLAS
 // product, then out_a's into out_b's too, then q_b's into the fast query kernel too
-// (DSV4_ATTN_HALF_OUT 1, 2 and 3: the paths taken).
+// (DSV4_ATTN_HALF_OUT 1, 2 and 3: the paths taken), and with xn's FP16 form written by the mHC
+// collapse (DSV4_XN_F16=2: the path taken).
 TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     DSV4_REQUIRE_CUDA();
     if (!std::getenv("DSV4_CUDA_FLASH")) GTEST_SKIP() << "set DSV4_CUDA_FLASH=1 (writes ~1 GB models)";
@@ -257,7 +258,7 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
     struct Variant {
         int experts_f16, iq2, kt, wgmma, stage_used;
         const char* label;
-        int attn_wg = -1, paired_codes = -1, half_out = -1;
+        int attn_wg = -1, paired_codes = -1, half_out = -1, xn_f16 = -1;
     };
     for (const Variant& v : {Variant{-1, -1, 32, -1, -1, "flash4-flash fast prefill"},
                              Variant{-1, -1, 16, -1, -1, "flash4 fast, 16-key tiles"},
@@ -274,7 +275,8 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention in split roles", 4},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention output as FP16", -1, -1, 1},
                              Variant{-1, -1, 32, -1, -1, "flash4 fast, attention and out_a outputs as FP16", -1, -1, 2},
-                             Variant{-1, -1, 32, -1, -1, "flash4 fast, q_b, attention and out_a outputs as FP16", -1, -1, 3}}) {
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, q_b, attention and out_a outputs as FP16", -1, -1, 3},
+                             Variant{-1, -1, 32, -1, -1, "flash4 fast, xn as FP16 from the mHC collapse", -1, -1, -1, 2}}) {
         if ((v.wgmma > 0 || v.attn_wg > 0) && !cuda::gemm_experts_wgmma_available()) continue;
         cuda::attn_rows_fast_wg_override(v.attn_wg);
         cuda::gemm_experts_f16_override(v.experts_f16);
@@ -284,14 +286,18 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         cuda::gemm_experts_f16_paired_codes_override(v.paired_codes);
         cuda::attn_rows_fast_kt_override(v.kt);
         cuda::attn_half_output_override(v.half_out);
-        const uint64_t half0 = cuda::attn_half_output_calls(), out0 = cuda::gemm_cublas_calls(2);
+        cuda::xn_f16_override(v.xn_f16);
+        const uint64_t half0 = cuda::attn_half_output_calls(), out0 = cuda::gemm_cublas_calls(2),
+                       xn0 = cuda::xn_f16_collapse_calls();
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
+        EXPECT_EQ(v.xn_f16 == 2, cuda::xn_f16_collapse_calls() > xn0) << v.label << ": xn's FP16 form by the collapse";
         if (v.half_out >= 1) {
             EXPECT_GT(cuda::attn_half_output_calls(), half0) << v.label << ": the attention's half output not taken";
             EXPECT_EQ(v.half_out >= 2, cuda::gemm_cublas_calls(2) > out0) << v.label << ": out_a's half output";
         }
     }
     cuda::attn_half_output_override(-1);
+    cuda::xn_f16_override(-1);
     cuda::gemm_experts_f16_override(-1);
     cuda::gemm_experts_f16_iq2_override(-1);
     cuda::gemm_experts_f16_wgmma_override(-1);
