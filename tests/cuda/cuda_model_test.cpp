@@ -290,10 +290,12 @@ TEST(CudaVsCpuFlash, FastPrefillAtFlashWidth) {
         const uint64_t half0 = cuda::attn_half_output_calls(), out0 = cuda::gemm_cublas_calls(2),
                        xn0 = cuda::xn_f16_collapse_calls();
         expect_fast_prefill_near_cpu(path, 96, v.label, true, v.kt);
-        EXPECT_EQ(v.xn_f16 == 2, cuda::xn_f16_collapse_calls() > xn0) << v.label << ": xn's FP16 form by the collapse";
+        // (the levels the overrides leave: the environment's where unset)
+        EXPECT_EQ(cuda::xn_f16_level() == 2, cuda::xn_f16_collapse_calls() > xn0)
+            << v.label << ": xn's FP16 form by the collapse";
         if (v.half_out >= 1) {
             EXPECT_GT(cuda::attn_half_output_calls(), half0) << v.label << ": the attention's half output not taken";
-            EXPECT_EQ(v.half_out >= 2, cuda::gemm_cublas_calls(2) > out0) << v.label << ": out_a's half output";
+            EXPECT_EQ(cuda::attn_half_output_on() >= 2, cuda::gemm_cublas_calls(2) > out0) << v.label << ": out_a's half output";
         }
     }
     cuda::attn_half_output_override(-1);
