@@ -380,6 +380,33 @@ const F16Copy* kept_copy(StreamState& st, const DevWeight& W, uint64_t row0, uin
     return &c;
 }
 
+// A Q8_0 product's FP16 operands on s: W's rows [row0, row0 + N), its kept copy or dequantised
+// into st.w (their scales' top in st.top[0]), and the activation, a.h as it is or its codes
+// dequantised into st.x (their scales' top in st.top[1]; that launch also writes the float
+// output's alpha where `alpha` is given). False, nothing launched: no room for the scratch.
+struct Q8Operands {
+    const uint16_t* w;
+    const unsigned* wtop;
+    const uint16_t* x;
+};
+bool q8_0_operands(StreamState& st, const DevWeight& W, const DevAct& a, uint32_t R, uint64_t row0, uint64_t N,
+                   float* alpha, cudaStream_t s, Q8Operands& op) {
+    const F16Copy* kept = kept_copy(st, W, row0, N, s);
+    if ((!kept && !grow(st.w, st.w_cap, N * W.K)) || (!a.h && !grow(st.x, st.x_cap, uint64_t(R) * a.K))) return false;
+    check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
+    if (!kept) dequant_weight(W, row0, N, st.w, st.top, s);
+    op.w = kept ? kept->w : st.w;
+    op.wtop = kept ? kept->top : st.top;
+    op.x = a.h ? a.h : st.x;
+    if (!a.h) {
+        const uint64_t nx = uint64_t(R) * a.K / 32;
+        scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
+        check_launch("cuBLAS path: top scales");
+        launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s, alpha, op.wtop);
+    }
+    return true;
+}
+
 }  // namespace
 
 void dequant_q8_0_weight_f16(const DevWeight& W, uint64_t row0, uint64_t N, uint16_t* out, cudaStream_t s) {
@@ -408,25 +435,16 @@ bool gemm_q8_0_cublas(const DevWeight& W, const DevAct& a, uint32_t R, float* y,
     StreamState* sp = path_state(R, N, K, a.K, row0, rpg, y_stride, s);
     if (!sp) return false;
     StreamState& st = *sp;
-    const F16Copy* kept = kept_copy(st, W, row0, N, s);
-    if ((!kept && !grow(st.w, st.w_cap, N * K)) || (!a.h && !grow(st.x, st.x_cap, uint64_t(R) * a.K))) return false;
-    // the operands' top scales, then each dequantised by its power of two (the activation's
-    // launch also writes alpha), then the GEMM; a kept copy has both already, an activation's
-    // FP16 form (a.h: from its floats, as gemm_q8_0_cublas_floats takes them) its own
-    check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
-    if (!kept) dequant_weight(W, row0, N, st.w, st.top, s);
-    const unsigned* wtop = kept ? kept->top : st.top;
+    // (the codes' dequantisation writes alpha; an activation's FP16 form, a.h, from its floats as
+    // gemm_q8_0_cublas_floats takes them, gets its alpha from its own top)
+    Q8Operands op;
+    if (!q8_0_operands(st, W, a, R, row0, N, st.alpha, s, op)) return false;
     if (a.h) {
-        alpha_kernel<<<1, 1, 0, s>>>(a.h_top, wtop, st.alpha);
+        alpha_kernel<<<1, 1, 0, s>>>(a.h_top, op.wtop, st.alpha);
         check_launch("cuBLAS path: alpha");
-    } else {
-        const uint64_t nx = uint64_t(R) * a.K / 32;
-        scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
-        check_launch("cuBLAS path: top scales");
-        launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s, st.alpha, wtop);
     }
     const uint64_t xoff = rpg ? row0 / rpg * K : 0;
-    run_gemm(st, kept ? kept->w : st.w, (a.h ? a.h : st.x) + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
+    run_gemm(st, op.w, op.x + xoff, R, N, K, a.K, rpg, y, y_stride, st.alpha, K);
     ++g_calls[0];
     return true;
 }
@@ -446,20 +464,13 @@ bool gemm_q8_0_cublas_half(const DevWeight& W, const DevAct& a, uint32_t R, uint
         !gemm_q8_0_cublas_ready(W, R, N, a.K, rpg, N, s))
         return false;
     StreamState& st = *stream_state(s);
-    if (!a.h && !grow(st.x, st.x_cap, uint64_t(R) * a.K)) return false;
-    const F16Copy* kept = kept_copy(st, W, 0, N, s);
-    check(cudaMemsetAsync(st.top, 0, 2 * sizeof(unsigned), s), "cuBLAS path: scales");
-    if (!kept) dequant_weight(W, 0, N, st.w, st.top, s);
-    if (!a.h) {   // the codes to FP16 as gemm_q8_0_cublas takes them (their scales' top: st.top[1])
-        const uint64_t nx = uint64_t(R) * a.K / 32;
-        scale_top_kernel<<<grid_for(nx), 256, 0, s>>>(a.d, nx, st.top + 1);
-        check_launch("cuBLAS path: top scales");
-        launch_dequant(a.q, a.d, uint64_t(R) * a.K, reinterpret_cast<__half*>(st.x), st.top + 1, s);
-    }
+    Q8Operands op;
+    if (!q8_0_operands(st, W, a, R, 0, N, nullptr, s, op)) return false;
+    // (codes: their scales' top, st.top[1], by 127 as f16_factor takes a Q8_0 top)
     half_out_kernel<<<1, 1, 0, s>>>(a.h ? a.h_top : st.top + 1, a.h ? 1.0f : 127.0f, a.h ? a.h_max : nullptr,
-                                    kept ? kept->top : st.top, float(K), st.alpha, y_top);
+                                    op.wtop, float(K), st.alpha, y_top);
     check_launch("cuBLAS path: an FP16 output's alpha");
-    run_gemm(st, kept ? kept->w : st.w, a.h ? a.h : st.x, R, N, K, a.K, rpg, yh, N, st.alpha, K, CUDA_R_16F);
+    run_gemm(st, op.w, op.x, R, N, K, a.K, rpg, yh, N, st.alpha, K, CUDA_R_16F);
     ++g_calls[2];
     return true;
 }
